@@ -1,0 +1,1 @@
+"""Inference backends: how to install one and how to start a runner of it."""

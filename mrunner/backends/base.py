@@ -1,0 +1,29 @@
+"""Values that pass between the scheduler and a backend."""
+
+from __future__ import annotations
+
+import attrs
+
+COMPLETION = "completion"
+EMBEDDING = "embedding"
+RERANKING = "reranking"
+MODES = (COMPLETION, EMBEDDING, RERANKING)
+
+
+@attrs.frozen
+class RunnerSettings:
+    """How one runner is started: defaults from the config, changed by ``_configure``."""
+
+    context_size: int | None = None
+    parallel: int = 1
+    threads: int = 0
+    flags: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Command:
+    """A runner's command line; ``env`` ``None`` inherits the daemon's environment."""
+
+    executable: str
+    args: tuple[str, ...]
+    env: dict[str, str] | None = None

@@ -1,0 +1,149 @@
+"""The daemon's configuration: built-in defaults < TOML file < command line < MRUNNER_* variables.
+
+Every key is documented in the top-level ``tap.conf``; this module only reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+DEFAULT_LISTEN = "tcp:12434:interface=127.0.0.1"
+DEFAULT_BACKEND = "llama.cpp"
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key."""
+
+
+def parse_duration(value: object, key: str = "duration") -> float:
+    """Seconds from ``30``, ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``; ``-1`` means never."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration like '5m', got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if match is None:
+        raise ConfigError(f"{key}: expected a duration like '30s', '5m' or -1, got {value!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@attrs.frozen
+class SchedulerConfig:
+    max_runners: int = 4
+    max_queue: int = 512
+    parallel: int = 4
+    keep_alive: float = 300.0
+    load_timeout: float = 600.0
+    stop_grace: float = 10.0
+    install_wait: float = 5.0
+    memory_budget: int = 0
+
+
+@attrs.frozen
+class RunnerConfig:
+    context_size: int | None = None
+    threads: int = 0
+
+
+@attrs.frozen
+class RegistryConfig:
+    default: str = "index.docker.io"
+    insecure: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
+    mirrors: Mapping[str, str] = attrs.field(factory=dict)
+    auth: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
+    max_pulls: int = 2
+
+
+@attrs.frozen
+class Config:
+    listen: str = DEFAULT_LISTEN
+    home: Path = Path("~/.mrunner").expanduser()
+    default_backend: str = DEFAULT_BACKEND
+    max_request_bytes: int = 10 * 1024 * 1024
+    scheduler: SchedulerConfig = SchedulerConfig()
+    runner: RunnerConfig = RunnerConfig()
+    registry: RegistryConfig = RegistryConfig()
+    backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+
+    def backend(self, name: str) -> Mapping[str, Any]:
+        """The ``[backends."name"]`` table, empty when absent."""
+        return self.backends.get(name, {})
+
+
+def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
+    known = {field.name: field for field in attrs.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r}")
+        default = known[key].default
+        if isinstance(default, float):
+            value = parse_duration(value, f"{where}.{key}")
+        elif isinstance(default, tuple):
+            value = tuple(value)
+        elif isinstance(default, bool) or (isinstance(default, int) and not isinstance(value, int)):
+            raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
+        values[key] = value
+    return cls(**values)
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Config:
+    """Read the config file (``path``, else ./tap.conf, else $MRUNNER_HOME/tap.conf) and apply overrides."""
+    home = Path(environ.get("MRUNNER_HOME", "~/.mrunner")).expanduser()
+    candidates = [Path(path)] if path else [Path("tap.conf"), home / "tap.conf"]
+    table: dict[str, Any] = {}
+    for candidate in candidates:
+        if candidate.is_file():
+            with candidate.open("rb") as f:
+                try:
+                    table = tomllib.load(f)
+                except tomllib.TOMLDecodeError as e:
+                    raise ConfigError(f"{candidate}: {e}") from None
+            break
+        if path:
+            raise ConfigError(f"config file {candidate} does not exist")
+    table.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if "MRUNNER_HOME" in environ:
+        table["home"] = environ["MRUNNER_HOME"]
+    if "MRUNNER_LISTEN" in environ:
+        table["listen"] = environ["MRUNNER_LISTEN"]
+    return _config(table)
+
+
+def _config(table: Mapping[str, Any]) -> Config:
+    top = dict(table)
+    sections = {
+        "scheduler": SchedulerConfig,
+        "runner": RunnerConfig,
+        "registry": RegistryConfig,
+    }
+    values: dict[str, Any] = {
+        name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()
+    }
+    values["backends"] = top.pop("backends", {})
+    if "home" in top:
+        values["home"] = Path(str(top.pop("home"))).expanduser()
+    scalars = _section(_Scalars, top, "tap.conf")
+    values.update(attrs.asdict(scalars))
+    return Config(**values)
+
+
+@attrs.frozen
+class _Scalars:
+    listen: str = DEFAULT_LISTEN
+    default_backend: str = DEFAULT_BACKEND
+    max_request_bytes: int = 10 * 1024 * 1024

@@ -1,0 +1,75 @@
+"""Errors that reach a client: each knows its HTTP status and OpenAI error type.
+
+Every layer raises these; only the api layer turns them into responses, so the
+scheduling core and the store never import Klein.
+"""
+
+from __future__ import annotations
+
+
+class MrunnerError(Exception):
+    """A failure a client is told about as ``{"error": {"message", "type", "code"}}``."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+
+class BadRequest(MrunnerError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class NotFound(MrunnerError):
+    status = 404
+    type = "not_found_error"
+
+
+class Conflict(MrunnerError):
+    status = 409
+    type = "conflict_error"
+
+
+class PayloadTooLarge(MrunnerError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class Unprocessable(MrunnerError):
+    status = 422
+    type = "invalid_request_error"
+
+
+class RunnerFailed(MrunnerError):
+    """The runner process could not start; the message carries its stderr tail."""
+
+    status = 500
+    type = "server_error"
+    code = "runner_failed"
+
+
+class BadGateway(MrunnerError):
+    """The runner died or could not be reached before it answered."""
+
+    status = 502
+    type = "server_error"
+    code = "runner_unreachable"
+
+
+class Unavailable(MrunnerError):
+    """Try again later: installing, backing off, queue full, stopping."""
+
+    status = 503
+    type = "server_error"
+    code = "unavailable"

@@ -1,0 +1,1 @@
+"""The model store: content-addressed blobs, manifests and tags under ``$MRUNNER_HOME/models``."""

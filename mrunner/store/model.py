@@ -1,0 +1,33 @@
+"""What the rest of mrunner knows of a stored model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class Model:
+    """A model in the local store, as resolved from one of its names.
+
+    ``id`` is the manifest digest (``sha256:<hex>``); tags of one digest are one
+    model and share a runner. ``gguf`` is the path of the weights blob.
+    """
+
+    id: str
+    tags: tuple[str, ...]
+    created: int
+    config: Mapping[str, Any]
+    gguf: str
+    files: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def short_id(self) -> str:
+        return self.id.split(":", 1)[-1][:12]
+
+    @property
+    def name(self) -> str:
+        """The first tag, or the short id of an untagged model."""
+        return self.tags[0] if self.tags else self.short_id
