@@ -1,0 +1,145 @@
+"""Content-addressed files: ``blobs/sha256/<hex>``, written through ``*.incomplete`` temps.
+
+A blob's file name is only ever a validated hex digest, so no name from a
+request reaches the file system. A blob appears under its final name only
+after its sha256 was checked, by an atomic rename; anything ending in
+``.incomplete`` is work in progress (kept so a pull can resume) and is never
+taken for a blob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from mrunner.store.names import DIGEST
+
+INCOMPLETE = ".incomplete"
+_STAGED = "import-"
+CHUNK = 1024 * 1024
+
+
+class DigestMismatch(ValueError):
+    """The bytes written do not hash to the digest they were announced with."""
+
+
+class Blobs:
+    """The blob directory of a store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, digest: str) -> Path:
+        if not DIGEST.fullmatch(digest):
+            raise ValueError(f"not a sha256 digest: {digest[:80]!r}")
+        return self.root / digest.removeprefix("sha256:")
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def read(self, digest: str) -> bytes:
+        return self.path(digest).read_bytes()
+
+    def put(self, data: bytes) -> str:
+        """Store small C{data} (a manifest, a config) and return its digest."""
+        writer = self.writer(None)
+        writer.write(data)
+        return writer.commit()
+
+    def remove(self, digest: str) -> None:
+        self.path(digest).unlink(missing_ok=True)
+
+    def digests(self) -> Iterator[str]:
+        """Digests of the committed blobs; temps are not blobs."""
+        for entry in os.scandir(self.root):
+            digest = "sha256:" + entry.name
+            if entry.is_file() and DIGEST.fullmatch(digest):
+                yield digest
+
+    def usage(self) -> int:
+        return sum(entry.stat().st_size for entry in os.scandir(self.root) if entry.is_file())
+
+    def writer(self, expected: str | None, resume: bool = False) -> BlobWriter:
+        """A writer for a blob; C{expected} names it (and allows resuming), else a fresh temp."""
+        if expected is None:
+            temp = self.root / f"{_STAGED}{uuid.uuid4().hex}{INCOMPLETE}"
+        else:
+            temp = self.path(expected).with_name(self.path(expected).name + INCOMPLETE)
+        return BlobWriter(self, temp, expected, resume)
+
+    def remove_staged(self) -> None:
+        """Remove import temps left by a crash: unlike named partial blobs they cannot resume."""
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(_STAGED) and entry.name.endswith(INCOMPLETE):
+                os.unlink(entry.path)
+
+
+class BlobWriter:
+    """Writes one blob to its temp file, hashing as it goes.
+
+    With C{resume}, bytes already in the temp are hashed first and kept, so a
+    download continues where it stopped (HTTP Range from L{offset}).
+    """
+
+    def __init__(self, blobs: Blobs, temp: Path, expected: str | None, resume: bool) -> None:
+        self._blobs = blobs
+        self.temp = temp
+        self.expected = expected
+        self._hash = hashlib.sha256()
+        self._file: BinaryIO = open(temp, "ab" if resume else "wb")  # noqa: SIM115
+        self.offset = 0
+        if resume:
+            with open(temp, "rb") as existing:
+                while chunk := existing.read(CHUNK):
+                    self._hash.update(chunk)
+                    self.offset += len(chunk)
+
+    def write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._file.write(data)
+        self.offset += len(data)
+
+    def restart(self) -> None:
+        """Throw away what was written (the server ignored our Range)."""
+        self._file.seek(0)
+        self._file.truncate()
+        self._hash = hashlib.sha256()
+        self.offset = 0
+
+    def copy(self, source: BinaryIO) -> None:
+        """Write everything C{source} has (blocking: run it in a thread for big files)."""
+        while chunk := source.read(CHUNK):
+            self.write(chunk)
+
+    def seal(self) -> str:
+        """Flush to disk and close (slow for big blobs: a thread's job); the digest written."""
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        return "sha256:" + self._hash.hexdigest()
+
+    def commit(self) -> str:
+        """Verify and rename into place; the digest of the blob.
+
+        @raise DigestMismatch: the content is not the expected blob (the temp is removed).
+        """
+        digest = self.seal()
+        if self.expected is not None and digest != self.expected:
+            self.discard()
+            raise DigestMismatch(f"expected {self.expected}, got {digest}")
+        os.replace(self.temp, self._blobs.path(digest))
+        return digest
+
+    def close(self) -> None:
+        """Stop writing but keep the temp, so a later pull resumes it."""
+        self._file.close()
+
+    def discard(self) -> None:
+        self._file.close()
+        self.temp.unlink(missing_ok=True)

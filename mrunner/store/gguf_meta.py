@@ -1,0 +1,106 @@
+"""What a GGUF file says about itself: architecture, parameter count, quantization, context.
+
+This is what Docker Model Runner puts in a model's config blob, and what the
+scheduler's memory estimate starts from. Reading maps the file, so it is cheap
+in memory but does real I/O: call it off the reactor thread for large files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import attrs
+from gguf import GGUFReader, GGUFValueType, LlamaFileType
+
+from mrunner.errors import BadRequest
+
+# Arrays (the tokenizer's vocabulary, merges) are megabytes; the config blob keeps scalars.
+_SKIPPED = GGUFValueType.ARRAY
+
+
+@attrs.frozen
+class GGUFInfo:
+    architecture: str
+    parameters: int
+    quantization: str
+    size: int
+    context_size: int | None
+    metadata: dict[str, str]
+
+    def config(self) -> dict[str, Any]:
+        """The ``config`` object of a Docker Model Runner model config blob."""
+        config: dict[str, Any] = {
+            "format": "gguf",
+            "quantization": self.quantization,
+            "parameters": format_parameters(self.parameters),
+            "architecture": self.architecture,
+            "size": format_size(self.size),
+            "gguf": self.metadata,
+        }
+        if self.context_size is not None:
+            config["context_size"] = self.context_size
+        return config
+
+
+def read(path: str | os.PathLike[str]) -> GGUFInfo:
+    """Read C{path}'s header and tensor table.
+
+    @raise BadRequest: the file is not a GGUF file.
+    """
+    try:
+        return _read(path)
+    except Exception as e:  # a malformed file fails in numpy, struct or enum lookups alike
+        raise BadRequest(f"not a valid GGUF file: {e}", code="invalid_gguf") from None
+
+
+def _read(path: str | os.PathLike[str]) -> GGUFInfo:
+    reader = GGUFReader(path)
+    metadata = {
+        field.name: str(field.contents())
+        for field in reader.fields.values()
+        if field.types and field.types[0] != _SKIPPED and not field.name.startswith("GGUF.")
+    }
+    architecture = metadata.get("general.architecture", "unknown")
+    context = metadata.get(f"{architecture}.context_length")
+    return GGUFInfo(
+        architecture=architecture,
+        parameters=sum(int(t.n_elements) for t in reader.tensors),
+        quantization=_quantization(reader, metadata.get("general.file_type")),
+        size=os.path.getsize(path),
+        context_size=int(context) if context is not None else None,
+        metadata=metadata,
+    )
+
+
+def _quantization(reader: GGUFReader, file_type: str | None) -> str:
+    """The file type's name (``Q4_K_M``), else the tensor type most weights use."""
+    if file_type is not None:
+        try:
+            return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    weights: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        if len(tensor.shape) > 1:  # norms and biases stay F32 whatever the quantization
+            weights[tensor.tensor_type.name] += int(tensor.n_elements)
+    return weights.most_common(1)[0][0] if weights else "unknown"
+
+
+def format_parameters(count: int) -> str:
+    """``361.82 M`` — as Docker Model Runner shows a parameter count."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}"
+    return str(count)
+
+
+def format_size(size: int) -> str:
+    """``256.35 MiB`` — as Docker Model Runner shows a file size."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.2f} {unit}" if unit != "B" else f"{size} B"
+        value /= 1024
+    return f"{value:.2f} TiB"

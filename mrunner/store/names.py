@@ -1,0 +1,108 @@
+"""Model references as Docker Model Runner normalises them: ``smollm2`` is ``ai/smollm2:latest``.
+
+The grammar is the distribution (OCI) reference grammar, so every name is
+either a valid registry reference or a L{BadRequest}. A reference is only ever
+a key (in the index, in registry URLs); it never becomes a path on disk.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from mrunner.errors import BadRequest
+
+DEFAULT_NAMESPACE = "ai"
+DEFAULT_TAG = "latest"
+MAX_LENGTH = 512
+DOCKER_HUB = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+SHORT_ID = re.compile(r"[0-9a-f]{12,64}")
+_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_TAG = re.compile(r"\w[\w.-]{0,127}", re.ASCII)
+_DOMAIN = re.compile(
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"|\[[0-9a-fA-F:.]+\])(?::[0-9]{1,5})?"
+)
+_MAX_REPOSITORY = 255
+
+
+@attrs.frozen
+class Reference:
+    """A parsed model reference; ``registry`` is empty for the default registry."""
+
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def name(self) -> str:
+        """``[registry/]repository``, without tag or digest."""
+        return f"{self.registry}/{self.repository}" if self.registry else self.repository
+
+    def __str__(self) -> str:
+        text = self.name
+        if self.tag:
+            text += f":{self.tag}"
+        if self.digest:
+            text += f"@{self.digest}"
+        return text
+
+    def with_tag(self, tag: str) -> Reference:
+        return attrs.evolve(self, tag=_check_tag(tag), digest=None)
+
+
+def parse(text: object, what: str = "model name") -> Reference:
+    """Normalise C{text} into a L{Reference}.
+
+    @raise BadRequest: C{text} is not a valid model reference; the message says why.
+    """
+    if not isinstance(text, str) or not text:
+        raise BadRequest(f"{what} must be a non-empty string")
+    if len(text) > MAX_LENGTH:
+        raise BadRequest(f"{what} is longer than {MAX_LENGTH} characters")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in text):
+        raise BadRequest(f"{what} {text!r} contains whitespace or control characters")
+    rest, _, digest = text.partition("@")
+    if digest and not DIGEST.fullmatch(digest):
+        raise BadRequest(f"{what} {text!r}: digest must be sha256: followed by 64 hex digits")
+    tag = None
+    slash = rest.rfind("/")
+    colon = rest.rfind(":")
+    if colon > slash:
+        rest, tag = rest[:colon], _check_tag(rest[colon + 1 :], text)
+    registry, repository = _split_registry(rest)
+    repository = repository.lower()
+    if "/" not in repository and not registry:
+        repository = f"{DEFAULT_NAMESPACE}/{repository}"
+    if len(repository) > _MAX_REPOSITORY or not all(
+        _COMPONENT.fullmatch(part) for part in repository.split("/")
+    ):
+        raise BadRequest(
+            f"{what} {text!r} is not a valid reference: use [registry/]namespace/name[:tag],"
+            " with lowercase letters, digits and . _ - separators"
+        )
+    if tag is None and not digest:
+        tag = DEFAULT_TAG
+    return Reference(registry, repository, tag, digest or None)
+
+
+def _split_registry(name: str) -> tuple[str, str]:
+    first, slash, rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
+        if not _DOMAIN.fullmatch(first):
+            raise BadRequest(f"registry {first!r} is not a valid host[:port]")
+        return ("" if first.lower() in DOCKER_HUB else first.lower()), rest
+    return "", name
+
+
+def _check_tag(tag: str, text: str | None = None) -> str:
+    if not _TAG.fullmatch(tag):
+        raise BadRequest(
+            f"tag {tag!r}{f' in {text!r}' if text else ''} is not valid: up to 128 letters,"
+            " digits, '_', '.' or '-', not starting with '.' or '-'"
+        )
+    return tag

@@ -1,0 +1,39 @@
+"""Tiny GGUF files for tests: real headers, a couple of small tensors, a few KB."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from gguf import GGUFWriter, LlamaFileType
+
+
+def write_tiny_gguf(
+    path: str | os.PathLike[str],
+    *,
+    architecture: str = "llama",
+    context_length: int | None = 2048,
+    file_type: LlamaFileType | None = LlamaFileType.MOSTLY_Q4_1,
+    name: str = "tiny",
+    rows: int = 8,
+    seed: int = 0,
+) -> int:
+    """Write a GGUF file at C{path}; return its parameter count.
+
+    C{seed} changes the tensor contents, so files with different seeds have different digests.
+    """
+    writer = GGUFWriter(os.fspath(path), architecture)
+    writer.add_name(name)
+    if context_length is not None:
+        writer.add_context_length(context_length)
+    if file_type is not None:
+        writer.add_file_type(file_type)
+    weights = np.random.default_rng(seed).standard_normal((rows, 16)).astype(np.float32)
+    norm = np.ones(16, dtype=np.float32)
+    writer.add_tensor("token_embd.weight", weights)
+    writer.add_tensor("output_norm.weight", norm)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return weights.size + norm.size
