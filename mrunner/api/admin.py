@@ -1,0 +1,125 @@
+"""Runner administration under C{/engines}: ps, df, unload and _configure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from klein import Klein
+from twisted.web.iweb import IRequest
+
+from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.requests import json_object, model_name, read_body
+from mrunner.config import ConfigError, parse_duration
+from mrunner.errors import BadRequest
+from mrunner.interfaces import IBackend, IModelStore
+from mrunner.scheduling.scheduler import ModelSettings, Scheduler
+
+# Runtime flags a client may add: sampling and performance knobs, never a path,
+# a network address or anything that fetches.
+ALLOWED_FLAGS = frozenset(
+    """--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed
+    --batch-size -b --ubatch-size -ub --threads -t --threads-batch -tb
+    --flash-attn -fa --cache-type-k -ctk --cache-type-v -ctv --no-mmap --mlock
+    --n-gpu-layers -ngl --rope-scaling --rope-freq-base --rope-freq-scale
+    --n-predict -n --cont-batching --no-cont-batching --cache-reuse --keep
+    --reasoning-budget --reasoning-format""".split()
+)
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def runtime_flags(value: object) -> tuple[str, ...]:
+    """Flags from a list or a space-separated string, each in L{ALLOWED_FLAGS}."""
+    if isinstance(value, str):
+        value = value.split()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRequest("runtime-flags must be a list of strings")
+    for flag in value:
+        if flag.startswith("-") and not _NUMBER.match(flag) and flag.split("=")[0] not in ALLOWED_FLAGS:
+            raise BadRequest(
+                f"runtime flag {flag!r} is not allowed; allowed: {' '.join(sorted(ALLOWED_FLAGS))}",
+                code="flag_not_allowed",
+            )
+    return tuple(value)
+
+
+def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
+    """The C{_configure} body, accepting Docker Model Runner's dashed keys and underscores."""
+
+    def field(name: str) -> Any:
+        return payload.get(name, payload.get(name.replace("_", "-")))
+
+    context_size = field("context_size")
+    if context_size is not None and (not isinstance(context_size, int) or context_size <= 0):
+        raise BadRequest("context-size must be a positive integer")
+    flags = field("runtime_flags")
+    keep_alive = field("keep_alive")
+    try:
+        seconds = None if keep_alive is None else parse_duration(keep_alive, "keep_alive")
+    except ConfigError as e:
+        raise BadRequest(str(e)) from None
+    return ModelSettings(
+        context_size=context_size,
+        flags=None if flags is None else runtime_flags(flags),
+        keep_alive=seconds,
+    )
+
+
+class AdminAPI:
+    """What runs, what it costs, and how to stop or reconfigure it."""
+
+    app = Klein()
+    handle_json_errors(app)
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        store: IModelStore,
+        backends: Mapping[str, IBackend],
+        max_request_bytes: int,
+    ):
+        self._scheduler = scheduler
+        self._store = store
+        self._backends = backends
+        self._max_request_bytes = max_request_bytes
+
+    def _payload(self, request: IRequest) -> dict[str, Any]:
+        body = read_body(request, self._max_request_bytes)
+        return json_object(body) if body.strip() else {}
+
+    @app.route("/engines/ps", methods=["GET"])
+    def ps(self, request: IRequest) -> bytes:
+        return json_body(request, self._scheduler.running())
+
+    @app.route("/engines/df", methods=["GET"])
+    def df(self, request: IRequest) -> bytes:
+        backends = {name: backend.disk_usage() for name, backend in self._backends.items()}
+        return json_body(
+            request,
+            {
+                "models_disk_usage": self._store.disk_usage(),
+                "default_backend_disk_usage": backends.get(self._scheduler.backend_name(None), 0),
+                "backends_disk_usage": backends,
+            },
+        )
+
+    @app.route("/engines/unload", methods=["POST"])
+    async def unload(self, request: IRequest) -> bytes:
+        payload = self._payload(request)
+        models = payload.get("models") or []
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise BadRequest("models must be a list of model names")
+        backend = payload.get("backend") or None
+        if backend is not None:
+            self._scheduler.backend_name(backend)
+        count = await self._scheduler.unload(backend, models, bool(payload.get("all")))
+        return json_body(request, {"unloaded_runners": count})
+
+    @app.route("/engines/_configure", methods=["POST"], endpoint="configure_default")
+    @app.route("/engines/<backend>/_configure", methods=["POST"])
+    async def configure(self, request: IRequest, backend: str | None = None) -> bytes:
+        payload = self._payload(request)
+        name = model_name(payload)
+        await self._scheduler.configure(backend, name, model_settings(payload))
+        return json_body(request, {"status": "configured", "model": name})

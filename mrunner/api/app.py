@@ -1,0 +1,79 @@
+"""The daemon's HTTP root: service routes, and one resource that tries each route group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote
+
+from klein import Klein
+from prometheus_client import CollectorRegistry, generate_latest
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource, Resource
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+
+import mrunner
+from mrunner.api.errors import handle_json_errors, json_body
+
+
+class ServiceAPI:
+    """C{/}, C{/health}, C{/version}, C{/metrics}, and the C{/models} routes."""
+
+    app = Klein()
+    handle_json_errors(app)
+
+    def __init__(self, models: Any, metrics: CollectorRegistry):
+        self._models = models
+        self._metrics = metrics
+
+    @app.route("/", methods=["GET"])
+    def root(self, request: IRequest) -> bytes:
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        return b"mrunner is running"
+
+    @app.route("/health", methods=["GET"])
+    def health(self, request: IRequest) -> bytes:
+        return json_body(request, {"status": "ok"})
+
+    @app.route("/version", methods=["GET"])
+    def version(self, request: IRequest) -> bytes:
+        return json_body(request, {"version": mrunner.__version__})
+
+    @app.route("/metrics", methods=["GET"])
+    def metrics(self, request: IRequest) -> bytes:
+        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        return generate_latest(self._metrics)
+
+    @app.route("/models", branch=True)
+    def models(self, request: IRequest) -> IResource:
+        return self._models.app.resource()
+
+
+class Routes(Resource):
+    """Renders a request with the first route group whose URL map matches it.
+
+    Each group is a Klein app bound to its object, so every module keeps its
+    own routes and state; a path no group knows gets the last group's JSON 404.
+    """
+
+    isLeaf = True
+
+    def __init__(self, groups: Sequence[Any]):
+        super().__init__()
+        self._apps = [group.app for group in groups]
+
+    def render(self, request: IRequest) -> Any:
+        path = unquote(request.path.decode("utf-8", errors="replace"))
+        method = request.method.decode("ascii", errors="replace")
+        chosen = self._apps[-1]
+        for app in self._apps:
+            try:
+                app.url_map.bind("localhost").match(path, method)
+            except MethodNotAllowed:
+                chosen = app
+            except NotFound:
+                continue
+            else:
+                chosen = app
+                break
+        return chosen.resource().render(request)

@@ -1,0 +1,131 @@
+"""The OpenAI-compatible inference routes and the model list, under C{/engines} and C{/v1}."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from klein import Klein
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IRequest
+
+from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.requests import json_object, model_name, read_body
+from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
+from mrunner.interfaces import IModelStore
+from mrunner.metrics import Metrics
+from mrunner.proxy import Forwarder
+from mrunner.scheduling.scheduler import Scheduler
+from mrunner.store.model import Model
+
+# Every OpenAI-style route is served with and without a backend, and under /v1.
+PREFIXES = ("/engines", "/engines/<backend>", "/v1")
+
+
+def _v1(path: str) -> list[str]:
+    """C{path} under each prefix; C{/v1} is itself an alias of C{/engines/v1}."""
+    return [
+        prefix + path.removeprefix("/v1") if prefix == "/v1" else prefix + path
+        for prefix in PREFIXES
+    ]
+
+
+def routes(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
+    """Route every one of C{paths} to the decorated method."""
+
+    def decorate(f: Any) -> Any:
+        for i, path in enumerate(paths):
+            app.route(path, endpoint=f"{f.__name__}_{i}", **kwargs)(f)
+        return f
+
+    return decorate
+
+
+class InferenceAPI:
+    """Checks a request, leases a runner from the scheduler and forwards to it."""
+
+    app = Klein()
+    handle_json_errors(app)
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        store: IModelStore,
+        forwarder: Forwarder,
+        metrics: Metrics,
+        clock: IReactorTime,
+        max_request_bytes: int,
+    ):
+        self._scheduler = scheduler
+        self._store = store
+        self._forwarder = forwarder
+        self._metrics = metrics
+        self._clock = clock
+        self._max_request_bytes = max_request_bytes
+
+    def _measure(self, request: IRequest, mode: str) -> None:
+        started = self._clock.seconds()
+
+        def finished(result: object) -> None:
+            self._metrics.requests.labels(mode, str(request.code)).inc()
+            self._metrics.seconds.labels(mode).observe(self._clock.seconds() - started)
+
+        request.notifyFinish().addBoth(finished)
+
+    async def _infer(self, request: IRequest, backend: str | None, mode: str, path: bytes) -> Any:
+        self._measure(request, mode)
+        name = self._scheduler.backend_name(backend)
+        body = read_body(request, self._max_request_bytes)
+        model = model_name(json_object(body))
+        lease = await self._scheduler.acquire(name, model, mode)
+        try:
+            if request.getHeader(b"x-preload-only") == b"true":
+                return json_body(request, {"status": "loaded", "model": lease.runner.request.model.name})
+            await self._forwarder.forward(request, lease.runner.socket, path, body)
+        finally:
+            lease.release()
+        return None
+
+    @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
+    def chat(self, request: IRequest, backend: str | None = None) -> Any:
+        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions")
+
+    @routes(app, _v1("/v1/completions"), methods=["POST"])
+    def completions(self, request: IRequest, backend: str | None = None) -> Any:
+        return self._infer(request, backend, COMPLETION, b"/v1/completions")
+
+    @routes(app, _v1("/v1/embeddings"), methods=["POST"])
+    def embeddings(self, request: IRequest, backend: str | None = None) -> Any:
+        return self._infer(request, backend, EMBEDDING, b"/v1/embeddings")
+
+    @routes(
+        app,
+        [*_v1("/v1/rerank"), "/engines/rerank", "/engines/<backend>/rerank",
+         "/engines/score", "/engines/<backend>/score"],
+        methods=["POST"],
+    )
+    def rerank(self, request: IRequest, backend: str | None = None) -> Any:
+        return self._infer(request, backend, RERANKING, b"/v1/rerank")
+
+    @routes(app, _v1("/v1/models"), methods=["GET"])
+    def models(self, request: IRequest, backend: str | None = None) -> bytes:
+        self._scheduler.backend_name(backend)
+        data = [entry for model in self._store.list() for entry in openai_models(model)]
+        return json_body(request, {"object": "list", "data": data})
+
+    @routes(app, _v1("/v1/models/<path:name>"), methods=["GET"])
+    def model(self, request: IRequest, name: str, backend: str | None = None) -> bytes:
+        self._scheduler.backend_name(backend)
+        return json_body(request, openai_models(self._store.resolve(name))[0])
+
+    @app.route("/engines/status", methods=["GET"])
+    def status(self, request: IRequest) -> bytes:
+        return json_body(request, self._scheduler.backend_statuses())
+
+
+def openai_models(model: Model) -> list[dict[str, Any]]:
+    """OpenAI's model objects for C{model}: one per tag (or its id when untagged)."""
+    return [
+        {"id": name, "object": "model", "created": model.created, "owned_by": "mrunner"}
+        for name in model.tags or (model.id,)
+    ]

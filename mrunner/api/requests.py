@@ -1,0 +1,41 @@
+"""Reading and checking request bodies, in the order the contract gives."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.web.iweb import IRequest
+
+from mrunner.errors import BadRequest, PayloadTooLarge
+
+
+def read_body(request: IRequest, limit: int) -> bytes:
+    """The request body; L{PayloadTooLarge} past C{limit} bytes."""
+    declared = request.getHeader(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
+    request.content.seek(0)
+    body: bytes = request.content.read(limit + 1)
+    if len(body) > limit:
+        raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+    return body
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """C{body} decoded as a JSON object, else L{BadRequest} saying what is wrong."""
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return value
+
+
+def model_name(payload: dict[str, Any]) -> str:
+    """The C{model} field, which every inference request must name."""
+    name = payload.get("model")
+    if not isinstance(name, str) or not name.strip():
+        raise BadRequest("the request must name a model in its 'model' field", code="model_required")
+    return name.strip()

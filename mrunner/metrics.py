@@ -1,0 +1,59 @@
+"""Prometheus metrics: the scheduler's state read at scrape time, and request counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from mrunner.scheduling.scheduler import Scheduler
+
+
+class SchedulerCollector(Collector):
+    """Runners by state, their memory, and the wait queue, as they are at scrape time."""
+
+    def __init__(self, scheduler: Scheduler):
+        self._scheduler = scheduler
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        runners = GaugeMetricFamily(
+            "mrunner_runners", "Runner processes by model, mode and state.",
+            labels=["backend", "model", "mode", "state"],
+        )
+        in_use = GaugeMetricFamily(
+            "mrunner_runner_requests_in_flight", "Requests a runner is serving.",
+            labels=["backend", "model", "mode"],
+        )
+        memory = GaugeMetricFamily(
+            "mrunner_runner_memory_bytes", "Resident memory of a runner process.",
+            labels=["backend", "model", "mode"],
+        )
+        for runner in self._scheduler.running():
+            labels = [runner["backend_name"], runner["model_name"], runner["mode"]]
+            state = "loading" if runner["loading"] else "draining" if runner["draining"] else "ready"
+            runners.add_metric([*labels, state], 1)
+            in_use.add_metric(labels, runner["in_use"])
+            if runner.get("memory") is not None:
+                memory.add_metric(labels, runner["memory"])
+        queue = GaugeMetricFamily("mrunner_queue_waiting", "Requests waiting for a runner.")
+        queue.add_metric([], self._scheduler.loader.queued)
+        yield from (runners, in_use, memory, queue)
+
+
+class Metrics:
+    """One registry per daemon, so tests and several daemons never share counters."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.registry = CollectorRegistry()
+        self.registry.register(SchedulerCollector(scheduler))
+        self.requests = Counter(
+            "mrunner_requests", "Inference requests by mode and HTTP status.",
+            ["mode", "status"], registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "mrunner_request_seconds", "Time from request to the end of the answer.",
+            ["mode"], registry=self.registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )

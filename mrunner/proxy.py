@@ -1,0 +1,197 @@
+"""Forwards a request to a runner over its UNIX socket and streams the answer back.
+
+This plays the role of twisted.web's C{ReverseProxyResource}, which speaks
+HTTP/1.0 over TCP, buffers nothing but has no backpressure, and ignores client
+disconnects. Here the runner's transport is registered as the client request's
+producer, a client that goes away aborts the upstream connection (so
+llama-server stops generating), and nothing is buffered.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import UNIXClientEndpoint
+from twisted.internet.interfaces import IConsumer, IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, URI
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IRequest, IResponse, UNKNOWN_LENGTH
+from zope.interface import implementer
+
+from mrunner.errors import BadGateway
+
+# RFC 9110 §7.6.1 hop-by-hop fields, and those twisted.web sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
+
+# Drop pooled connections before llama-server's own 5 s keep-alive does, so a
+# POST never races a server-side close.
+POOL_IDLE_SECONDS = 4.0
+
+
+@implementer(IAgentEndpointFactory)
+class RunnerEndpoints:
+    """Maps C{http://<name>/...} to the UNIX socket C{<run_dir>/<name>.sock}."""
+
+    def __init__(self, reactor: object, run_dir: Path):
+        self._reactor = reactor
+        self._run_dir = run_dir
+
+    def endpointForURI(self, uri: URI) -> UNIXClientEndpoint:
+        return UNIXClientEndpoint(self._reactor, str(self._run_dir / f"{uri.host.decode()}.sock"))
+
+
+def runner_agent(reactor: object, run_dir: Path, per_runner: int = 16) -> Agent:
+    """An Agent with a persistent pool that reaches runners by their socket name."""
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = per_runner
+    pool.cachedConnectionTimeout = POOL_IDLE_SECONDS
+    return Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, run_dir), pool)
+
+
+def runner_url(socket: str, path: bytes) -> bytes:
+    """The URL that reaches C{path} on the runner listening on C{socket}."""
+    return b"http://" + Path(socket).stem.encode() + path
+
+
+@implementer(IBodyProducer)
+class BytesBody:
+    """A request body already in memory, sent with its Content-Length."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        consumer.write(self._data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+def forwarded_headers(headers: Headers) -> Headers:
+    """A copy of C{headers} without hop-by-hop fields."""
+    kept = Headers()
+    for name, values in headers.getAllRawHeaders():
+        if name.lower() not in HOP_BY_HOP:
+            kept.setRawHeaders(name, values)
+    return kept
+
+
+class Forwarder:
+    """Sends requests to runners through one persistent C{Agent}."""
+
+    log = Logger()
+
+    def __init__(self, agent: Agent):
+        self._agent = agent
+
+    def forward(self, request: IRequest, socket: str, path: bytes, body: bytes) -> Deferred[None]:
+        """Relay C{request} (whose body is C{body}) to the runner; fires when the answer is sent.
+
+        Cancelling it (Klein does, when the client disconnects) aborts the upstream connection.
+        """
+        relay: _Relay | None = None
+
+        def cancel(d: Deferred[None]) -> None:
+            upstream.cancel()
+            if relay is not None:
+                relay.abort()
+
+        done: Deferred[None] = Deferred(cancel)
+        upstream = self._agent.request(
+            request.method,
+            runner_url(socket, path),
+            forwarded_headers(request.requestHeaders),
+            BytesBody(body),
+        )
+
+        def respond(response: IResponse) -> None:
+            nonlocal relay
+            request.setResponseCode(response.code, response.phrase)
+            for name, values in forwarded_headers(response.headers).getAllRawHeaders():
+                request.responseHeaders.setRawHeaders(name, values)
+            if response.length is not UNKNOWN_LENGTH:
+                request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
+            relay = _Relay(request, done, is_event_stream(response.headers))
+            response.deliverBody(relay)
+
+        def unreachable(reason: Failure) -> None:
+            if not done.called:
+                done.errback(
+                    BadGateway(f"the runner closed the connection before answering: {reason.getErrorMessage()}")
+                )
+
+        upstream.addCallbacks(respond, unreachable)
+        return done
+
+
+def is_event_stream(headers: Headers) -> bool:
+    content_type = headers.getRawHeaders(b"content-type", [b""])[0]
+    return content_type.split(b";")[0].strip().lower() == b"text/event-stream"
+
+
+class _Relay(Protocol):
+    """Writes a runner's response body to the client as it arrives, with backpressure."""
+
+    def __init__(self, request: IRequest, done: Deferred[None], events: bool):
+        self._request = request
+        self._done = done
+        self._events = events
+        self._aborted = False
+
+    def connectionMade(self) -> None:
+        producer: IPushProducer = self.transport  # type: ignore[assignment]
+        self._request.registerProducer(producer, True)
+
+    def dataReceived(self, data: bytes) -> None:
+        self._request.write(data)
+
+    def abort(self) -> None:
+        """The client went away: close the runner connection now."""
+        self._aborted = True
+        self.transport.stopProducing()  # type: ignore[union-attr]
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        self._request.unregisterProducer()
+        if self._aborted:
+            return
+        if not reason.check(ResponseDone):
+            Forwarder.log.warn("runner response cut short: {why}", why=reason.getErrorMessage())
+            self._cut_short(reason)
+        self._done.callback(None)
+
+    def _cut_short(self, reason: Failure) -> None:
+        """Tell a streaming client the runner died; make any other client see a truncated body."""
+        if self._events:
+            error = BadGateway(f"the runner stopped in the middle of the answer: {reason.getErrorMessage()}")
+            self._request.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
+        else:
+            self._request.channel.transport.abortConnection()  # type: ignore[attr-defined]
+
+

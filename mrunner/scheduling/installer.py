@@ -1,0 +1,113 @@
+"""Installs each backend once, as a Deferred chain that every waiter shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mrunner.errors import NotFound, Unavailable
+from mrunner.interfaces import IBackend
+
+INSTALL_RETRY_AFTER = 5.0
+
+
+@attrs.define
+class _Install:
+    """One backend's lifecycle: Not Installed → Installing → Running | Error (→ Installing)."""
+
+    backend: IBackend
+    status: str = "Not Installed"
+    waiters: list[Deferred[None]] = attrs.field(factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.status.startswith("Running")
+
+    @property
+    def installing(self) -> bool:
+        return self.status.startswith("Installing")
+
+
+class Installer:
+    """Runs C{backend.install()} once and lets any number of requests wait on it.
+
+    A failed install is reported in its status and tried again by the next C{wait}.
+    """
+
+    log = Logger()
+
+    def __init__(self, backends: Mapping[str, IBackend], clock: IReactorTime):
+        self._clock = clock
+        self._installs = {name: _Install(backend) for name, backend in backends.items()}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._installs
+
+    def statuses(self) -> dict[str, str]:
+        return {name: install.status for name, install in self._installs.items()}
+
+    def start(self) -> None:
+        """Begin installing every backend; called when the service starts."""
+        for name in self._installs:
+            self._begin(name)
+
+    def wait(self, name: str, timeout: float) -> Deferred[None]:
+        """Fire once C{name} is installed; 503 if that fails or takes longer than C{timeout}."""
+        install = self._installs.get(name)
+        if install is None:
+            raise NotFound(f"unknown backend {name!r}", code="backend_not_found")
+        if install.running:
+            return succeed(None)
+        if not install.installing:
+            self._begin(name)
+            if install.running:
+                return succeed(None)
+        waiter: Deferred[None] = Deferred(canceller=install.waiters.remove)
+        install.waiters.append(waiter)
+
+        def still_installing(result: object, timeout: float) -> None:
+            raise Unavailable(
+                f"backend {name} is not ready yet ({install.status}); try again shortly",
+                code="backend_installing",
+                retry_after=INSTALL_RETRY_AFTER,
+            )
+
+        return waiter.addTimeout(timeout, self._clock, onTimeoutCancel=still_installing)
+
+    def _begin(self, name: str) -> None:
+        install = self._installs[name]
+        if install.installing or install.running:
+            return
+        install.status = "Installing"
+        self.log.info("installing backend {backend}", backend=name)
+
+        def report(message: str) -> None:
+            if install.installing:
+                install.status = f"Installing: {message}"
+
+        def installed(version: str) -> None:
+            install.status = f"Running: {version}"
+            self.log.info("backend {backend} ready: {version}", backend=name, version=version)
+            self._wake(install, None)
+
+        def failed(reason: Failure) -> None:
+            message = reason.getErrorMessage() or reason.type.__name__
+            install.status = f"Error: {message}"
+            self.log.failure("backend {backend} failed to install", reason, backend=name)
+            self._wake(install, Unavailable(f"backend {name} failed to install: {message}"))
+
+        install.backend.install(report).addCallbacks(installed, failed)
+
+    @staticmethod
+    def _wake(install: _Install, error: Exception | None) -> None:
+        waiters, install.waiters = install.waiters, []
+        for waiter in waiters:
+            if error is None:
+                waiter.callback(None)
+            else:
+                waiter.errback(error)

@@ -1,0 +1,297 @@
+"""Keeps runners: loads them on demand, shares them, queues requests, evicts idle ones.
+
+All state lives here and changes only on the reactor; what to do next is
+decided by L{policy.plan}, so the rules are tested without processes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+import attrs
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mrunner.backends.base import RunnerSettings
+from mrunner.errors import Unavailable
+from mrunner.scheduling import policy
+from mrunner.scheduling.policy import State
+from mrunner.store.model import Model
+
+NEVER = -1.0
+
+
+@attrs.frozen
+class RunnerKey:
+    """One runner per (backend, model digest, mode): tags of a digest share it."""
+
+    backend: str
+    model: str
+    mode: str
+
+
+class RunnerProcess(Protocol):
+    """What the loader needs of a started runner (see L{mrunner.scheduling.runner})."""
+
+    socket: str
+    ready: Deferred[None]
+    ended: Deferred[None]
+
+    def stop(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+Spawn = Callable[[RunnerKey, Model, RunnerSettings], RunnerProcess]
+
+
+@attrs.frozen
+class LoadRequest:
+    """What a request needs: the runner key and how to start it if it is not running."""
+
+    key: RunnerKey
+    model: Model
+    settings: RunnerSettings
+    keep_alive: float
+
+
+@attrs.define(eq=False)
+class Runner:
+    """The loader's record of one runner process."""
+
+    request: LoadRequest
+    process: RunnerProcess
+    state: State = State.LOADING
+    in_use: int = 0
+    finished_at: float = 0.0
+    expiry: IDelayedCall | None = None
+    alive: bool = True
+
+    @property
+    def key(self) -> RunnerKey:
+        return self.request.key
+
+    @property
+    def parallel(self) -> int:
+        return self.request.settings.parallel
+
+    @property
+    def socket(self) -> str:
+        return self.process.socket
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    request: LoadRequest
+    deferred: Deferred[Lease]
+
+    @property
+    def key(self) -> RunnerKey:
+        return self.request.key
+
+
+@attrs.define(eq=False)
+class Lease:
+    """A request's hold on one of a runner's parallel slots; release it exactly once."""
+
+    runner: Runner
+    _loader: Loader
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._loader._release(self.runner)
+
+
+@attrs.define
+class _Backoff:
+    delay: float
+    until: float
+
+
+class Loader:
+    """Hands out L{Lease}s on runners within C{max_runners} and a bounded FIFO queue."""
+
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, spawn: Spawn, max_runners: int, max_queue: int):
+        self._clock = clock
+        self._spawn = spawn
+        self._max_runners = max_runners
+        self._max_queue = max_queue
+        self.runners: dict[RunnerKey, Runner] = {}
+        self._stopping: set[Runner] = set()
+        self._queue: deque[_Waiter] = deque()
+        self._backoff: dict[RunnerKey, _Backoff] = {}
+        self._closed = False
+        self._all_ended: list[Deferred[None]] = []
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def acquire(self, request: LoadRequest) -> Deferred[Lease]:
+        """A lease on a ready runner for C{request.key}; cancel it to leave the queue."""
+        if self._closed:
+            raise Unavailable("mrunner is shutting down", code="shutting_down")
+        backoff = self._backoff.get(request.key)
+        if backoff is not None and self._clock.seconds() < backoff.until:
+            raise Unavailable(
+                f"model {request.model.name} failed to load recently; retrying is paused",
+                code="load_backoff",
+                retry_after=backoff.until - self._clock.seconds(),
+            )
+        waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
+        self._queue.append(waiter)
+        self._pump()
+        if len(self._queue) > self._max_queue and self._queue[-1] is waiter:
+            self._queue.pop()
+            raise Unavailable(
+                f"too many requests waiting ({self._max_queue}); try again shortly",
+                code="queue_full",
+                retry_after=1.0,
+            )
+        return waiter.deferred
+
+    def unload(self, match: Callable[[RunnerKey], bool]) -> Deferred[Any]:
+        """Stop idle runners that C{match}; drain busy ones. Fires when they have exited."""
+        ended = []
+        for runner in [r for r in self.runners.values() if match(r.key)]:
+            ended.append(self._ended(runner))
+            if runner.in_use:
+                runner.state = State.DRAINING
+            else:
+                self._stop(runner)
+        self._pump()
+        return DeferredList(ended)
+
+    def close(self) -> Deferred[None]:
+        """Refuse new work, fail the queue, stop every runner; fire when all have exited."""
+        self._closed = True
+        while self._queue:
+            self._queue.popleft().deferred.errback(
+                Unavailable("mrunner is shutting down", code="shutting_down")
+            )
+        for runner in list(self.runners.values()):
+            self._stop(runner)
+        return self._ended(None)
+
+    def _ended(self, runner: Runner | None) -> Deferred[None]:
+        """A Deferred that fires when C{runner} (or, for None, every runner) has exited."""
+        if runner is None:
+            if not self.runners and not self._stopping:
+                return succeed(None)
+            d: Deferred[None] = Deferred()
+            self._all_ended.append(d)
+            return d
+        d = Deferred()
+        runner.process.ended.addBoth(lambda result: (d.callback(None), result)[1])
+        return d
+
+    def _leave(self, waiter: _Waiter) -> None:
+        self._queue.remove(waiter)
+        self._pump()
+
+    def _release(self, runner: Runner) -> None:
+        runner.in_use -= 1
+        if runner.in_use == 0:
+            runner.finished_at = self._clock.seconds()
+        self._pump()
+
+    def _pump(self) -> None:
+        """Carry out what the policy decides now, then set keep-alive timers."""
+        decision = policy.plan(self._queue, self.runners, len(self._stopping), self._max_runners)
+        for waiter, key in decision.assign:
+            self._queue.remove(waiter)
+            runner = self.runners[key]
+            runner.in_use += 1
+            waiter.deferred.callback(Lease(runner, self))
+        for key in decision.evict:
+            self.log.info("evicting idle runner {key} to make room", key=key)
+            self._stop(self.runners[key])
+        for waiter in decision.load:
+            self._load(waiter.request)
+        for key in policy.drained(self.runners):
+            self._stop(self.runners[key])
+        self._sync_expiry()
+
+    def _sync_expiry(self) -> None:
+        idle = set(policy.idle(self.runners))
+        for key, runner in list(self.runners.items()):
+            keep_alive = runner.request.keep_alive
+            if key not in idle:
+                if runner.expiry is not None:
+                    runner.expiry.cancel()
+                    runner.expiry = None
+            elif keep_alive == 0:
+                self._stop(runner)
+            elif runner.expiry is None and keep_alive > 0:
+                runner.expiry = self._clock.callLater(keep_alive, self._expire, runner)
+
+    def _expire(self, runner: Runner) -> None:
+        runner.expiry = None
+        self.log.info("runner {key} idle for its keep-alive; stopping", key=runner.key)
+        self._stop(runner)
+        self._pump()
+
+    def _load(self, request: LoadRequest) -> None:
+        self.log.info("loading {model} for {key}", model=request.model.name, key=request.key)
+        runner = Runner(request, self._spawn(request.key, request.model, request.settings))
+        self.runners[request.key] = runner
+        runner.process.ready.addCallbacks(self._loaded, self._load_failed, (runner,), None, (runner,))
+        runner.process.ended.addBoth(self._exited, runner)
+
+    def _loaded(self, result: object, runner: Runner) -> None:
+        self._backoff.pop(runner.key, None)
+        runner.state = State.READY
+        runner.finished_at = self._clock.seconds()
+        self._pump()
+
+    def _load_failed(self, reason: Failure, runner: Runner) -> None:
+        if runner in self._stopping:
+            return  # stopped on purpose; its waiters stay queued for the next load
+        key = runner.key
+        previous = self._backoff.get(key)
+        delay = policy.next_backoff(previous.delay if previous else None)
+        self._backoff[key] = _Backoff(delay, self._clock.seconds() + delay)
+        self.log.warn(
+            "runner {key} failed to load ({error}); backing off {delay}s",
+            key=key, error=reason.getErrorMessage(), delay=delay,
+        )
+        self._stop(runner)
+        for waiter in [w for w in self._queue if w.key == key]:
+            self._queue.remove(waiter)
+            waiter.deferred.errback(reason)
+        self._pump()
+
+    def _exited(self, result: object, runner: Runner) -> None:
+        """A runner's process is gone, stopped or crashed: it no longer exists."""
+        runner.alive = False
+        if runner.state is not State.LOADING and self.runners.get(runner.key) is runner:
+            self.log.warn("runner {key} exited unexpectedly; evicted", key=runner.key)
+        self._forget(runner)
+        self._stopping.discard(runner)
+        if not self.runners and not self._stopping:
+            waiters, self._all_ended = self._all_ended, []
+            for d in waiters:
+                d.callback(None)
+        if not self._closed:
+            self._pump()
+
+    def _forget(self, runner: Runner) -> None:
+        if self.runners.get(runner.key) is runner:
+            del self.runners[runner.key]
+        if runner.expiry is not None:
+            runner.expiry.cancel()
+            runner.expiry = None
+
+    def _stop(self, runner: Runner) -> None:
+        self._forget(runner)
+        if runner.alive and runner not in self._stopping:
+            self._stopping.add(runner)
+            runner.process.stop()

@@ -1,0 +1,174 @@
+"""The IScheduler: from (backend, model name, mode) to a lease on a ready runner."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.interfaces import IReactorTime
+from zope.interface import implementer
+
+from mrunner.backends.base import Command, RunnerSettings
+from mrunner.config import Config
+from mrunner.errors import Conflict, NotFound
+from mrunner.interfaces import IBackend, IModelStore, IScheduler
+from mrunner.scheduling.installer import Installer
+from mrunner.scheduling.loader import NEVER, Lease, LoadRequest, Loader, RunnerKey, RunnerProcess
+from mrunner.scheduling.policy import State
+from mrunner.store.model import Model
+
+StartRunner = Callable[[Command, str, Path, str], RunnerProcess]
+
+
+@attrs.frozen
+class ModelSettings:
+    """What C{_configure} may change for one model; None keeps the default."""
+
+    context_size: int | None = None
+    flags: tuple[str, ...] | None = None
+    keep_alive: float | None = None
+
+
+@implementer(IScheduler)
+class Scheduler:
+    """Checks the backend and the model, waits for the install, then queues for a runner."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        config: Config,
+        backends: Mapping[str, IBackend],
+        store: IModelStore,
+        start_runner: StartRunner,
+    ):
+        self._config = config
+        self._backends = backends
+        self._store = store
+        self._start_runner = start_runner
+        self.installer = Installer(backends, clock)
+        self.loader = Loader(
+            clock, self._spawn, config.scheduler.max_runners, config.scheduler.max_queue
+        )
+        self._settings: dict[tuple[str, str], ModelSettings] = {}
+        self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
+
+    @property
+    def run_dir(self) -> Path:
+        return self._config.home / "run"
+
+    def backend_name(self, backend: str | None) -> str:
+        """C{backend}, or the default one; L{NotFound} for a backend mrunner does not have."""
+        name = backend or self._config.default_backend
+        if name not in self._backends:
+            raise NotFound(
+                f"unknown backend {name!r}; available: {', '.join(sorted(self._backends))}",
+                code="backend_not_found",
+            )
+        return name
+
+    def backend_statuses(self) -> dict[str, str]:
+        return self.installer.statuses()
+
+    def start(self) -> None:
+        self.installer.start()
+
+    def close(self) -> Deferred[None]:
+        return self.loader.close()
+
+    def acquire(self, backend: str | None, model: str, mode: str) -> Deferred[Lease]:
+        return ensureDeferred(self._acquire(self.backend_name(backend), model, mode))
+
+    async def _acquire(self, backend: str, name: str, mode: str) -> Lease:
+        model = self._store.resolve(name)
+        await self.installer.wait(backend, self._config.scheduler.install_wait)
+        settings = self._model_settings(backend, model)
+        request = LoadRequest(
+            RunnerKey(backend, model.id, mode),
+            model,
+            RunnerSettings(
+                context_size=settings.context_size or self._config.runner.context_size,
+                parallel=self._config.scheduler.parallel,
+                threads=self._config.runner.threads,
+                flags=settings.flags or (),
+            ),
+            self._config.scheduler.keep_alive if settings.keep_alive is None else settings.keep_alive,
+        )
+        return await self.loader.acquire(request)
+
+    def _model_settings(self, backend: str, model: Model) -> ModelSettings:
+        return self._settings.get((backend, model.id), ModelSettings())
+
+    def _spawn(self, key: RunnerKey, model: Model, settings: RunnerSettings) -> RunnerProcess:
+        name = next(self._names)
+        socket = str(self.run_dir / f"{name}.sock")
+        command = self._backends[key.backend].command(model, key.mode, socket, settings)
+        label = f"{model.name} ({key.mode})"
+        log_path = self._config.home / "logs" / f"{_file_safe(model.name)}-{key.mode}.log"
+        return self._start_runner(command, socket, log_path, label)
+
+    def running(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "backend_name": runner.key.backend,
+                "model_name": runner.request.model.name,
+                "model_id": runner.key.model,
+                "mode": runner.key.mode,
+                "loading": runner.state is State.LOADING,
+                "in_use": runner.in_use,
+                "draining": runner.state is State.DRAINING,
+                "last_used": runner.finished_at,
+                "keep_alive": None if runner.request.keep_alive == NEVER else runner.request.keep_alive,
+                **runner.process.describe(),
+            }
+            for runner in self.loader.runners.values()
+        ]
+
+    def unload(self, backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:
+        """Stop matching runners (idle now, busy ones once drained); fires with how many."""
+        ids = {self._model_id(name) for name in models}
+        count = 0
+
+        def match(key: RunnerKey) -> bool:
+            nonlocal count
+            hit = all or ((backend is None or key.backend == backend) and key.model in ids)
+            count += hit
+            return hit
+
+        return self.loader.unload(match).addCallback(lambda _: count)
+
+    def _model_id(self, name: str) -> str:
+        try:
+            return self._store.resolve(name).id
+        except NotFound:
+            return name
+
+    def configure(self, backend: str | None, model: str, settings: ModelSettings) -> Deferred[Any]:
+        """Use C{settings} for C{model}'s next runner; restart its idle runner, refuse a busy one."""
+        name = self.backend_name(backend)
+        resolved = self._store.resolve(model)
+        busy = [
+            runner
+            for key, runner in self.loader.runners.items()
+            if key.backend == name and key.model == resolved.id and runner.in_use
+        ]
+        if busy:
+            raise Conflict(
+                f"model {resolved.name} is serving requests; configure it when it is idle",
+                code="runner_busy",
+            )
+        previous = self._model_settings(name, resolved)
+        self._settings[(name, resolved.id)] = attrs.evolve(
+            previous,
+            **{k: v for k, v in attrs.asdict(settings, recurse=False).items() if v is not None},
+        )
+        return self.loader.unload(lambda key: key.backend == name and key.model == resolved.id)
+
+
+def _file_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)

@@ -1,0 +1,94 @@
+"""``twistd mrunner``: command-line options and the service tree. The one place that wires parts."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService
+from twisted.internet.endpoints import serverFromString
+from twisted.python import usage
+from twisted.web.server import Site
+
+from mrunner import config as configuration
+from mrunner.api.admin import AdminAPI
+from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.inference import InferenceAPI
+from mrunner.api.models import ModelsAPI
+from mrunner.backends.command import CommandBackend
+from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.interfaces import IBackend
+from mrunner.metrics import Metrics
+from mrunner.proxy import Forwarder, runner_agent
+from mrunner.scheduling.runner import RunnerProcess
+from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.service import SchedulerService
+from mrunner.store.store import ModelStore
+
+
+class Options(usage.Options):
+    """``twistd mrunner [--config FILE] [--listen ENDPOINT] [--home DIR]``."""
+
+    optParameters = [
+        ["config", "c", None, "TOML config file [default: ./tap.conf, else $MRUNNER_HOME/tap.conf]"],
+        ["listen", "l", None, "Twisted endpoint to listen on [default: tcp:12434:interface=127.0.0.1]"],
+        ["home", None, None, "state directory: models, backends, run, logs [default: ~/.mrunner]"],
+    ]
+
+    def postOptions(self) -> None:
+        try:
+            self.config = configuration.load(
+                self["config"], overrides={"listen": self["listen"], "home": self["home"]}
+            )
+        except configuration.ConfigError as e:
+            raise usage.UsageError(str(e)) from None
+
+
+def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBackend]:
+    """llama.cpp, plus every ``[backends.NAME]`` table that gives a ``command``."""
+    backends: dict[str, IBackend] = {"llama.cpp": LlamaCppBackend(config, reactor)}
+    for name, table in config.backends.items():
+        if "command" in table:
+            backends[name] = CommandBackend(name, table["command"], table.get("env"))
+    return backends
+
+
+def make_root(config: configuration.Config, reactor: Any) -> tuple[Routes, Scheduler]:
+    """The HTTP root resource and the scheduler behind it."""
+    backends = make_backends(config, reactor)
+    store = ModelStore(config.home, reactor)
+    run_dir = config.home / "run"
+    agent = runner_agent(reactor, run_dir, per_runner=max(config.scheduler.parallel, 2))
+    start_runner = partial(
+        RunnerProcess,
+        reactor,
+        agent,
+        load_timeout=config.scheduler.load_timeout,
+        stop_grace=config.scheduler.stop_grace,
+    )
+    scheduler = Scheduler(reactor, config, backends, store, start_runner)
+    metrics = Metrics(scheduler)
+    groups = [
+        ServiceAPI(ModelsAPI(store, scheduler, reactor, config), metrics.registry),
+        InferenceAPI(
+            scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes
+        ),
+        AdminAPI(scheduler, store, backends, config.max_request_bytes),
+    ]
+    return Routes(groups), scheduler
+
+
+def makeService(options: Options, reactor: Any = None) -> IService:
+    if reactor is None:
+        from twisted.internet import reactor
+    config = options.config
+    root, scheduler = make_root(config, reactor)
+    service = MultiService()
+    SchedulerService(scheduler).setServiceParent(service)
+    site = Site(root)
+    site.displayTracebacks = False
+    StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(
+        service
+    )
+    return service

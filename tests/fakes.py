@@ -1,0 +1,104 @@
+"""Fakes that record what the scheduling core asks of processes and backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred, succeed
+from zope.interface import implementer
+
+from mrunner.backends.base import Command, RunnerSettings
+from mrunner.errors import NotFound
+from mrunner.interfaces import IBackend, IModelStore
+from mrunner.store.model import Model
+
+
+@attrs.define(eq=False)
+class FakeProcess:
+    """A runner process the test makes ready, crash or end."""
+
+    socket: str
+    ready: Deferred[None] = attrs.field(factory=Deferred)
+    ended: Deferred[None] = attrs.field(factory=Deferred)
+    stops: int = 0
+    exits_on_stop: bool = True
+
+    def stop(self) -> None:
+        self.stops += 1
+        if not self.ready.called:
+            self.ready.errback(RuntimeError("stopped before ready"))
+        if self.exits_on_stop:
+            self.exit()
+
+    def exit(self) -> None:
+        if not self.ended.called:
+            self.ended.callback(None)
+
+    def describe(self) -> dict[str, Any]:
+        return {"pid": 1, "socket": self.socket}
+
+
+@attrs.define
+class FakeSpawner:
+    """Records every spawn; the test drives each process's readiness."""
+
+    processes: list[FakeProcess] = attrs.field(factory=list)
+    keys: list[Any] = attrs.field(factory=list)
+
+    def __call__(self, key: Any, model: Model, settings: RunnerSettings) -> FakeProcess:
+        process = FakeProcess(f"/run/r{len(self.processes)}.sock")
+        self.processes.append(process)
+        self.keys.append(key)
+        return process
+
+
+def model(name: str = "ai/smollm2:latest", digest: str = "a" * 64) -> Model:
+    return Model(id=f"sha256:{digest}", tags=(name,), created=0, config={}, gguf="/m.gguf")
+
+
+@implementer(IModelStore)
+@attrs.define
+class FakeStore:
+    models: dict[str, Model] = attrs.field(factory=dict)
+
+    def resolve(self, name: str) -> Model:
+        for candidate in (name, f"ai/{name}:latest", f"{name}:latest"):
+            if candidate in self.models:
+                return self.models[candidate]
+        raise NotFound(f"model {name!r} not found")
+
+    def list(self) -> list[Model]:
+        return list(self.models.values())
+
+    def import_gguf(self, name: str, source: Any) -> Deferred[Model]:
+        raise NotImplementedError
+
+    def disk_usage(self) -> int:
+        return 0
+
+
+@implementer(IBackend)
+@attrs.define
+class FakeBackend:
+    """A backend whose install the test finishes or fails."""
+
+    name: str = "llama.cpp"
+    manages_models: bool = False
+    installs: list[Deferred[str]] = attrs.field(factory=list)
+    reports: list[Any] = attrs.field(factory=list)
+
+    def install(self, report: Any) -> Deferred[str]:
+        self.reports.append(report)
+        d: Deferred[str] = Deferred()
+        self.installs.append(d)
+        return d
+
+    def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
+        return Command("/bin/true", (socket,))
+
+    def disk_usage(self) -> int:
+        return 0
+
+    def uninstall(self) -> Deferred[None]:
+        return succeed(None)

@@ -1,0 +1,148 @@
+"""A stand-in inference server for tests: a real process that speaks llama-server's HTTP on a UNIX socket.
+
+Run as ``python runner_program.py --socket S --alias NAME [--health-delay SECONDS]
+[--exit-at-start] [--starts FILE]``. A request may carry ``"test": {"events": N,
+"interval": SECONDS, "gate": PREFIX, "crash_after": K}`` in its JSON body: stream N
+events, before event i wait until the file PREFIX<i> exists, exit the process after
+K events.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from twisted.internet import reactor
+from twisted.web import resource, server
+
+
+class Runner(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, options):
+        super().__init__()
+        self.options = options
+        self.ready_at = time.monotonic() + options.health_delay
+
+    def render_GET(self, request):
+        if request.path == b"/health":
+            ready = time.monotonic() >= self.ready_at
+            request.setResponseCode(200 if ready else 503)
+            return json.dumps({"status": "ok" if ready else "loading model"}).encode()
+        request.setResponseCode(404)
+        return b'{"error": "not found"}'
+
+    def render_POST(self, request):
+        body = json.loads(request.content.read() or b"{}")
+        control = body.pop("test", {}) or {}
+        request.setHeader(b"content-type", b"application/json")
+        if body.get("stream"):
+            request.setHeader(b"content-type", b"text/event-stream")
+            self.stream(request, body, control)
+            return server.NOT_DONE_YET
+        answer = {
+            b"/v1/chat/completions": chat,
+            b"/v1/completions": completion,
+            b"/v1/embeddings": embeddings,
+            b"/v1/rerank": rerank,
+        }.get(request.path)
+        if answer is None:
+            request.setResponseCode(404)
+            return b'{"error": "not found"}'
+        return json.dumps(answer(self.options.alias, body)).encode()
+
+    def stream(self, request, body, control):
+        events = control.get("events", 3)
+        gate = control.get("gate")
+        crash_after = control.get("crash_after")
+        interval = control.get("interval", 0.0)
+        sent = 0
+        finished = []
+        request.notifyFinish().addBoth(finished.append)
+
+        def step():
+            nonlocal sent
+            if finished:
+                return
+            if crash_after is not None and sent >= crash_after:
+                os._exit(3)
+            if sent == events:
+                request.write(b"data: [DONE]\n\n")
+                request.finish()
+                return
+            if gate and not os.path.exists(f"{gate}{sent}"):
+                reactor.callLater(0.005, step)
+                return
+            chunk = {
+                "object": "chat.completion.chunk",
+                "model": self.options.alias,
+                "choices": [{"index": 0, "delta": {"content": f"tok{sent} "}, "finish_reason": None}],
+            }
+            request.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            sent += 1
+            reactor.callLater(interval, step)
+
+        step()
+
+
+def chat(alias, body):
+    last = (body.get("messages") or [{}])[-1].get("content", "")
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": alias,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": f"echo: {last}"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def completion(alias, body):
+    return {
+        "id": "cmpl-test",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": alias,
+        "choices": [{"index": 0, "text": f"echo: {body.get('prompt', '')}", "finish_reason": "stop"}],
+    }
+
+
+def embeddings(alias, body):
+    inputs = body.get("input", "")
+    inputs = inputs if isinstance(inputs, list) else [inputs]
+    data = [
+        {"object": "embedding", "index": i, "embedding": [float(len(text)), 1.0, 0.0, 0.5]}
+        for i, text in enumerate(inputs)
+    ]
+    return {"object": "list", "data": data, "model": alias, "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+
+
+def rerank(alias, body):
+    documents = body.get("documents", [])
+    results = [{"index": i, "relevance_score": 1.0 / (i + 1)} for i in range(len(documents))]
+    return {"model": alias, "results": results}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--alias", default="test")
+    parser.add_argument("--health-delay", type=float, default=0.0)
+    parser.add_argument("--exit-at-start", action="store_true")
+    parser.add_argument("--starts")
+    options, _ = parser.parse_known_args()
+    if options.starts:
+        with open(options.starts, "a") as f:
+            f.write(f"{os.getpid()}\n")
+    if options.exit_at_start:
+        sys.stderr.write("runner_program: told to fail at start\n")
+        sys.exit(2)
+    reactor.listenUNIX(options.socket, server.Site(Runner(options)))
+    reactor.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""The loader's rules with a Clock and fake processes: sharing, limits, queue, eviction, back-off."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import CancelledError
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
+from mrunner.errors import RunnerFailed, Unavailable
+from mrunner.scheduling.loader import Lease, Loader, LoadRequest, RunnerKey
+from tests.fakes import FakeSpawner, model
+
+
+def request(name: str = "a", mode: str = COMPLETION, parallel: int = 1, keep_alive: float = 300.0):
+    digest = name * 64 if len(name) == 1 else name
+    return LoadRequest(
+        RunnerKey("llama.cpp", f"sha256:{digest}", mode),
+        model(f"ai/{name}:latest", digest),
+        RunnerSettings(parallel=parallel),
+        keep_alive,
+    )
+
+
+class LoaderTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.spawn = FakeSpawner()
+        self.loader = Loader(self.clock, self.spawn, max_runners=2, max_queue=4)
+
+    def ready(self, index: int = -1) -> None:
+        self.spawn.processes[index].ready.callback(None)
+
+    def lease(self, d) -> Lease:
+        return self.successResultOf(d)
+
+    def test_concurrent_requests_share_one_load(self) -> None:
+        self.loader = Loader(self.clock, self.spawn, max_runners=2, max_queue=20)
+        waiting = [self.loader.acquire(request(parallel=20)) for _ in range(20)]
+        self.assertEqual(len(self.spawn.processes), 1)
+        for d in waiting:
+            self.assertNoResult(d)
+        self.ready()
+        leases = [self.lease(d) for d in waiting]
+        self.assertEqual({id(lease.runner) for lease in leases}, {id(leases[0].runner)})
+
+    def test_parallel_slots(self) -> None:
+        first, second, third = (self.loader.acquire(request(parallel=2)) for _ in range(3))
+        self.ready()
+        self.lease(first)
+        lease = self.lease(second)
+        self.assertNoResult(third)
+        lease.release()
+        self.lease(third)
+
+    def test_release_is_once(self) -> None:
+        d1, d2 = self.loader.acquire(request()), self.loader.acquire(request())
+        self.ready()
+        lease = self.lease(d1)
+        lease.release()
+        lease.release()
+        self.lease(d2)
+        self.assertEqual(self.loader.runners[request().key].in_use, 1)
+
+    def test_modes_are_different_runners(self) -> None:
+        self.loader.acquire(request(mode=COMPLETION))
+        self.loader.acquire(request(mode=EMBEDDING))
+        self.assertEqual(len(self.spawn.processes), 2)
+
+    def test_evicts_least_recently_finished_idle_runner(self) -> None:
+        leases = {}
+        for name in "ab":
+            d = self.loader.acquire(request(name))
+            self.ready()
+            leases[name] = self.lease(d)
+        leases["b"].release()
+        self.clock.advance(1)
+        leases["a"].release()
+        waiting = self.loader.acquire(request("c"))
+        self.assertEqual(self.spawn.processes[1].stops, 1, "b finished first, so b goes")
+        self.assertEqual(self.spawn.processes[0].stops, 0)
+        self.assertEqual(len(self.spawn.processes), 3)
+        self.ready()
+        self.lease(waiting)
+
+    def test_never_kills_a_busy_runner(self) -> None:
+        leases = []
+        for name in "ab":
+            d = self.loader.acquire(request(name))
+            self.ready()
+            leases.append(self.lease(d))
+        waiting = self.loader.acquire(request("c"))
+        self.assertNoResult(waiting)
+        self.assertEqual([p.stops for p in self.spawn.processes], [0, 0])
+        leases[1].release()
+        self.assertEqual(self.spawn.processes[1].stops, 1)
+        self.ready()
+        self.lease(waiting)
+
+    def test_new_load_waits_for_the_evicted_process_to_exit(self) -> None:
+        d = self.loader.acquire(request("a"))
+        self.ready()
+        self.lease(d).release()
+        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=4)
+        d = self.loader.acquire(request("a"))
+        self.ready()
+        self.lease(d).release()
+        process = self.spawn.processes[-1]
+        process.exits_on_stop = False
+        self.loader.acquire(request("b"))
+        self.assertEqual(process.stops, 1)
+        spawned = len(self.spawn.processes)
+        self.loader.acquire(request("c"))
+        self.assertEqual(len(self.spawn.processes), spawned, "no load until the slot is free")
+        process.exit()
+        self.assertEqual(len(self.spawn.processes), spawned + 1)
+
+    def test_queue_full(self) -> None:
+        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=2)
+        self.loader.acquire(request())
+        self.loader.acquire(request())
+        error = self.assertRaises(Unavailable, self.loader.acquire, request())
+        self.assertEqual(error.code, "queue_full")
+        self.assertIsNotNone(error.retry_after)
+
+    def test_ready_runner_with_room_skips_a_full_queue(self) -> None:
+        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=1)
+        d = self.loader.acquire(request("a", parallel=2))
+        self.ready()
+        held = self.lease(d)
+        self.loader.acquire(request("b"))
+        self.lease(self.loader.acquire(request("a", parallel=2)))
+        held.release()
+
+    def test_cancelled_waiter_leaves_the_queue(self) -> None:
+        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=1)
+        waiting = self.loader.acquire(request())
+        waiting.cancel()
+        self.failureResultOf(waiting, CancelledError)
+        self.assertEqual(self.loader.queued, 0)
+        other = self.loader.acquire(request())
+        self.ready()
+        self.lease(other)
+        self.assertEqual(len(self.spawn.processes), 1, "the load is not cancelled")
+
+    def test_keep_alive_expiry(self) -> None:
+        d = self.loader.acquire(request(keep_alive=10))
+        self.ready()
+        lease = self.lease(d)
+        self.clock.advance(20)
+        self.assertEqual(self.spawn.processes[0].stops, 0, "busy runners do not expire")
+        lease.release()
+        self.clock.advance(9)
+        again = self.lease(self.loader.acquire(request(keep_alive=10)))
+        again.release()
+        self.clock.advance(9)
+        self.assertEqual(self.spawn.processes[0].stops, 0, "the timer restarts on each finish")
+        self.clock.advance(1)
+        self.assertEqual(self.spawn.processes[0].stops, 1)
+        self.assertEqual(self.loader.runners, {})
+
+    def test_keep_alive_zero_and_never(self) -> None:
+        d = self.loader.acquire(request("a", keep_alive=0))
+        self.ready()
+        self.lease(d).release()
+        self.assertEqual(self.spawn.processes[0].stops, 1)
+        d = self.loader.acquire(request("b", keep_alive=-1))
+        self.ready()
+        self.lease(d).release()
+        self.clock.advance(10**6)
+        self.assertEqual(self.spawn.processes[1].stops, 0)
+
+    def test_exited_runner_is_evicted_and_reloaded(self) -> None:
+        d = self.loader.acquire(request())
+        self.ready()
+        lease = self.lease(d)
+        self.spawn.processes[0].exit()
+        self.assertEqual(self.loader.runners, {})
+        lease.release()
+        d = self.loader.acquire(request())
+        self.assertEqual(len(self.spawn.processes), 2)
+        self.ready()
+        self.lease(d)
+
+    def test_load_failure_fails_waiters_and_backs_off(self) -> None:
+        waiting = [self.loader.acquire(request()) for _ in range(3)]
+        self.spawn.processes[0].ready.errback(RunnerFailed("boom: stderr tail"))
+        self.spawn.processes[0].exit()
+        for d in waiting:
+            self.assertEqual(self.failureResultOf(d, RunnerFailed).value.message, "boom: stderr tail")
+        delays = []
+        for expected in (1, 2, 4):
+            error = self.assertRaises(Unavailable, self.loader.acquire, request())
+            self.assertAlmostEqual(error.retry_after, expected)
+            delays.append(error.retry_after)
+            self.clock.advance(expected)
+            retry = self.loader.acquire(request())
+            self.spawn.processes[-1].ready.errback(RunnerFailed("again"))
+            self.spawn.processes[-1].exit()
+            self.failureResultOf(retry, RunnerFailed)
+        self.clock.advance(8)
+        d = self.loader.acquire(request())
+        self.ready()
+        self.lease(d).release()
+        self.spawn.processes[-1].exit()
+        self.loader.acquire(request())
+        self.assertEqual(self.loader.queued, 1, "success resets the back-off")
+
+    def test_backoff_is_capped(self) -> None:
+        from mrunner.scheduling.policy import next_backoff
+
+        delay = None
+        for _ in range(10):
+            delay = next_backoff(delay)
+        self.assertEqual(delay, 60)
+
+    def test_unload_drains_busy_runners(self) -> None:
+        d = self.loader.acquire(request())
+        self.ready()
+        lease = self.lease(d)
+        gone = self.loader.unload(lambda key: True)
+        self.assertNoResult(gone)
+        self.assertEqual(self.spawn.processes[0].stops, 0)
+        waiting = self.loader.acquire(request())
+        lease.release()
+        self.assertEqual(self.spawn.processes[0].stops, 1)
+        self.successResultOf(gone)
+        self.assertEqual(len(self.spawn.processes), 2, "a draining runner takes no new work")
+        self.ready()
+        self.lease(waiting)
+
+    def test_close_fails_waiters_and_stops_everything(self) -> None:
+        d = self.loader.acquire(request("a"))
+        self.ready()
+        self.lease(d)
+        loading = self.loader.acquire(request("b"))
+        closed = self.loader.close()
+        self.successResultOf(closed)
+        self.failureResultOf(loading)
+        self.assertEqual([p.stops for p in self.spawn.processes], [1, 1])
+        self.assertRaises(Unavailable, self.loader.acquire, request("a"))
