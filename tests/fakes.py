@@ -45,11 +45,18 @@ class FakeSpawner:
 
     processes: list[FakeProcess] = attrs.field(factory=list)
     keys: list[Any] = attrs.field(factory=list)
+    commands: list[Command] = attrs.field(factory=list)
 
     def __call__(self, key: Any, model: Model, settings: RunnerSettings) -> FakeProcess:
-        process = FakeProcess(f"/run/r{len(self.processes)}.sock")
-        self.processes.append(process)
+        """The loader's C{spawn}."""
         self.keys.append(key)
+        return self.start_runner(Command("runner", ()), f"/run/r{len(self.processes)}.sock")
+
+    def start_runner(self, command: Command, socket: str, *rest: Any) -> FakeProcess:
+        """The scheduler's C{start_runner}."""
+        process = FakeProcess(socket)
+        self.processes.append(process)
+        self.commands.append(command)
         return process
 
 

@@ -51,10 +51,9 @@ class Installer:
     def statuses(self) -> dict[str, str]:
         return {name: install.status for name, install in self._installs.items()}
 
-    def start(self) -> None:
-        """Begin installing every backend; called when the service starts."""
-        for name in self._installs:
-            self._begin(name)
+    def start(self, name: str) -> None:
+        """Begin installing C{name} ahead of its first request; the service does it for the default."""
+        self._begin(name)
 
     def wait(self, name: str, timeout: float) -> Deferred[None]:
         """Fire once C{name} is installed; 503 if that fails or takes longer than C{timeout}."""
@@ -98,7 +97,7 @@ class Installer:
         def failed(reason: Failure) -> None:
             message = reason.getErrorMessage() or reason.type.__name__
             install.status = f"Error: {message}"
-            self.log.failure("backend {backend} failed to install", reason, backend=name)
+            self.log.error("backend {backend} failed to install: {error}", backend=name, error=message)
             self._wake(install, Unavailable(f"backend {name} failed to install: {message}"))
 
         install.backend.install(report).addCallbacks(installed, failed)

@@ -76,7 +76,8 @@ class Scheduler:
         return self.installer.statuses()
 
     def start(self) -> None:
-        self.installer.start()
+        """Install the default backend now; the others on first use."""
+        self.installer.start(self.backend_name(None))
 
     def close(self) -> Deferred[None]:
         return self.loader.close()

@@ -1,0 +1,207 @@
+"""The HTTP contract without processes: routes, the error table in its order, admin routes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+from klein import Klein
+from treq.testing import StubTreq
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from mrunner.api.admin import AdminAPI
+from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.inference import InferenceAPI
+from mrunner.config import Config, SchedulerConfig
+from mrunner.errors import RunnerFailed
+from mrunner.metrics import Metrics
+from mrunner.proxy import Forwarder
+from mrunner.scheduling.scheduler import Scheduler
+from tests.fakes import FakeBackend, FakeSpawner, FakeStore, model
+
+BASE = "http://mrunner"
+CHAT = f"{BASE}/engines/v1/chat/completions"
+
+
+class NoModelsAPI:
+    """The /models group is tested in test_models_api."""
+
+    app = Klein()
+
+
+class APITests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.backend = FakeBackend()
+        self.store = FakeStore({"ai/smollm2:latest": model()})
+        self.spawn = FakeSpawner()
+        self.make(SchedulerConfig(install_wait=5, max_queue=2, max_runners=1, parallel=1))
+
+    def make(self, scheduler_config: SchedulerConfig, max_request_bytes: int = 1000) -> None:
+        config = attrs.evolve(Config(), scheduler=scheduler_config, max_request_bytes=max_request_bytes)
+        self.scheduler = Scheduler(
+            self.clock, config, {"llama.cpp": self.backend}, self.store, self.spawn.start_runner
+        )
+        metrics = Metrics(self.scheduler)
+        groups = [
+            ServiceAPI(NoModelsAPI(), metrics.registry),
+            InferenceAPI(
+                self.scheduler, self.store, Forwarder(None), metrics, self.clock, max_request_bytes
+            ),
+            AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
+        ]
+        self.http = StubTreq(Routes(groups))
+
+    def install(self) -> None:
+        self.scheduler.start()
+        self.backend.installs[-1].callback("llama.cpp test")
+
+    def request(self, method: str, url: str, body: Any = None, **kwargs: Any):
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        d = self.http.request(method, url, data=data, **kwargs)
+        self.http.flush()
+        return d
+
+    def answer(self, d) -> tuple[int, Any, Any]:
+        self.http.flush()
+        response = self.successResultOf(d)
+        content = self.successResultOf(self.http.content(response))
+        kind = response.headers.getRawHeaders(b"content-type", [b""])[0]
+        return response.code, json.loads(content) if b"json" in kind else content, response.headers
+
+    def assertError(self, d, status: int, *words: str) -> Any:
+        code, body, headers = self.answer(d)
+        self.assertEqual(code, status, body)
+        self.assertEqual(set(body["error"]), {"message", "type", "code"})
+        for word in words:
+            self.assertIn(word, body["error"]["message"])
+        return headers
+
+    # service routes
+
+    def test_root_and_health(self) -> None:
+        self.assertEqual(self.answer(self.request("GET", f"{BASE}/"))[1], b"mrunner is running")
+        self.assertEqual(self.answer(self.request("GET", f"{BASE}/health"))[0], 200)
+
+    def test_unknown_path_is_json_404(self) -> None:
+        self.assertError(self.request("GET", f"{BASE}/nope"), 404)
+        self.assertError(self.request("POST", f"{BASE}/engines/v1/nope", {}), 404)
+
+    def test_status(self) -> None:
+        self.assertEqual(self.answer(self.request("GET", f"{BASE}/engines/status"))[1], {"llama.cpp": "Not Installed"})
+        self.install()
+        self.assertEqual(
+            self.answer(self.request("GET", f"{BASE}/engines/status"))[1], {"llama.cpp": "Running: llama.cpp test"}
+        )
+
+    def test_model_list_in_openai_shape(self) -> None:
+        for url in (f"{BASE}/v1/models", f"{BASE}/engines/v1/models", f"{BASE}/engines/llama.cpp/v1/models"):
+            code, body, _ = self.answer(self.request("GET", url))
+            self.assertEqual(body["object"], "list")
+            self.assertEqual([m["id"] for m in body["data"]], ["ai/smollm2:latest"])
+        code, body, _ = self.answer(self.request("GET", f"{BASE}/v1/models/ai/smollm2"))
+        self.assertEqual((code, body["id"], body["object"]), (200, "ai/smollm2:latest", "model"))
+        self.assertError(self.request("GET", f"{BASE}/v1/models/ai/nothing"), 404)
+
+    # the error table, row by row and in order
+
+    def test_unknown_backend_comes_first(self) -> None:
+        self.assertError(self.request("POST", f"{BASE}/engines/vllm/v1/chat/completions", b"x" * 5000), 404, "vllm")
+
+    def test_body_too_large(self) -> None:
+        self.assertError(self.request("POST", CHAT, b"{" + b" " * 2000 + b"}"), 413, "1000")
+
+    def test_body_not_a_json_object(self) -> None:
+        self.assertError(self.request("POST", CHAT, b"not json"), 400, "JSON")
+        self.assertError(self.request("POST", CHAT, [1, 2]), 400, "JSON object")
+
+    def test_model_missing_or_empty(self) -> None:
+        self.assertError(self.request("POST", CHAT, {"messages": []}), 400, "model")
+        self.assertError(self.request("POST", CHAT, {"model": ""}), 400, "model")
+        self.assertError(self.request("POST", CHAT, {"model": 7}), 400, "model")
+
+    def test_model_not_in_store_before_install_state(self) -> None:
+        self.assertError(self.request("POST", CHAT, {"model": "ai/other"}), 404, "other")
+
+    def test_backend_installing(self) -> None:
+        self.scheduler.start()
+        d = self.request("POST", CHAT, {"model": "smollm2"})
+        self.assertNoResult(d)
+        self.clock.advance(5)
+        headers = self.assertError(d, 503, "llama.cpp")
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"5"])
+
+    def test_install_failed(self) -> None:
+        self.scheduler.start()
+        self.backend.installs[0].errback(FileNotFoundError("/opt/llama-server does not exist"))
+        d = self.request("POST", CHAT, {"model": "smollm2"})
+        self.backend.installs[1].errback(FileNotFoundError("/opt/llama-server does not exist"))
+        self.assertError(d, 503, "/opt/llama-server")
+
+    def test_queue_full(self) -> None:
+        self.install()
+        waiting = [self.request("POST", CHAT, {"model": "smollm2"}) for _ in range(2)]
+        headers = self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 503, "waiting")
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
+        for d in waiting:
+            self.assertNoResult(d)
+
+    def test_runner_failed_to_start(self) -> None:
+        self.install()
+        d = self.request("POST", CHAT, {"model": "smollm2"})
+        self.spawn.processes[0].ready.errback(RunnerFailed("runner exited; its last output:\nerror: bad magic"))
+        self.spawn.processes[0].exit()
+        self.assertError(d, 500, "bad magic")
+        headers = self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 503, "paused")
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
+
+    def test_stopping(self) -> None:
+        self.install()
+        self.successResultOf(self.scheduler.close())
+        self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 503, "shutting down")
+
+    # admin
+
+    def test_preload_only_and_ps(self) -> None:
+        self.install()
+        d = self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        self.spawn.processes[0].ready.callback(None)
+        code, body, _ = self.answer(d)
+        self.assertEqual((code, body["status"]), (200, "loaded"))
+        code, ps, _ = self.answer(self.request("GET", f"{BASE}/engines/ps"))
+        self.assertEqual([(r["model_name"], r["mode"], r["in_use"]) for r in ps], [("ai/smollm2:latest", "completion", 0)])
+
+    def test_unload(self) -> None:
+        self.install()
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        self.spawn.processes[0].ready.callback(None)
+        code, body, _ = self.answer(self.request("POST", f"{BASE}/engines/unload", {"models": ["smollm2"]}))
+        self.assertEqual((code, body), (200, {"unloaded_runners": 1}))
+        self.assertEqual(self.spawn.processes[0].stops, 1)
+
+    def test_configure(self) -> None:
+        self.install()
+        url = f"{BASE}/engines/llama.cpp/_configure"
+        body = {"model": "smollm2", "context-size": 2048, "runtime-flags": ["--temp", "0.2"], "keep_alive": "1m"}
+        self.assertEqual(self.answer(self.request("POST", url, body))[0], 200)
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        key = next(iter(self.scheduler.loader.runners))
+        runner = self.scheduler.loader.runners[key]
+        self.assertEqual(runner.request.settings.context_size, 2048)
+        self.assertEqual(runner.request.settings.flags, ("--temp", "0.2"))
+        self.assertEqual(runner.request.keep_alive, 60)
+        self.assertError(self.request("POST", url, {"model": "smollm2", "runtime-flags": ["--model", "/etc/passwd"]}), 400, "--model")
+
+    def test_configure_busy_runner_is_409(self) -> None:
+        self.make(SchedulerConfig(parallel=1))
+        self.install()
+        d = self.scheduler.acquire(None, "smollm2", "completion")
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(d)
+        self.assertError(self.request("POST", f"{BASE}/engines/_configure", {"model": "smollm2", "context-size": 1024}), 409)
+
+    def test_metrics(self) -> None:
+        code, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
+        self.assertIn(b"mrunner_queue_waiting", body)
