@@ -1,0 +1,254 @@
+"""Build llama-server from the pinned llama.cpp source, once per machine, atomically.
+
+The source is the llama.cpp tree vendored in the llama-cpp-python sdist, which
+pins one llama.cpp commit and is fetched by pip, so no other download path is
+needed. Every step is a child process of the reactor. The build runs in a
+temporary directory beside the destination and is renamed into place only
+when complete; a lock file keeps two daemons from building at once, and a
+failed or interrupted build leaves nothing behind but its error.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from mrunner.backends import childprocess
+
+LLAMA_CPP_PYTHON = "0.3.36"
+#: The llama.cpp commit vendored in that llama-cpp-python release.
+PIN = "0c1e570"
+
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_CURL=OFF",
+    # The sdist has no git history; without this, `--version` would say "unknown".
+    f"-DLLAMA_BUILD_COMMIT={PIN}",
+)
+
+#: Seconds between "compiling" reports, so a fast build does not flood the status.
+REPORT_INTERVAL = 1.0
+#: Seconds between attempts to take the lock another daemon holds.
+LOCK_POLL = 2.0
+#: Output lines of a failed step quoted in the error.
+ERROR_TAIL = 15
+
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
+_MAKE_PERCENT = re.compile(r"^\[\s*(\d+)%\]")
+
+
+class InstallFailed(Exception):
+    """The backend cannot be installed; the message says why, for ``Error: <message>``."""
+
+
+def progress(line: str) -> str | None:
+    """``"compiling 123/410"`` from a ninja line, ``"compiling 45%"`` from a make line."""
+    if match := _NINJA_STEP.match(line):
+        return f"compiling {match[1]}/{match[2]}"
+    if match := _MAKE_PERCENT.match(line):
+        return f"compiling {match[1]}%"
+    return None
+
+
+class Throttle:
+    """Passes a report on at most once per C{interval}, except a finished ``N/N`` step."""
+
+    def __init__(self, report: Callable[[str], object], clock: Any, interval: float):
+        self._report = report
+        self._clock = clock
+        self._interval = interval
+        self._last = -interval
+
+    def __call__(self, message: str) -> None:
+        now = self._clock.seconds()
+        steps = message.rpartition(" ")[2].split("/")
+        finished = len(steps) == 2 and steps[0] == steps[1]
+        if finished or now - self._last >= self._interval:
+            self._last = now
+            self._report(message)
+
+
+class Build:
+    """Builds llama-server so that C{dest}/bin/llama-server appears complete or not at all."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        reactor: Any,
+        dest: Path,
+        report: Callable[[str], object],
+        *,
+        environ: Mapping[str, str] = os.environ,
+        python: str = sys.executable,
+    ):
+        self._reactor = reactor
+        self._dest = dest
+        self._report = report
+        self._environ = environ
+        self._python = python
+        self._cores = len(os.sched_getaffinity(0))
+
+    @property
+    def executable(self) -> Path:
+        return self._dest / "bin" / "llama-server"
+
+    async def run(self) -> None:
+        """Build, unless another daemon's build put the executable in place while we waited.
+
+        An executable that was there before is taken as broken and replaced.
+        """
+        tools = self._tools()
+        self._dest.parent.mkdir(parents=True, exist_ok=True)
+        replacing = self.executable.exists()
+        lock = await self._lock()
+        try:
+            if not replacing and self.executable.is_file():
+                return
+            await self._remove_stale()
+            work = Path(
+                tempfile.mkdtemp(prefix=f".{self._dest.name}.build-", dir=self._dest.parent)
+            )
+            try:
+                await self._build(work, tools)
+            finally:
+                await remove(self._reactor, work)
+        finally:
+            lock.close()
+
+    def _tools(self) -> dict[str, str]:
+        path = self._environ.get("PATH", os.defpath)
+        found = {name: shutil.which(name, path=path) for name in ("cmake", "ninja", "make", "tar")}
+        for name in ("cmake", "tar"):
+            if found[name] is None:
+                raise InstallFailed(f"cannot build llama.cpp: {name} not found on PATH")
+        if found["ninja"] is None and found["make"] is None:
+            raise InstallFailed("cannot build llama.cpp: neither ninja nor make found on PATH")
+        return {name: tool for name, tool in found.items() if tool is not None}
+
+    async def _lock(self) -> IO[bytes]:
+        """An exclusive lock on C{dest}.lock; the OS drops it if this daemon dies."""
+        lock = open(self._dest.with_name(self._dest.name + ".lock"), "wb")  # noqa: SIM115
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return lock
+            except BlockingIOError:
+                if not waiting:
+                    waiting = True
+                    self._report("waiting for another daemon's build")
+                await deferLater(self._reactor, LOCK_POLL, lambda: None)
+            except BaseException:
+                lock.close()
+                raise
+
+    async def _build(self, work: Path, tools: Mapping[str, str]) -> None:
+        self._report("downloading source")
+        await self._step(
+            [
+                *(self._python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"),
+                *("--no-input", "--disable-pip-version-check"),
+                *(f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)),
+            ],
+            "downloading llama-cpp-python",
+        )
+        top = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+        sdists = sorted(work.glob(f"{top}.tar.gz"))
+        if not sdists:
+            raise InstallFailed(f"pip download did not produce {top}.tar.gz")
+        self._report("extracting source")
+        tree = f"{top}/vendor/llama.cpp"
+        await self._step(
+            [tools["tar"], "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting"
+        )
+        source, build = work / tree, work / "build"
+
+        ninja = "ninja" in tools
+        self._report("configuring")
+        await self._step(
+            [
+                *(tools["cmake"], "-S", str(source), "-B", str(build)),
+                *("-G", "Ninja" if ninja else "Unix Makefiles", *CMAKE_FLAGS),
+            ],
+            "configuring",
+            # Keep CMake's git lookup from taking an enclosing repository's history for ours.
+            env={**self._environ, "GIT_CEILING_DIRECTORIES": str(work)},
+        )
+
+        # The generator itself, not `cmake --build`: ninja and make pass SIGTERM on to
+        # the compilers, `cmake --build` does not, so a cancelled build really stops.
+        self._report("compiling")
+        report = Throttle(self._report, self._reactor, REPORT_INTERVAL)
+
+        def compiling(line: str) -> None:
+            if message := progress(line):
+                report(message)
+
+        generator = tools["ninja" if ninja else "make"]
+        await self._step(
+            [generator, "-C", str(build), f"-j{self._cores}", "llama-server"],
+            "compiling",
+            on_line=compiling,
+        )
+
+        self._report("verifying build")
+        staged = work / "install"
+        (staged / "bin").mkdir(parents=True)
+        os.rename(build / "bin" / "llama-server", staged / "bin" / "llama-server")
+        await self._step([str(staged / "bin" / "llama-server"), "--version"], "verifying build")
+        if self._dest.exists():
+            # A broken earlier install: set it aside so the rename below can take its place.
+            os.rename(self._dest, work / "replaced")
+        os.rename(staged, self._dest)
+        self.log.info("built llama-server {pin} into {dest}", pin=PIN, dest=self._dest)
+
+    async def _step(self, argv: Sequence[str], what: str, **kwargs: Any) -> None:
+        self.log.info("build step: {argv}", argv=" ".join(argv))
+        try:
+            await childprocess.run(self._reactor, argv, keep=ERROR_TAIL, **kwargs)
+        except (childprocess.ChildFailed, OSError) as e:
+            raise InstallFailed(f"building llama.cpp {PIN} failed while {what}: {e}") from None
+
+    async def _remove_stale(self) -> None:
+        """Remove what crashed builds left; we hold the lock, so none of them is running."""
+        for stale in self._dest.parent.glob(f".{self._dest.name}.*-*"):
+            await remove(self._reactor, stale)
+
+
+_log = Logger()
+
+
+async def remove(reactor: Any, path: Path) -> None:
+    """Delete the tree at C{path} with ``rm -rf``, which may take a while, off the reactor."""
+    try:
+        await childprocess.run(reactor, ["rm", "-rf", "--", str(path)])
+    except (childprocess.ChildFailed, OSError) as e:
+        _log.warn("could not remove {path}: {error}", path=path, error=e)
+
+
+async def discard(reactor: Any, dest: Path) -> None:
+    """Uninstall C{dest}: gone at once by a rename (running servers keep it open), then deleted."""
+    trash = dest.with_name(f".{dest.name}.trash-{os.getpid()}")
+    try:
+        os.rename(dest, trash)
+    except FileNotFoundError:
+        return
+    await remove(reactor, trash)

@@ -1,0 +1,162 @@
+"""Run a short-lived child process on the reactor and read its output line by line.
+
+Builds and ``--version`` probes use it: nothing here blocks the reactor, and a
+cancelled run stops its child and waits for it to be gone, so whoever cleans up
+after it never races a process that is still writing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+#: How long a child may take to exit after SIGTERM before it gets SIGKILL.
+KILL_GRACE = 5.0
+
+
+@attrs.frozen
+class Exit:
+    """How a child ended: its exit code (``None`` when a signal killed it) and last output lines."""
+
+    argv: tuple[str, ...]
+    code: int | None
+    signal: int | None
+    tail: tuple[str, ...]
+
+    def describe(self) -> str:
+        """``"cmake exited with code 1"`` followed by the tail of its output."""
+        name = os.path.basename(self.argv[0]) if self.argv else "process"
+        how = f"code {self.code}" if self.code is not None else f"signal {self.signal}"
+        return "\n".join((f"{name} exited with {how}", *self.tail))
+
+
+class ChildFailed(Exception):
+    """A child exited with a non-zero status; the message carries its output's tail."""
+
+    def __init__(self, exit: Exit) -> None:
+        super().__init__(exit.describe())
+        self.exit = exit
+
+
+class _Collector(ProcessProtocol):
+    """Splits stdout and stderr into lines, keeps the last ``keep``, fires observers at exit."""
+
+    def __init__(self, argv: tuple[str, ...], on_line: Callable[[str], object], keep: int):
+        self.argv = argv
+        self._on_line = on_line
+        self._partial = {1: b"", 2: b""}
+        self._tail: deque[str] = deque(maxlen=keep)
+        self.exit: Exit | None = None
+        self.observers: list[Deferred[Exit]] = []
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        *lines, self._partial[childFD] = (self._partial.get(childFD, b"") + data).split(b"\n")
+        for line in lines:
+            self._line(line)
+
+    def _line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        self._tail.append(line)
+        self._on_line(line)
+
+    def processEnded(self, reason: Failure) -> None:
+        for rest in self._partial.values():
+            if rest:
+                self._line(rest)
+        status: Any = reason.value  # ProcessDone or ProcessTerminated
+        self.exit = Exit(self.argv, status.exitCode, status.signal, tuple(self._tail))
+        observers, self.observers = self.observers, []
+        for observer in observers:
+            observer.callback(self.exit)
+
+
+class Child:
+    """A running child process, started by L{spawn}."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, collector: _Collector, transport: Any) -> None:
+        self.argv = collector.argv
+        self._reactor = reactor
+        self._collector = collector
+        self._transport = transport
+
+    @property
+    def pid(self) -> int | None:
+        return self._transport.pid
+
+    def ended(self) -> Deferred[Exit]:
+        """A new Deferred firing with the L{Exit}.
+
+        Cancelling it kills the child; call again to wait until it is really gone.
+        """
+        if self._collector.exit is not None:
+            return succeed(self._collector.exit)
+        observer: Deferred[Exit] = Deferred(lambda _: self.kill())
+        self._collector.observers.append(observer)
+        return observer
+
+    def kill(self) -> None:
+        """SIGTERM now, SIGKILL if it is still there after L{KILL_GRACE} seconds."""
+        if self._signal("TERM"):
+            self.log.info("stopping {argv[0]} (pid {pid})", argv=self.argv, pid=self.pid)
+            self._reactor.callLater(KILL_GRACE, self._signal, "KILL")
+
+    def _signal(self, name: str) -> bool:
+        try:
+            self._transport.signalProcess(name)
+        except ProcessExitedAlready:
+            return False
+        return True
+
+
+def spawn(
+    reactor: Any,
+    argv: Sequence[str],
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    on_line: Callable[[str], object] = lambda line: None,
+    keep: int = 40,
+) -> Child:
+    """Start C{argv} (its first element found on C{PATH} by the OS only if absolute).
+
+    C{env} ``None`` inherits the daemon's environment. C{on_line} sees every
+    line of stdout and stderr as it arrives.
+    """
+    argv = tuple(argv)
+    collector = _Collector(argv, on_line, keep)
+    transport = reactor.spawnProcess(
+        collector, argv[0], argv, env=None if env is None else dict(env), path=cwd
+    )
+    return Child(reactor, collector, transport)
+
+
+def run(reactor: Any, argv: Sequence[str], **kwargs: Any) -> Deferred[Exit]:
+    """Run C{argv} to its end: the L{Exit} when it succeeds, else L{ChildFailed}.
+
+    Cancelling the Deferred kills the child and fires only once it has exited.
+    Keyword arguments are those of L{spawn}.
+    """
+    return Deferred.fromCoroutine(_run(reactor, argv, kwargs))
+
+
+async def _run(reactor: Any, argv: Sequence[str], kwargs: dict[str, Any]) -> Exit:
+    child = spawn(reactor, argv, **kwargs)
+    try:
+        exit = await child.ended()
+    except CancelledError:
+        await child.ended()
+        raise
+    if exit.code != 0:
+        raise ChildFailed(exit)
+    return exit

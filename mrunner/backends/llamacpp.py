@@ -1,0 +1,215 @@
+"""The llama.cpp backend: find or build ``llama-server`` and start it for one model.
+
+``python -m mrunner.backends.llamacpp [CONFIG]`` installs it ahead of time,
+printing progress, so the first request does not wait for a build.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred, TimeoutError, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mrunner.backends import build, childprocess
+from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
+from mrunner.config import Config
+from mrunner.interfaces import IBackend
+from mrunner.store.model import Model
+
+#: The context size when neither the runner settings nor the model's config name one.
+DEFAULT_CONTEXT_SIZE = 4096
+#: Seconds a ``llama-server --version`` probe may take.
+PROBE_TIMEOUT = 30.0
+
+_MODE_FLAGS = {
+    COMPLETION: (),
+    EMBEDDING: ("--embeddings",),
+    RERANKING: ("--embeddings", "--reranking"),
+}
+# "version: 0.5.0-dev (build 1, commit 0c1e570)" now, "version: 4123 (0c1e570)" in older builds.
+_VERSION = re.compile(r"version:.*\(.*?\b([0-9a-f]{7,40})\)")
+
+
+def context_size(model: Model, settings: RunnerSettings) -> int:
+    """The ``--ctx-size`` a runner gets: the settings', else the model config's, else 4096.
+
+    Never llama-server's own default (0, the model's training context), which
+    can be 128k tokens and many GiB of KV cache; the memory estimate needs this
+    number too.
+    """
+    if settings.context_size:
+        return settings.context_size
+    return int(model.config.get("context_size") or DEFAULT_CONTEXT_SIZE)
+
+
+def cache_root(settings: Mapping[str, Any], environ: Mapping[str, str]) -> Path:
+    """Where every daemon of this user shares builds: the ``cache`` key, else the XDG cache."""
+    if settings.get("cache"):
+        return Path(str(settings["cache"])).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", "~"), ".cache")
+    return Path(xdg).expanduser() / "mrunner"
+
+
+@attrs.frozen
+class _Installed:
+    executable: Path
+    version: str
+    # The directory install() built or found under $MRUNNER_HOME or the cache; None for
+    # a configured or PATH executable, which is not ours to measure or remove.
+    directory: Path | None
+
+
+@implementer(IBackend)
+class LlamaCppBackend:
+    """llama.cpp's ``llama-server``, one process per (model, mode), on a UNIX socket."""
+
+    name = "llama.cpp"
+    manages_models = False
+    log = Logger()
+
+    def __init__(self, config: Config, reactor: Any, environ: Mapping[str, str] = os.environ):
+        self._reactor = reactor
+        self._environ = environ
+        self._settings = config.backend(self.name)
+        relative = Path("backends") / self.name / build.PIN
+        self._home_dir = config.home / relative
+        self._cache_dir = cache_root(self._settings, environ) / relative
+        self._installed: _Installed | None = None
+
+    @property
+    def executable(self) -> Path | None:
+        """The ``llama-server`` that install() found or built, else None."""
+        return self._installed.executable if self._installed else None
+
+    def install(self, report: Callable[[str], object]) -> Deferred[str]:
+        """Use a configured, PATH, earlier or shared build, else build into the shared cache."""
+        return Deferred.fromCoroutine(self._install(report))
+
+    async def _install(self, report: Callable[[str], object]) -> str:
+        configured = self._settings.get("path")
+        if configured:
+            path = Path(str(configured)).expanduser()
+            report(f"checking {path}")
+            if not path.exists():
+                raise build.InstallFailed(
+                    f"llama-server not found at {path}: configured path does not exist"
+                )
+            return self._use(path, await self._probe(path), None)
+        report("looking for llama-server")
+        for path, directory in self._candidates():
+            try:
+                version = await self._probe(path)
+            except build.InstallFailed as e:
+                self.log.warn("ignoring {path}: {error}", path=path, error=e)
+                continue
+            return self._use(path, version, directory)
+        builder = build.Build(self._reactor, self._cache_dir, report, environ=self._environ)
+        await builder.run()
+        return self._use(builder.executable, await self._probe(builder.executable), self._cache_dir)
+
+    def _candidates(self) -> Iterator[tuple[Path, Path | None]]:
+        """Existing executables in order of preference: PATH, $MRUNNER_HOME, the shared cache."""
+        on_path = shutil.which("llama-server", path=self._environ.get("PATH", os.defpath))
+        if on_path:
+            yield Path(on_path), None
+        for directory in (self._home_dir, self._cache_dir):
+            executable = directory / "bin" / "llama-server"
+            if executable.is_file():
+                yield executable, directory
+
+    async def _probe(self, path: Path) -> str:
+        """Run C{path} ``--version``: the version string if it works, else L{InstallFailed}."""
+        probe = childprocess.run(self._reactor, [str(path), "--version"])
+        probe.addTimeout(PROBE_TIMEOUT, self._reactor)
+        try:
+            exit = await probe
+        except (childprocess.ChildFailed, OSError) as e:
+            raise build.InstallFailed(f"llama-server at {path} does not run: {e}") from None
+        except TimeoutError:
+            raise build.InstallFailed(
+                f"llama-server at {path} does not run: `--version` took over {PROBE_TIMEOUT:.0f}s"
+            ) from None
+        for line in exit.tail:
+            if match := _VERSION.search(line):
+                return f"{self.name} {match[1]}"
+        return f"{self.name} (unknown version)"
+
+    def _use(self, executable: Path, version: str, directory: Path | None) -> str:
+        self._installed = _Installed(executable, version, directory)
+        self.log.info("using {executable} ({version})", executable=executable, version=version)
+        return version
+
+    def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
+        """``llama-server`` serving C{model} in C{mode} on the UNIX socket C{socket}.
+
+        ``--kv-unified`` lets every parallel slot use the whole context (llama-server
+        otherwise splits it into ``-np`` equal parts once ``-np`` is given), so the
+        KV cache, and the memory estimate, do not grow with C{settings.parallel}.
+        """
+        if self._installed is None:
+            raise RuntimeError("llama.cpp is not installed: call install() first")
+        if not socket.endswith(".sock"):
+            raise ValueError(
+                f"llama-server listens on a UNIX socket only if it ends in .sock: {socket}"
+            )
+        args = [
+            *("--model", model.gguf, "--host", socket, "--alias", model.name),
+            *("--ctx-size", str(context_size(model, settings))),
+            *("--parallel", str(settings.parallel), "--kv-unified"),
+            *("--metrics", "--jinja", "--no-webui"),
+        ]
+        if settings.threads > 0:
+            args += ["--threads", str(settings.threads)]
+        args += [*_MODE_FLAGS[mode], *settings.flags]
+        return Command(str(self._installed.executable), tuple(args))
+
+    def disk_usage(self) -> int:
+        """Bytes of the directory install() built or found; 0 for an executable we do not own."""
+        if self._installed is None or self._installed.directory is None:
+            return 0
+        return sum(
+            os.path.getsize(os.path.join(root, name))
+            for root, _, names in os.walk(self._installed.directory)
+            for name in names
+        )
+
+    def uninstall(self) -> Deferred[None]:
+        """Remove the build install() used if it is ours; leave a configured or PATH one alone."""
+        installed, self._installed = self._installed, None
+        if installed is None or installed.directory is None:
+            return succeed(None)
+        return Deferred.fromCoroutine(build.discard(self._reactor, installed.directory))
+
+
+def main(reactor: Any, config_path: str | None = None) -> Deferred[None]:
+    """Install the backend as the daemon would, printing each progress report."""
+    from mrunner import config
+
+    backend = LlamaCppBackend(config.load(config_path), reactor)
+
+    def done(version: str) -> None:
+        print(f"{version} ready: {backend.executable}", flush=True)
+
+    def failed(failure: Failure) -> None:
+        failure.trap(build.InstallFailed)
+        print(f"Error: {failure.value}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+    installing = backend.install(lambda message: print(f"Installing: {message}", flush=True))
+    return installing.addCallbacks(done, failed)
+
+
+if __name__ == "__main__":
+    from twisted.internet.task import react
+
+    react(main, sys.argv[1:2])
