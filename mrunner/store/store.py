@@ -140,6 +140,17 @@ class ModelStore:
         @raise Conflict: the model has several tags and C{force} is false.
         @return: Docker's shape: C{[{"Untagged": tag}, ..., {"Deleted": digest}]}.
         """
+        digest = self.deletable(name, force)
+        tags = self._models[digest]
+        models = dict(self._models)
+        del models[digest]
+        self._save(models)
+        self._collect()
+        self.log.info("deleted model {digest} ({tags})", digest=digest, tags=tags)
+        return [{"Untagged": tag} for tag in tags] + [{"Deleted": digest}]
+
+    def deletable(self, name: str, force: bool = False) -> str:
+        """The digest L{delete} would remove, or why it would refuse."""
         digest = self.lookup(name)
         tags = self._models[digest]
         if len(tags) > 1 and not force:
@@ -148,12 +159,7 @@ class ModelStore:
                 " all of them",
                 code="model_has_several_tags",
             )
-        models = dict(self._models)
-        del models[digest]
-        self._save(models)
-        self._collect()
-        self.log.info("deleted model {digest} ({tags})", digest=digest, tags=tags)
-        return [{"Untagged": tag} for tag in tags] + [{"Deleted": digest}]
+        return digest
 
     @contextmanager
     def pinned(self, digests: Iterable[str]) -> Iterator[None]:

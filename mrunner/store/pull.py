@@ -1,0 +1,140 @@
+"""Pull a model from a registry into the store, blob by blob, resuming what was cut.
+
+A blob streams into ``<hex>.incomplete`` and is hashed as it arrives; only a
+verified blob is renamed into place. A cut connection is resumed with HTTP
+Range (within this pull, and by the next pull if this one gives up), a blob
+the store already has is not fetched, and at most C{max_pulls} pulls run at
+once while the others wait their turn.
+"""
+
+from __future__ import annotations
+
+import treq
+from twisted.internet.defer import Deferred, DeferredLock, DeferredSemaphore
+from twisted.logger import Logger
+from twisted.web.client import ResponseFailed
+
+from mrunner.errors import MrunnerError, NotFound
+from mrunner.store.artifact import Descriptor, InvalidManifest, parse_manifest, sha256
+from mrunner.store.blobs import BlobWriter, DigestMismatch
+from mrunner.store.model import Model
+from mrunner.store.names import Reference
+from mrunner.store.progress import Progress
+from mrunner.store.registry import RegistryClient, Repository, registry_error
+from mrunner.store.store import ModelStore
+
+
+class Puller:
+    """Pulls models; one instance per daemon, so the pull limit and per-blob locks are shared."""
+
+    log = Logger()
+
+    def __init__(
+        self, store: ModelStore, client: RegistryClient, max_pulls: int = 2, attempts: int = 3
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._slots = DeferredSemaphore(max_pulls)
+        self._attempts = attempts
+        self._fetching: dict[str, DeferredLock] = {}
+
+    def pull(self, ref: Reference, progress: Progress) -> Deferred[Model]:
+        """Fetch C{ref} and store it under its tag; waits while C{max_pulls} others run."""
+        return self._slots.run(lambda: Deferred.fromCoroutine(self._pull(ref, progress)))
+
+    async def _pull(self, ref: Reference, progress: Progress) -> Model:
+        repo, data = await self._manifest(ref)
+        try:
+            manifest = parse_manifest(data)
+        except InvalidManifest as e:
+            raise registry_error(f"{ref} from {repo.host} is not a usable model: {e}") from None
+        progress.total = sum(blob.size for blob in manifest.blobs)
+        with self._store.pinned(blob.digest for blob in manifest.blobs):
+            for blob in manifest.blobs:
+                await self._fetch(repo, blob, progress)
+            model = self._store.add(ref, data)
+        self.log.info("pulled {ref} from {host} as {id}", ref=ref, host=repo.host, id=model.id)
+        return model
+
+    async def _manifest(self, ref: Reference) -> tuple[Repository, bytes]:
+        """The manifest from the first endpoint (mirror, then registry) that has it."""
+        repos = self._client.repositories(ref)
+        for repo in repos:
+            try:
+                data = await self._client.manifest(repo, ref.digest or ref.tag or "latest")
+            except MrunnerError as e:
+                if repo is repos[-1]:
+                    if isinstance(e, NotFound):
+                        raise NotFound(
+                            f"model {ref} not found in registry {repo.host}",
+                            code="model_not_found",
+                        ) from None
+                    raise
+                self.log.warn("mirror {host} failed: {error}", host=repo.host, error=e.message)
+                continue
+            if ref.digest and sha256(data) != ref.digest:
+                raise registry_error(f"{repo.host} sent a manifest that is not {ref.digest}")
+            return repo, data
+        raise AssertionError("a reference always has a registry")
+
+    async def _fetch(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
+        """Make sure the store has C{blob}; one download per digest however many pulls want it."""
+        lock = self._fetching.setdefault(blob.digest, DeferredLock())
+        await lock.acquire()
+        try:
+            if not self._store.blobs.has(blob.digest):
+                await self._download(repo, blob, progress)
+        finally:
+            lock.release()
+            if not lock.locked:
+                del self._fetching[blob.digest]
+        progress.update(blob.digest, blob.size, blob.size)
+
+    async def _download(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
+        writer: BlobWriter = await self._store.in_thread(
+            self._store.blobs.writer, blob.digest, True
+        )
+        try:
+            for attempt in range(1, self._attempts + 1):
+                try:
+                    await self._stream(repo, blob, writer, progress)
+                    break
+                except ResponseFailed as e:
+                    if attempt == self._attempts:
+                        raise registry_error(
+                            f"download of {blob.digest} from {repo.host} failed {attempt} times"
+                            f" (the partial download is kept and resumes next time): {e}"
+                        ) from None
+                    self.log.warn(
+                        "download of {digest} cut at {offset} bytes; resuming",
+                        digest=blob.digest,
+                        offset=writer.offset,
+                    )
+            await self._store.in_thread(writer.seal)
+            writer.commit()
+        except DigestMismatch as e:
+            writer.discard()
+            raise registry_error(f"{repo.host} sent a corrupt blob {blob.digest}: {e}") from None
+        except BaseException:
+            writer.close()
+            raise
+
+    async def _stream(
+        self, repo: Repository, blob: Descriptor, writer: BlobWriter, progress: Progress
+    ) -> None:
+        response = await self._client.blob(repo, blob.digest, writer.offset)
+        if response.code == 416:  # our partial is not a prefix the server knows: start over
+            writer.restart()
+            response = await self._client.blob(repo, blob.digest)
+        if response.code == 200 and writer.offset:
+            writer.restart()
+
+        def write(data: bytes) -> None:
+            if writer.offset + len(data) > blob.size:
+                raise DigestMismatch(f"more than the {blob.size} bytes the manifest announced")
+            writer.write(data)
+            progress.update(blob.digest, blob.size, writer.offset)
+
+        await treq.collect(response, write)
+        if writer.offset != blob.size:
+            raise DigestMismatch(f"{writer.offset} bytes instead of {blob.size}")

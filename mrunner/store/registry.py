@@ -1,0 +1,309 @@
+"""A client for the distribution (OCI) HTTP API v2, on treq.
+
+It knows registries, not models: where a repository lives (mirrors, plain
+HTTP only for hosts the config marks insecure), how to authenticate (Docker
+Hub's Bearer token flow and basic auth), and which status means what. It
+streams: callers get unbuffered responses and never hold a blob in memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlencode, urljoin, urlsplit
+
+import attrs
+import treq
+from treq.client import HTTPClient
+from twisted.internet.error import ConnectError, DNSLookupError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
+from twisted.web.iweb import IResponse
+
+from mrunner.config import RegistryConfig
+from mrunner.errors import BadGateway, MrunnerError, NotFound
+from mrunner.store.artifact import MANIFEST_TYPES
+from mrunner.store.names import DOCKER_HUB, Reference
+
+MAX_MANIFEST = 4 * 1024 * 1024
+_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+
+
+class Unauthorized(MrunnerError):
+    """The registry refused our credentials, or wants some and the config has none."""
+
+    status = 401
+    type = "authentication_error"
+    code = "registry_unauthorized"
+
+
+def registry_error(message: str) -> BadGateway:
+    return BadGateway(message, code="registry_error")
+
+
+@attrs.frozen
+class Repository:
+    """A repository at one registry endpoint: ``{base}/v2/{name}/...``."""
+
+    host: str
+    base: str
+    name: str
+
+    def url(self, path: str) -> str:
+        return f"{self.base}/v2/{self.name}/{path}"
+
+
+class RegistryClient:
+    """Talks to registries for pulls and pushes; remembers tokens per host and scope."""
+
+    log = Logger()
+
+    def __init__(
+        self, config: RegistryConfig, reactor: IReactorTime, http: HTTPClient | None = None
+    ) -> None:
+        self._config = config
+        if http is None:
+            self._pool: HTTPConnectionPool | None = HTTPConnectionPool(reactor)
+            http = HTTPClient(Agent(reactor, pool=self._pool))
+        else:
+            self._pool = None
+        self._http = http
+        self._auth: dict[tuple[str, str], bytes] = {}
+
+    def close(self) -> Any:
+        """Close idle connections (at shutdown, and so tests leave a clean reactor)."""
+        return self._pool.closeCachedConnections() if self._pool else None
+
+    def repositories(self, ref: Reference, pull: bool = True) -> list[Repository]:
+        """Where to find C{ref}: its mirror first (pulls only), then the registry itself."""
+        host = ref.registry or self._config.default
+        hosts = [host]
+        mirror = self._config.mirrors.get(host) or (
+            self._config.mirrors.get("docker.io") if host in DOCKER_HUB else None
+        )
+        if pull and mirror:
+            hosts.insert(0, mirror)
+        return [Repository(h, self._base(h), ref.repository) for h in hosts]
+
+    def _base(self, host: str) -> str:
+        if "://" in host:
+            return host.rstrip("/")
+        if host == "docker.io":
+            host = "registry-1.docker.io"
+        scheme = "http" if self._insecure(host) else "https"
+        return f"{scheme}://{host}"
+
+    def _insecure(self, host: str) -> bool:
+        hostname = urlsplit(f"//{host}").hostname or host
+        return (
+            host in self._config.insecure
+            or hostname in self._config.insecure
+            or (f"[{hostname}]" in self._config.insecure)
+        )
+
+    async def request(
+        self,
+        method: str,
+        repo: Repository,
+        path: str,
+        *,
+        actions: str = "pull",
+        headers: Mapping[str, str] | None = None,
+        body: Callable[[], Any] | None = None,
+        expect: tuple[int, ...] = (200,),
+    ) -> IResponse:
+        """Send a request, answering one auth challenge; an unbuffered response in C{expect}.
+
+        C{path} is relative to the repository, or an absolute URL the registry gave
+        (an upload location). C{body} makes the request body afresh, so it can be
+        sent again after a challenge.
+
+        @raise Unauthorized: the registry still says 401 after authenticating.
+        @raise NotFound: 404 (and 404 is not expected).
+        @raise BadGateway: unreachable, or any other unexpected status.
+        """
+        url = urljoin(repo.url(""), path)
+        scope = f"repository:{repo.name}:{actions}"
+        response = await self._send(method, url, repo, scope, headers, body)
+        if response.code == 401:
+            challenge = response.headers.getRawHeaders(b"www-authenticate", [b""])[0]
+            await _discard(response)
+            await self._authenticate(repo, scope, challenge.decode("latin-1"))
+            response = await self._send(method, url, repo, scope, headers, body)
+        if response.code in expect:
+            return response
+        what = f"{method} {urlsplit(url).path}"
+        detail = await _error_detail(response)
+        if response.code in (401, 403):
+            raise Unauthorized(
+                f"registry {repo.host} refused {actions} access to {repo.name}{detail};"
+                " check [registry.auth] in tap.conf"
+            )
+        if response.code == 404:
+            raise NotFound(f"{repo.host} has no {what}{detail}", code="not_in_registry")
+        raise registry_error(f"registry {repo.host} answered {response.code} to {what}{detail}")
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        repo: Repository,
+        scope: str,
+        headers: Mapping[str, str] | None,
+        body: Callable[[], Any] | None,
+    ) -> IResponse:
+        sent: dict[bytes | str, bytes | str] = {k: v for k, v in (headers or {}).items()}
+        auth = self._auth.get((repo.host, scope)) or self._auth.get((repo.host, ""))
+        if auth and urlsplit(url).netloc == urlsplit(repo.base).netloc:
+            sent["Authorization"] = auth
+        try:
+            response: IResponse = await self._http.request(
+                method, url, headers=sent, data=body() if body else None, unbuffered=True
+            )
+        except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
+            raise registry_error(f"registry {repo.host} is unreachable: {_reason(e)}") from None
+        return response
+
+    async def _authenticate(self, repo: Repository, scope: str, challenge: str) -> None:
+        """Answer C{WWW-Authenticate}: fetch a Bearer token, or use basic credentials."""
+        scheme, _, params_text = challenge.partition(" ")
+        params = dict(_CHALLENGE_PARAM.findall(params_text))
+        basic = self._basic(repo.host)
+        if scheme.lower() == "basic":
+            if basic is None:
+                raise Unauthorized(
+                    f"registry {repo.host} wants a username and password;"
+                    f' add [registry.auth."{repo.host}"] to tap.conf'
+                )
+            self._auth[(repo.host, "")] = basic
+            return
+        if scheme.lower() != "bearer" or "realm" not in params:
+            raise Unauthorized(f"registry {repo.host} sent an unusable challenge {challenge!r}")
+        query = {"service": params.get("service", ""), "scope": params.get("scope", scope)}
+        realm = params["realm"]
+        headers: dict[bytes | str, bytes | str] = {}
+        realm_host = urlsplit(realm).netloc
+        if basic and (realm.startswith("https://") or self._insecure(realm_host)):
+            headers["Authorization"] = basic
+        try:
+            response = await self._http.get(
+                f"{realm}?{urlencode({k: v for k, v in query.items() if v})}", headers=headers
+            )
+            data = await response.content()
+        except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
+            raise registry_error(f"token service {realm} is unreachable: {_reason(e)}") from None
+        if response.code in (401, 403):
+            raise Unauthorized(f"token service {realm} refused the credentials for {repo.host}")
+        try:
+            value = json.loads(data)
+            token = value.get("token") or value.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if response.code != 200 or not isinstance(token, str):
+            raise registry_error(f"token service {realm} answered {response.code} without a token")
+        self._auth[(repo.host, scope)] = b"Bearer " + token.encode("latin-1")
+
+    def _basic(self, host: str) -> bytes | None:
+        entry = self._config.auth.get(host)
+        if not entry:
+            return None
+        pair = f"{entry.get('username', '')}:{entry.get('password', '')}".encode()
+        return b"Basic " + base64.b64encode(pair)
+
+    # The v2 API
+
+    async def manifest(self, repo: Repository, reference: str) -> bytes:
+        """The manifest bytes for a tag or digest (at most 4 MiB)."""
+        response = await self.request(
+            "GET", repo, f"manifests/{reference}", headers={"Accept": ", ".join(MANIFEST_TYPES)}
+        )
+        return await read_limited(response, MAX_MANIFEST, f"manifest of {repo.name}")
+
+    async def blob(self, repo: Repository, digest: str, offset: int = 0) -> IResponse:
+        """The blob's body from C{offset}: 206 when the range was honoured, 200 for all of it."""
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        return await self.request(
+            "GET", repo, f"blobs/{digest}", headers=headers, expect=(200, 206, 416)
+        )
+
+    async def has_blob(self, repo: Repository, digest: str) -> bool:
+        response = await self.request(
+            "HEAD", repo, f"blobs/{digest}", actions="pull,push", expect=(200, 404)
+        )
+        await _discard(response)
+        return response.code == 200
+
+    async def upload_blob(self, repo: Repository, digest: str, body: Callable[[], Any]) -> None:
+        """Monolithic upload: POST for an upload URL, then PUT the bytes with their digest."""
+        started = await self.request(
+            "POST", repo, "blobs/uploads/", actions="pull,push", expect=(202,)
+        )
+        await _discard(started)
+        location = started.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
+        if not location:
+            raise registry_error(f"registry {repo.host} started an upload without a Location")
+        url = urljoin(repo.url("blobs/uploads/"), location)
+        url += ("&" if "?" in url else "?") + urlencode({"digest": digest})
+        response = await self.request(
+            "PUT",
+            repo,
+            url,
+            actions="pull,push",
+            headers={"Content-Type": "application/octet-stream"},
+            body=body,
+            expect=(201, 204),
+        )
+        await _discard(response)
+
+    async def put_manifest(
+        self, repo: Repository, reference: str, manifest: bytes, media_type: str
+    ) -> None:
+        response = await self.request(
+            "PUT",
+            repo,
+            f"manifests/{reference}",
+            actions="pull,push",
+            headers={"Content-Type": media_type},
+            body=lambda: manifest,
+            expect=(201, 200),
+        )
+        await _discard(response)
+
+
+async def read_limited(response: IResponse, limit: int, what: str) -> bytes:
+    """The whole body, refusing more than C{limit} bytes."""
+    chunks: list[bytes] = []
+    received = 0
+
+    def collect(data: bytes) -> None:
+        nonlocal received
+        received += len(data)
+        if received > limit:
+            raise registry_error(f"{what} is larger than {limit} bytes")
+        chunks.append(data)
+
+    await treq.collect(response, collect)
+    return b"".join(chunks)
+
+
+async def _discard(response: IResponse) -> None:
+    await treq.collect(response, lambda _: None)
+
+
+async def _error_detail(response: IResponse) -> str:
+    """``: <message>`` from the registry's ``{"errors": [...]}`` body, if it has one."""
+    try:
+        value = json.loads(await read_limited(response, 64 * 1024, "error body"))
+        message = value["errors"][0]["message"]
+    except Exception:  # any body at all: the status says enough
+        return ""
+    return f": {str(message)[:300]}"
+
+
+def _reason(error: Exception) -> str:
+    reasons = getattr(error, "reasons", None)
+    return str(reasons[0].value) if reasons else str(error) or type(error).__name__
