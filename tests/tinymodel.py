@@ -30,14 +30,15 @@ CHATML = (
 )
 
 _CONTROL = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
-_WORDS = tuple(
-    "the of and to in is it you that he was for on are with as I his they be at one have this "
-    "from or had by hot word but what some we can out other were all there when up use your how "
-    "said an each she which do their time if will way about many then them write would like so "
-    "these her long make thing see him two has look more day could go come did number sound no "
-    "most people my over know water than call first who may down side been now find hello model "
-    "runner twisted llama token test reply"
-).split()
+_TEXT = """
+    the of and to in is it you that he was for on are with as I his they be at one have this
+    from or had by hot word but what some we can out other were all there when up use your how
+    said an each she which do their time if will way about many then them write would like so
+    these her long make thing see him two has look more day could go come did number sound no
+    most people my over know water than call first who may down side been now find hello model
+    runner twisted llama token test reply
+"""
+_WORDS = _TEXT.split()
 
 
 def _vocabulary() -> tuple[list[str], list[float], list[int]]:

@@ -101,9 +101,13 @@ class Child:
         """
         if self._collector.exit is not None:
             return succeed(self._collector.exit)
-        observer: Deferred[Exit] = Deferred(lambda _: self.kill())
+        observer: Deferred[Exit] = Deferred(self._cancel)
         self._collector.observers.append(observer)
         return observer
+
+    def _cancel(self, observer: Deferred[Exit]) -> None:
+        self._collector.observers.remove(observer)
+        self.kill()
 
     def kill(self) -> None:
         """SIGTERM now, SIGKILL if it is still there after L{KILL_GRACE} seconds."""

@@ -1,0 +1,477 @@
+"""The llama.cpp backend without real processes: a fake reactor records every child it spawns."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
+from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from mrunner.backends import build, childprocess
+from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
+from mrunner.backends.llamacpp import LlamaCppBackend, cache_root, context_size
+from mrunner.config import Config
+from mrunner.interfaces import IBackend
+from mrunner.store.model import Model
+
+VERSION_OUTPUT = b"version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0\n"
+
+
+@attrs.define(eq=False)
+class FakeChild:
+    """A spawned child: the test reads its command, writes its output and ends it."""
+
+    protocol: ProcessProtocol
+    argv: tuple[str, ...]
+    env: dict[str, str] | None
+    cwd: str | None
+    pid: int = 42
+    signals: list[str] = attrs.field(factory=list)
+    ended: bool = False
+
+    @property
+    def program(self) -> str:
+        return os.path.basename(self.argv[0])
+
+    def signalProcess(self, name: str) -> None:
+        if self.ended:
+            raise ProcessExitedAlready()
+        self.signals.append(name)
+
+    def finish(self, code: int = 0, stderr: bytes = b"", stdout: bytes = b"") -> None:
+        if stdout:
+            self.protocol.childDataReceived(1, stdout)
+        if stderr:
+            self.protocol.childDataReceived(2, stderr)
+        self.ended = True
+        reason = ProcessDone(0) if code == 0 else ProcessTerminated(exitCode=code)
+        self.protocol.processEnded(Failure(reason))
+
+
+class FakeProcessReactor(MemoryReactorClock):
+    """Records spawnProcess calls; nothing runs until the test finishes a child."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.children: list[FakeChild] = []
+
+    def spawnProcess(
+        self, protocol: ProcessProtocol, executable: str, args: Any, env: Any, path: Any
+    ) -> FakeChild:
+        child = FakeChild(protocol, tuple(args), env, path)
+        self.children.append(child)
+        protocol.makeConnection(child)
+        return child
+
+    def next(self, program: str) -> FakeChild:
+        """The oldest unfinished child, which must be C{program}."""
+        pending = [child for child in self.children if not child.ended]
+        assert pending, f"expected {program} to be running, nothing is"
+        assert pending[0].program == program, f"expected {program}, got {pending[0].argv}"
+        return pending[0]
+
+
+def executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+class Fixture:
+    """A home, a shared cache, a PATH of fake tools, and a backend over the fake reactor."""
+
+    def __init__(self, case: SynchronousTestCase, **settings: Any) -> None:
+        root = Path(case.mktemp())
+        self.home, self.cache, self.bin = root / "home", root / "cache", root / "bin"
+        for tool in ("cmake", "ninja", "tar"):
+            executable(self.bin / tool)
+        self.environ = {"PATH": str(self.bin), "HOME": str(root)}
+        self.reactor = FakeProcessReactor()
+        self.reports: list[str] = []
+        config = Config(
+            home=self.home, backends={"llama.cpp": {"cache": str(self.cache), **settings}}
+        )
+        self.backend = LlamaCppBackend(config, self.reactor, self.environ)
+
+    def pinned(self, root: Path) -> Path:
+        return root / "backends" / "llama.cpp" / build.PIN
+
+    def install(self) -> Deferred[str]:
+        return self.backend.install(self.reports.append)
+
+
+def model(config: dict[str, Any] | None = None) -> Model:
+    return Model(
+        id="sha256:" + "ab" * 32,
+        tags=("ai/tiny:latest",),
+        created=0,
+        config=config or {},
+        gguf="/models/blobs/sha256/abab",
+    )
+
+
+class InstallTests(SynchronousTestCase):
+    def test_interface(self) -> None:
+        verifyObject(IBackend, Fixture(self).backend)
+
+    def test_configured_path_missing(self) -> None:
+        fixture = Fixture(self, path="/x/y/llama-server")
+        failure = self.failureResultOf(fixture.install(), build.InstallFailed)
+        self.assertEqual(
+            failure.getErrorMessage(),
+            "llama-server not found at /x/y/llama-server: configured path does not exist",
+        )
+        self.assertEqual(fixture.reactor.children, [])
+
+    def test_configured_path_wins(self) -> None:
+        """A configured executable is used even when PATH has one, after `--version` works."""
+        configured = executable(Path(self.mktemp()) / "llama-server")
+        fixture = Fixture(self, path=str(configured))
+        executable(fixture.bin / "llama-server")
+        installing = fixture.install()
+        probe = fixture.reactor.next("llama-server")
+        self.assertEqual(probe.argv, (str(configured), "--version"))
+        probe.finish(0, stderr=VERSION_OUTPUT)
+        self.assertEqual(self.successResultOf(installing), "llama.cpp 0c1e570")
+        self.assertEqual(fixture.backend.executable, configured)
+        self.assertEqual(len(fixture.reactor.children), 1)
+
+    def test_configured_path_does_not_run(self) -> None:
+        configured = executable(Path(self.mktemp()) / "llama-server")
+        fixture = Fixture(self, path=str(configured))
+        installing = fixture.install()
+        fixture.reactor.next("llama-server").finish(126, stderr=b"cannot execute binary file\n")
+        message = self.failureResultOf(installing, build.InstallFailed).getErrorMessage()
+        self.assertIn(f"llama-server at {configured} does not run", message)
+        self.assertIn("cannot execute binary file", message)
+
+    def test_probe_timeout(self) -> None:
+        configured = executable(Path(self.mktemp()) / "llama-server")
+        fixture = Fixture(self, path=str(configured))
+        installing = fixture.install()
+        probe = fixture.reactor.next("llama-server")
+        fixture.reactor.advance(30)
+        self.assertEqual(probe.signals, ["TERM"])
+        probe.finish(143)
+        message = self.failureResultOf(installing, build.InstallFailed).getErrorMessage()
+        self.assertIn("took over 30s", message)
+
+    def test_search_order(self) -> None:
+        """PATH, then $MRUNNER_HOME, then the shared cache; each that fails is skipped."""
+        fixture = Fixture(self)
+        candidates = [
+            executable(fixture.bin / "llama-server"),
+            executable(fixture.pinned(fixture.home) / "bin" / "llama-server"),
+            executable(fixture.pinned(fixture.cache) / "bin" / "llama-server"),
+        ]
+        installing = fixture.install()
+        for candidate in candidates:
+            probe = fixture.reactor.next("llama-server")
+            self.assertEqual(probe.argv, (str(candidate), "--version"))
+            probe.finish(1, stderr=b"error while loading shared libraries\n")
+        # Nothing worked: build (to replace the broken cached build).
+        fixture.reactor.next(os.path.basename(sys.executable)).finish(1, stderr=b"offline\n")
+        fixture.reactor.next("rm").finish(0)
+        message = self.failureResultOf(installing, build.InstallFailed).getErrorMessage()
+        self.assertIn("failed while downloading llama-cpp-python", message)
+        self.assertIn("offline", message)
+
+    def test_earlier_build_found(self) -> None:
+        fixture = Fixture(self)
+        home_build = executable(fixture.pinned(fixture.home) / "bin" / "llama-server")
+        installing = fixture.install()
+        fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        self.assertEqual(self.successResultOf(installing), "llama.cpp 0c1e570")
+        self.assertEqual(fixture.backend.executable, home_build)
+        self.assertEqual(fixture.reports, ["looking for llama-server"])
+
+    def test_unparsable_version(self) -> None:
+        fixture = Fixture(self)
+        executable(fixture.bin / "llama-server")
+        installing = fixture.install()
+        fixture.reactor.next("llama-server").finish(0, stderr=b"version: 0 (unknown)\n")
+        self.assertEqual(self.successResultOf(installing), "llama.cpp (unknown version)")
+
+    def test_uninstall_removes_only_our_build(self) -> None:
+        fixture = Fixture(self)
+        executable(fixture.pinned(fixture.cache) / "bin" / "llama-server")
+        installing = fixture.install()
+        fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        self.successResultOf(installing)
+        self.assertEqual(fixture.backend.disk_usage(), len("#!/bin/sh\n"))
+
+        uninstalling = fixture.backend.uninstall()
+        self.assertFalse(fixture.pinned(fixture.cache).exists())
+        remove = fixture.reactor.next("rm")
+        self.assertIn(".trash-", remove.argv[-1])
+        remove.finish(0)
+        self.successResultOf(uninstalling)
+        self.assertIsNone(fixture.backend.executable)
+
+    def test_external_executable_not_ours(self) -> None:
+        fixture = Fixture(self)
+        on_path = executable(fixture.bin / "llama-server")
+        installing = fixture.install()
+        fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        self.successResultOf(installing)
+        self.assertEqual(fixture.backend.disk_usage(), 0)
+        self.successResultOf(fixture.backend.uninstall())
+        self.assertTrue(on_path.exists())
+
+
+class BuildTests(SynchronousTestCase):
+    """The build chain: the test completes each fake step with the real one's effects."""
+
+    def setUp(self) -> None:
+        self.fixture = Fixture(self)
+        self.reactor = self.fixture.reactor
+        self.dest = self.fixture.pinned(self.fixture.cache)
+
+    def work(self) -> Path:
+        (work,) = self.dest.parent.glob(f".{build.PIN}.build-*")
+        return work
+
+    def start(self) -> Deferred[str]:
+        installing = self.fixture.install()
+        pip = self.reactor.next(os.path.basename(sys.executable))
+        self.assertEqual(
+            pip.argv[1:],
+            (
+                *("-m", "pip", "download", "--no-deps", "--no-binary", ":all:"),
+                *("--no-input", "--disable-pip-version-check"),
+                *("llama-cpp-python==0.3.36", "-d", str(self.work())),
+            ),
+        )
+        (self.work() / "llama_cpp_python-0.3.36.tar.gz").write_bytes(b"sdist")
+        pip.finish(0)
+        tar = self.reactor.next("tar")
+        self.assertEqual(tar.argv[-1], "llama_cpp_python-0.3.36/vendor/llama.cpp")
+        tar.finish(0)
+        cmake = self.reactor.next("cmake")
+        self.assertEqual(cmake.argv[5:7], ("-G", "Ninja"))
+        self.assertEqual(cmake.argv[7:], build.CMAKE_FLAGS)
+        assert cmake.env is not None
+        self.assertEqual(cmake.env["GIT_CEILING_DIRECTORIES"], str(self.work()))
+        cmake.finish(0)
+        return installing
+
+    def compile(self, lines: bytes = b"") -> FakeChild:
+        ninja = self.reactor.next("ninja")
+        self.assertEqual(ninja.argv[1:3], ("-C", str(self.work() / "build")))
+        self.assertEqual(ninja.argv[-1], "llama-server")
+        if lines:
+            ninja.protocol.childDataReceived(1, lines)
+        return ninja
+
+    def remove_work(self) -> None:
+        work = self.work()
+        rm = self.reactor.next("rm")
+        self.assertEqual(rm.argv, ("rm", "-rf", "--", str(work)))
+        shutil.rmtree(work)
+        rm.finish(0)
+
+    def test_build(self) -> None:
+        installing = self.start()
+        ninja = self.compile(b"[1/206] Building C object ggml.c.o\n[2/206] Building")
+        self.reactor.advance(0.5)
+        ninja.protocol.childDataReceived(1, b" x\n[3/206] y\n")
+        self.reactor.advance(1)
+        ninja.protocol.childDataReceived(1, b"[4/206] z\n[206/206] Linking llama-server\n")
+        executable(self.work() / "build" / "bin" / "llama-server")
+        ninja.finish(0)
+        verify = self.reactor.next("llama-server")
+        self.assertEqual(verify.argv, (str(self.work() / "install/bin/llama-server"), "--version"))
+        verify.finish(0, stderr=VERSION_OUTPUT)
+        self.assertTrue((self.dest / "bin" / "llama-server").is_file())
+        self.remove_work()
+        probe = self.reactor.next("llama-server")
+        self.assertEqual(probe.argv, (str(self.dest / "bin/llama-server"), "--version"))
+        probe.finish(0, stderr=VERSION_OUTPUT)
+
+        self.assertEqual(self.successResultOf(installing), "llama.cpp 0c1e570")
+        self.assertEqual(self.fixture.backend.executable, self.dest / "bin" / "llama-server")
+        self.assertEqual(
+            self.fixture.reports,
+            [
+                *("looking for llama-server", "downloading source", "extracting source"),
+                *("configuring", "compiling", "compiling 1/206", "compiling 4/206"),
+                *("compiling 206/206", "verifying build"),
+            ],
+        )
+        self.assertEqual(
+            sorted(p.name for p in self.dest.parent.iterdir()), ["0c1e570", "0c1e570.lock"]
+        )
+
+    def test_failure_quotes_log_and_cleans_up(self) -> None:
+        installing = self.start()
+        ninja = self.compile(b"[7/206] Building CXX object llama.cpp.o\n")
+        ninja.finish(1, stdout=b"llama.cpp:1:1: error: expected ';'\nninja: build stopped\n")
+        self.remove_work()
+        message = self.failureResultOf(installing, build.InstallFailed).getErrorMessage()
+        self.assertTrue(
+            message.startswith("building llama.cpp 0c1e570 failed while compiling: ninja exited")
+        )
+        self.assertIn("error: expected ';'", message)
+        self.assertIn("ninja: build stopped", message)
+        self.assertFalse(self.dest.exists())
+
+    def test_cancel_stops_build_then_cleans_up(self) -> None:
+        installing = self.start()
+        ninja = self.compile()
+        installing.cancel()
+        self.assertEqual(ninja.signals, ["TERM"])
+        self.assertNoResult(installing)
+        self.reactor.advance(childprocess.KILL_GRACE)
+        self.assertEqual(ninja.signals, ["TERM", "KILL"])
+        ninja.finish(137)
+        self.remove_work()
+        self.failureResultOf(installing, CancelledError)
+        self.assertFalse(self.dest.exists())
+
+    def test_waits_for_another_build(self) -> None:
+        """A build in progress elsewhere is awaited; its result is used, not rebuilt."""
+        self.dest.parent.mkdir(parents=True)
+        with open(self.dest.with_name(f"{build.PIN}.lock"), "wb") as other:
+            fcntl.flock(other, fcntl.LOCK_EX)
+            installing = self.fixture.install()
+            self.reactor.advance(build.LOCK_POLL)
+            self.assertEqual(self.fixture.reports[-1], "waiting for another daemon's build")
+            self.assertEqual(self.reactor.children, [])
+            executable(self.dest / "bin" / "llama-server")
+        self.reactor.advance(build.LOCK_POLL)
+        self.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        self.assertEqual(self.successResultOf(installing), "llama.cpp 0c1e570")
+
+    def test_stale_work_removed(self) -> None:
+        self.dest.parent.mkdir(parents=True)
+        stale = self.dest.parent / f".{build.PIN}.build-crashed"
+        stale.mkdir()
+        installing = self.fixture.install()
+        rm = self.reactor.next("rm")
+        self.assertEqual(rm.argv[-1], str(stale))
+        stale.rmdir()
+        rm.finish(0)
+        installing.cancel()
+        self.reactor.next(os.path.basename(sys.executable)).finish(143)
+        self.remove_work()
+        self.failureResultOf(installing, CancelledError)
+
+    def test_missing_tools(self) -> None:
+        (self.fixture.bin / "ninja").unlink()
+        (self.fixture.bin / "cmake").unlink()
+        failure = self.failureResultOf(self.fixture.install(), build.InstallFailed)
+        self.assertEqual(
+            failure.getErrorMessage(), "cannot build llama.cpp: cmake not found on PATH"
+        )
+
+
+class ProgressTests(SynchronousTestCase):
+    def test_ninja(self) -> None:
+        line = "[123/410] Building CXX object src/CMakeFiles/llama.dir/llama.cpp.o"
+        self.assertEqual(build.progress(line), "compiling 123/410")
+
+    def test_make(self) -> None:
+        line = "[ 45%] Building CXX object src/CMakeFiles/llama.dir/llama.cpp.o"
+        self.assertEqual(build.progress(line), "compiling 45%")
+        self.assertEqual(build.progress("[100%] Built target llama-server"), "compiling 100%")
+
+    def test_other_lines(self) -> None:
+        self.assertIsNone(build.progress("-- Configuring done"))
+        self.assertIsNone(build.progress("In file included from [1/2]"))
+
+
+class CommandTests(SynchronousTestCase):
+    def installed(self) -> LlamaCppBackend:
+        fixture = Fixture(self)
+        self.executable = executable(fixture.bin / "llama-server")
+        installing = fixture.install()
+        fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        self.successResultOf(installing)
+        return fixture.backend
+
+    def test_completion(self) -> None:
+        command = self.installed().command(
+            model(), COMPLETION, "/run/r1.sock", RunnerSettings(parallel=4)
+        )
+        self.assertEqual(command.executable, str(self.executable))
+        self.assertEqual(
+            command.args,
+            (
+                *("--model", "/models/blobs/sha256/abab", "--host", "/run/r1.sock"),
+                *("--alias", "ai/tiny:latest", "--ctx-size", "4096", "--parallel", "4"),
+                *("--kv-unified", "--metrics", "--jinja", "--no-webui"),
+            ),
+        )
+        self.assertIsNone(command.env)
+
+    def test_modes_threads_and_flags(self) -> None:
+        backend = self.installed()
+        settings = RunnerSettings(context_size=2048, threads=2, flags=("--temp", "0"))
+        embedding = backend.command(model(), EMBEDDING, "/run/e.sock", settings)
+        self.assertEqual(embedding.args[-5:], ("--threads", "2", "--embeddings", "--temp", "0"))
+        self.assertEqual(embedding.args[embedding.args.index("--ctx-size") + 1], "2048")
+        reranking = backend.command(model(), RERANKING, "/run/r.sock", RunnerSettings())
+        self.assertEqual(reranking.args[-2:], ("--embeddings", "--reranking"))
+        self.assertNotIn("--threads", reranking.args)
+
+    def test_socket_must_end_in_sock(self) -> None:
+        with self.assertRaises(ValueError):
+            self.installed().command(model(), COMPLETION, "/run/r1", RunnerSettings())
+
+    def test_not_installed(self) -> None:
+        with self.assertRaises(RuntimeError):
+            Fixture(self).backend.command(model(), COMPLETION, "/run/r.sock", RunnerSettings())
+
+    def test_context_size(self) -> None:
+        self.assertEqual(context_size(model(), RunnerSettings()), 4096)
+        self.assertEqual(context_size(model({"context_size": 8192}), RunnerSettings()), 8192)
+        self.assertEqual(
+            context_size(model({"context_size": 8192}), RunnerSettings(context_size=512)), 512
+        )
+
+    def test_cache_root(self) -> None:
+        self.assertEqual(cache_root({}, {"HOME": "/h"}), Path("/h/.cache/mrunner"))
+        self.assertEqual(cache_root({}, {"XDG_CACHE_HOME": "/x"}), Path("/x/mrunner"))
+        self.assertEqual(cache_root({"cache": "/c"}, {"XDG_CACHE_HOME": "/x"}), Path("/c"))
+
+
+class ChildProcessTests(SynchronousTestCase):
+    def test_lines_and_exit(self) -> None:
+        reactor = FakeProcessReactor()
+        lines: list[str] = []
+        running = childprocess.run(reactor, ["tool", "a"], on_line=lines.append)
+        child = reactor.next("tool")
+        child.protocol.childDataReceived(1, b"one\r\ntw")
+        child.protocol.childDataReceived(2, b"err\n")
+        child.finish(0, stdout=b"o")
+        exit = self.successResultOf(running)
+        self.assertEqual(lines, ["one", "err", "two"])
+        self.assertEqual(exit, childprocess.Exit(("tool", "a"), 0, None, ("one", "err", "two")))
+
+    def test_failure_describes_tail(self) -> None:
+        reactor = FakeProcessReactor()
+        running = childprocess.run(reactor, ["/usr/bin/tool"], keep=2)
+        reactor.next("tool").finish(2, stderr=b"a\nb\nc\n")
+        failure = self.failureResultOf(running, childprocess.ChildFailed)
+        self.assertEqual(failure.getErrorMessage(), "tool exited with code 2\nb\nc")
+
+    def test_ended_after_exit(self) -> None:
+        reactor = FakeProcessReactor()
+        child = childprocess.spawn(reactor, ["tool"])
+        reactor.next("tool").finish(0)
+        self.assertEqual(self.successResultOf(child.ended()).code, 0)
+        child.kill()  # already gone: nothing to signal
+        self.assertEqual(reactor.getDelayedCalls(), [])
