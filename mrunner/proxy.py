@@ -59,11 +59,16 @@ class RunnerEndpoints:
         return UNIXClientEndpoint(self._reactor, str(self._run_dir / f"{uri.host.decode()}.sock"))
 
 
-def runner_agent(reactor: object, run_dir: Path, per_runner: int = 16) -> Agent:
-    """An Agent with a persistent pool that reaches runners by their socket name."""
+def connection_pool(reactor: object, per_host: int) -> HTTPConnectionPool:
+    """A persistent pool that drops idle connections before the runner would."""
     pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.maxPersistentPerHost = per_runner
+    pool.maxPersistentPerHost = per_host
     pool.cachedConnectionTimeout = POOL_IDLE_SECONDS
+    return pool
+
+
+def runner_agent(reactor: object, run_dir: Path, pool: HTTPConnectionPool) -> Agent:
+    """An Agent that reaches runners by their socket name, through C{pool}."""
     return Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, run_dir), pool)
 
 
@@ -178,9 +183,9 @@ class _Relay(Protocol):
         self.transport.stopProducing()  # type: ignore[union-attr]
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        if self._aborted or self._request.channel is None:
+            return  # the client is gone, and the request with it
         self._request.unregisterProducer()
-        if self._aborted:
-            return
         if not reason.check(ResponseDone):
             Forwarder.log.warn("runner response cut short: {why}", why=reason.getErrorMessage())
             self._cut_short(reason)

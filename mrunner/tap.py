@@ -5,10 +5,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import attrs
+from treq.client import HTTPClient
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
+from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.server import Site
 
 from mrunner import config as configuration
@@ -20,10 +23,13 @@ from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.interfaces import IBackend
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, runner_agent
+from mrunner.proxy import Forwarder, connection_pool, runner_agent
 from mrunner.scheduling.runner import RunnerProcess
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
+from mrunner.store.pull import Puller
+from mrunner.store.push import Pusher
+from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
 
 
@@ -54,12 +60,21 @@ def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBack
     return backends
 
 
-def make_root(config: configuration.Config, reactor: Any) -> tuple[Routes, Scheduler]:
-    """The HTTP root resource and the scheduler behind it."""
+@attrs.frozen
+class Parts:
+    """The wired daemon: its HTTP root and the long-lived objects behind it."""
+
+    root: Routes
+    scheduler: Scheduler
+    pools: tuple[HTTPConnectionPool, ...]
+
+
+def make_parts(config: configuration.Config, reactor: Any) -> Parts:
+    """Build every part of the daemon from C{config}."""
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor)
-    run_dir = config.home / "run"
-    agent = runner_agent(reactor, run_dir, per_runner=max(config.scheduler.parallel, 2))
+    runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
+    agent = runner_agent(reactor, config.home / "run", runner_pool)
     start_runner = partial(
         RunnerProcess,
         reactor,
@@ -69,26 +84,39 @@ def make_root(config: configuration.Config, reactor: Any) -> tuple[Routes, Sched
     )
     scheduler = Scheduler(reactor, config, backends, store, start_runner)
     metrics = Metrics(scheduler)
+    registry_pool = HTTPConnectionPool(reactor)
+    registry = RegistryClient(config.registry, reactor, HTTPClient(Agent(reactor, pool=registry_pool)))
+    models = ModelsAPI(
+        store,
+        scheduler,
+        Puller(store, registry, config.registry.max_pulls),
+        Pusher(store, registry, reactor),
+        reactor,
+    )
     groups = [
-        ServiceAPI(ModelsAPI(store, scheduler, reactor, config), metrics.registry),
-        InferenceAPI(
-            scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes
-        ),
+        ServiceAPI(models, metrics.registry),
+        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
         AdminAPI(scheduler, store, backends, config.max_request_bytes),
     ]
-    return Routes(groups), scheduler
+    return Parts(Routes(groups), scheduler, (runner_pool, registry_pool))
 
 
-def makeService(options: Options, reactor: Any = None) -> IService:
-    if reactor is None:
-        from twisted.internet import reactor
-    config = options.config
-    root, scheduler = make_root(config, reactor)
+def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiService, Parts]:
+    """The service tree: the scheduler, then the HTTP server on C{config.listen}."""
+    parts = make_parts(config, reactor)
     service = MultiService()
-    SchedulerService(scheduler).setServiceParent(service)
-    site = Site(root)
+    SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
+        service
+    )
+    site = Site(parts.root)
     site.displayTracebacks = False
     StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(
         service
     )
-    return service
+    return service, parts
+
+
+def makeService(options: Options) -> IService:
+    from twisted.internet import reactor
+
+    return make_service(options.config, reactor)[0]

@@ -1,7 +1,8 @@
 """A stand-in inference server for tests: a real process that speaks llama-server's HTTP on a UNIX socket.
 
 Run as ``python runner_program.py --socket S --alias NAME [--health-delay SECONDS]
-[--exit-at-start] [--starts FILE]``. A request may carry ``"test": {"events": N,
+[--exit-at-start] [--starts FILE] [--events FILE]``: --starts gets a line per
+process start, --events "finished" or "cancelled" per stream. A request may carry ``"test": {"events": N,
 "interval": SECONDS, "gate": PREFIX, "crash_after": K}`` in its JSON body: stream N
 events, before event i wait until the file PREFIX<i> exists, exit the process after
 K events.
@@ -24,6 +25,11 @@ class Runner(resource.Resource):
         super().__init__()
         self.options = options
         self.ready_at = time.monotonic() + options.health_delay
+
+    def record(self, event):
+        if self.options.events:
+            with open(self.options.events, "a") as f:
+                f.write(f"{event}\n")
 
     def render_GET(self, request):
         if request.path == b"/health":
@@ -59,14 +65,17 @@ class Runner(resource.Resource):
         interval = control.get("interval", 0.0)
         sent = 0
         finished = []
-        request.notifyFinish().addBoth(finished.append)
+        request.notifyFinish().addCallbacks(
+            lambda _: self.record("finished"), lambda _: self.record("cancelled")
+        ).addBoth(finished.append)
 
         def step():
             nonlocal sent
             if finished:
                 return
             if crash_after is not None and sent >= crash_after:
-                os._exit(3)
+                reactor.callLater(0.1, os._exit, 3)  # after what was written is flushed
+                return
             if sent == events:
                 request.write(b"data: [DONE]\n\n")
                 request.finish()
@@ -133,6 +142,7 @@ def main():
     parser.add_argument("--health-delay", type=float, default=0.0)
     parser.add_argument("--exit-at-start", action="store_true")
     parser.add_argument("--starts")
+    parser.add_argument("--events")
     options, _ = parser.parse_known_args()
     if options.starts:
         with open(options.starts, "a") as f:

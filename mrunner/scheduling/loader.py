@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mrunner.backends.base import RunnerSettings
-from mrunner.errors import Unavailable
+from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import State
 from mrunner.store.model import Model
@@ -241,10 +241,15 @@ class Loader:
 
     def _load(self, request: LoadRequest) -> None:
         self.log.info("loading {model} for {key}", model=request.model.name, key=request.key)
-        runner = Runner(request, self._spawn(request.key, request.model, request.settings))
+        try:
+            process = self._spawn(request.key, request.model, request.settings)
+        except Exception as e:
+            self._fail_waiters(request.key, Failure(RunnerFailed(f"cannot start a runner: {e}")))
+            return
+        runner = Runner(request, process)
         self.runners[request.key] = runner
-        runner.process.ready.addCallbacks(self._loaded, self._load_failed, (runner,), None, (runner,))
-        runner.process.ended.addBoth(self._exited, runner)
+        process.ready.addCallbacks(self._loaded, self._load_failed, (runner,), None, (runner,))
+        process.ended.addBoth(self._exited, runner)
 
     def _loaded(self, result: object, runner: Runner) -> None:
         self._backoff.pop(runner.key, None)
@@ -264,10 +269,13 @@ class Loader:
             key=key, error=reason.getErrorMessage(), delay=delay,
         )
         self._stop(runner)
+        self._fail_waiters(key, reason)
+        self._pump()
+
+    def _fail_waiters(self, key: RunnerKey, reason: Failure) -> None:
         for waiter in [w for w in self._queue if w.key == key]:
             self._queue.remove(waiter)
             waiter.deferred.errback(reason)
-        self._pump()
 
     def _exited(self, result: object, runner: Runner) -> None:
         """A runner's process is gone, stopped or crashed: it no longer exists."""

@@ -53,9 +53,10 @@ class RunnerProcess(ProcessProtocol):
         command: Command,
         socket: str,
         log_path: Path,
+        label: str,
+        *,
         load_timeout: float,
         stop_grace: float,
-        label: str,
     ):
         self._reactor = reactor
         self._agent = agent

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from collections.abc import Callable, Sequence
+
+from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred
 
 from mrunner.scheduling.runner import clean_stale
 from mrunner.scheduling.scheduler import Scheduler
@@ -12,8 +14,9 @@ from mrunner.scheduling.scheduler import Scheduler
 class SchedulerService(Service):
     """Its C{stopService} fires only when every runner process has exited."""
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler, closers: Sequence[Callable[[], object]] = ()):
         self.scheduler = scheduler
+        self._closers = closers
 
     def startService(self) -> None:
         clean_stale(self.scheduler.run_dir)
@@ -22,5 +25,11 @@ class SchedulerService(Service):
         self.scheduler.start()
 
     def stopService(self) -> Deferred[None]:
+        """Stop the runners, then run the closers (connection pools) once nothing uses them."""
         super().stopService()
-        return self.scheduler.close()
+        return ensureDeferred(self._stop())
+
+    async def _stop(self) -> None:
+        await self.scheduler.close()
+        for close in self._closers:
+            await maybeDeferred(close)

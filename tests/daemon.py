@@ -1,0 +1,146 @@
+"""mrunner for tests that run real processes: in this process on the real reactor, or as twistd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from treq.client import HTTPClient
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import UNIXClientEndpoint
+from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.task import deferLater
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IAgentEndpointFactory
+from zope.interface import implementer
+
+from mrunner import config as configuration
+from mrunner.tap import make_service
+
+# No persistent client connections: trial checks that tests leave no socket open.
+http = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
+
+RUNNER_PROGRAM = str(Path(__file__).with_name("runner_program.py"))
+
+
+def short_home() -> Path:
+    """A fresh MRUNNER_HOME with a short path: UNIX socket paths must stay under 108 bytes."""
+    return Path(tempfile.mkdtemp(prefix="mr-"))
+
+
+def write_config(home: Path, text: str = "", runner_args: tuple[str, ...] = ()) -> Path:
+    """A tap.conf whose default backend, C{test}, runs tests/runner_program.py."""
+    command = [
+        sys.executable, RUNNER_PROGRAM, "--socket", "{socket}", "--alias", "{alias}",
+        "--starts", str(home / "starts"), "--events", str(home / "events"), *runner_args,
+    ]
+    path = home / "tap.conf"
+    path.write_text(
+        f'home = "{home}"\ndefault_backend = "test"\n{text}\n'
+        f"[backends.test]\ncommand = {json.dumps(command)}\n"
+    )
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+class InProcessDaemon:
+    """The service tree of ``twistd mrunner``, in this process, on a free loopback port."""
+
+    def __init__(self, config_path: Path):
+        port = free_port()
+        self.config = configuration.load(
+            config_path, overrides={"listen": f"tcp:{port}:interface=127.0.0.1"}, environ={}
+        )
+        self.service, parts = make_service(self.config, reactor)
+        self.scheduler = parts.scheduler
+        self.service.startService()
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        await self.service.stopService()
+        shutil.rmtree(self.config.home, ignore_errors=True)
+
+    async def import_model(self, name: str, gguf: Path) -> None:
+        """Put C{gguf} into the store as C{name}, as a user would: C{POST /models/load}."""
+        with gguf.open("rb") as f:
+            response = await http.post(f"{self.url}/models/load", params={"name": name}, data=f)
+            body = await response.text()
+        if response.code not in (200, 201):
+            raise AssertionError(f"import of {name} failed: {response.code} {body}")
+
+
+def sleep(seconds: float) -> Deferred[None]:
+    return deferLater(reactor, seconds, lambda: None)
+
+
+class _Output(ProcessProtocol):
+    def __init__(self, home: Path):
+        self.home = home
+        self._log = (home / "twistd.out").open("ab")
+        self.ended: Deferred[None] = Deferred()
+
+    def childDataReceived(self, fd: int, data: bytes) -> None:
+        self._log.write(data)
+
+    def processEnded(self, reason: Any) -> None:
+        self._log.close()
+        self.ended.callback(None)
+
+
+def spawn_twistd(config: Path, home: Path) -> Any:
+    """``twistd -n mrunner --config CONFIG`` as a child process, its output in home/twistd.out."""
+    twistd = str(Path(sys.executable).with_name("twistd"))
+    output = _Output(home)
+    process = reactor.spawnProcess(
+        output,
+        twistd,
+        [twistd, "-n", "--pidfile=", "mrunner", "--config", str(config)],
+        env=os.environ,
+        path=str(home),
+    )
+    process.output = output
+    return process
+
+
+async def stop_twistd(process: Any) -> None:
+    """SIGTERM, and wait for it to exit."""
+    if process.pid is not None:
+        process.signalProcess("TERM")
+    await process.output.ended
+    shutil.rmtree(Path(process.output.home), ignore_errors=True)
+
+
+@implementer(IAgentEndpointFactory)
+class UNIXEndpoints:
+    """Every URL goes to one UNIX socket: a daemon listening on C{unix:PATH}."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def endpointForURI(self, uri: Any) -> UNIXClientEndpoint:
+        return UNIXClientEndpoint(reactor, self._path)

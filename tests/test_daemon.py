@@ -1,0 +1,251 @@
+"""The whole path with real processes: HTTP client → mrunner → tests/runner_program.py and back.
+
+These tests run on the real reactor and start real runner processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from openai import OpenAI
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
+from twisted.internet.protocol import Protocol
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.http_headers import Headers
+from treq.client import HTTPClient
+
+from mrunner.proxy import BytesBody
+from tests.daemon import (
+    InProcessDaemon, UNIXEndpoints, alive, http, lines, short_home, sleep, spawn_twistd, stop_twistd,
+    write_config,
+)
+from tests.ggufs import write_tiny_gguf
+
+MODEL = "ai/tiny:latest"
+
+
+class Events(Protocol):
+    """Collects a streamed body and tells the test when the Nth chunk has arrived."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.done: Deferred[None] = Deferred()
+        self._waiting: list[tuple[bytes, Deferred[None]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+        for marker, d in list(self._waiting):
+            if marker in self.data:
+                self._waiting.remove((marker, d))
+                d.callback(None)
+
+    def arrived(self, marker: bytes) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        if marker in self.data:
+            d.callback(None)
+        else:
+            self._waiting.append((marker, d))
+        return d
+
+    def connectionLost(self, reason: Any) -> None:
+        self.done.callback(reason.check(ResponseDone))
+
+
+class DaemonTestCase(TestCase):
+    timeout = 60
+    config_text = ""
+    runner_args: tuple[str, ...] = ()
+
+    async def start(self) -> None:
+        self.home = short_home()
+        self.daemon = InProcessDaemon(write_config(self.home, self.config_text, self.runner_args))
+        self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
+        gguf = self.home / "tiny.gguf"
+        write_tiny_gguf(gguf)
+        await self.daemon.import_model(MODEL, gguf)
+
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any, Any]:
+        response = await http.post(self.daemon.url + path, json=body)
+        text = await response.text()
+        try:
+            return response.code, json.loads(text), response.headers
+        except ValueError:
+            return response.code, text, response.headers
+
+    async def open_stream(self, body: dict[str, Any]) -> tuple[Any, Events]:
+        agent = Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
+        response = await agent.request(
+            b"POST",
+            (self.daemon.url + "/engines/v1/chat/completions").encode(),
+            Headers({b"content-type": [b"application/json"]}),
+            BytesBody(json.dumps({"model": MODEL, "stream": True, **body}).encode()),
+        )
+        events = Events()
+        response.deliverBody(events)
+        return response, events
+
+    def runner_pids(self) -> list[int]:
+        return [runner["pid"] for runner in self.daemon.scheduler.running()]
+
+    def chat(self, **body: Any) -> dict[str, Any]:
+        return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
+
+
+class PathTests(DaemonTestCase):
+    async def test_openai_client(self) -> None:
+        await self.start()
+        client = OpenAI(
+            base_url=self.daemon.url + "/engines/v1",
+            api_key="none",
+            max_retries=0,
+            default_headers={"Connection": "close"},  # leave no connection open after the test
+        )
+        reply = await deferToThread(
+            client.chat.completions.create, model=MODEL, messages=[{"role": "user", "content": "hello"}]
+        )
+        self.assertEqual(reply.choices[0].message.content, "echo: hello")
+        self.assertEqual(reply.model, MODEL)
+        chunks = await deferToThread(
+            lambda: list(client.chat.completions.create(model=MODEL, messages=[], stream=True))
+        )
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks), "tok0 tok1 tok2 ")
+        embedding = await deferToThread(client.embeddings.create, model=MODEL, input=["a", "bcd"])
+        self.assertEqual([e.embedding[0] for e in embedding.data], [1.0, 3.0])
+        models = await deferToThread(client.models.list)
+        self.assertIn(MODEL, [m.id for m in models.data])
+
+    async def test_streaming_is_not_buffered(self) -> None:
+        await self.start()
+        gate = str(self.home / "gate")
+        Path(f"{gate}0").touch()
+        response, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
+        self.assertEqual(response.code, 200)
+        self.assertEqual(response.headers.getRawHeaders(b"content-type"), [b"text/event-stream"])
+        await events.arrived(b"tok0")
+        await sleep(0.2)
+        self.assertNotIn(b"tok1", events.data, "the second event was not released yet")
+        Path(f"{gate}1").touch()
+        await events.arrived(b"tok1")
+        self.assertTrue(await events.done)
+        self.assertIn(b"data: [DONE]", events.data)
+
+    async def test_client_disconnect_cancels_upstream_and_releases(self) -> None:
+        await self.start()
+        gate = str(self.home / "gate")
+        Path(f"{gate}0").touch()
+        response, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
+        await events.arrived(b"tok0")
+        (runner,) = self.daemon.scheduler.loader.runners.values()
+        self.assertEqual(runner.in_use, 1)
+        events.transport.stopProducing()
+        for _ in range(100):
+            if lines(self.home / "events") == ["cancelled"]:
+                break
+            await sleep(0.01)
+        self.assertEqual(lines(self.home / "events"), ["cancelled"])
+        self.assertEqual(runner.in_use, 0)
+
+    async def test_twenty_concurrent_requests_start_one_runner(self) -> None:
+        await self.start()
+        results = await DeferredList(
+            [ensureDeferred(self.post("/v1/chat/completions", self.chat())) for _ in range(20)],
+            consumeErrors=True,
+        )
+        self.assertEqual([r[1][0] for r in results], [200] * 20)
+        self.assertEqual(len(lines(self.home / "starts")), 1)
+
+    async def test_runner_crash_mid_stream(self) -> None:
+        await self.start()
+        response, events = await self.open_stream({"test": {"events": 3, "crash_after": 1}})
+        await events.done
+        self.assertIn(b"tok0", events.data)
+        self.assertIn(b'"error"', events.data)
+        self.assertEqual(self.daemon.scheduler.loader.runners, {})
+        code, body, _ = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual((code, body["choices"][0]["message"]["content"]), (200, "echo: hi"))
+        self.assertEqual(len(lines(self.home / "starts")), 2)
+
+    async def test_runner_dies_before_headers_is_502(self) -> None:
+        await self.start()
+        code, body, _ = await self.post(
+            "/v1/chat/completions", self.chat(stream=True, test={"crash_after": 0})
+        )
+        self.assertEqual(code, 502)
+        self.assertIn("runner", body["error"]["message"])
+
+    async def test_stop_service_ends_every_runner(self) -> None:
+        await self.start()
+        for mode_path in ("/v1/chat/completions", "/v1/embeddings"):
+            code, _, _ = await self.post(mode_path, {"model": MODEL, "input": "x", "messages": []})
+            self.assertEqual(code, 200)
+        pids = self.runner_pids()
+        self.assertEqual(len(pids), 2)
+        await self.daemon.service.stopService()
+        self.assertEqual([pid for pid in pids if alive(pid)], [])
+        self.assertEqual(list((self.home / "run").iterdir()), [])
+
+
+class FailingRunnerTests(DaemonTestCase):
+    runner_args = ("--exit-at-start",)
+
+    async def test_runner_that_exits_at_start_is_500_with_its_stderr(self) -> None:
+        await self.start()
+        code, body, _ = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual(code, 500)
+        self.assertIn("told to fail at start", body["error"]["message"])
+        code, body, headers = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual(code, 503)
+        self.assertTrue(headers.getRawHeaders(b"retry-after"))
+
+
+class SlowRunnerTests(DaemonTestCase):
+    runner_args = ("--health-delay", "0.5")
+
+    async def test_waits_for_health(self) -> None:
+        await self.start()
+        code, body, _ = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual(code, 200)
+
+
+class TwistdTests(TestCase):
+    """``twistd -n mrunner`` as users start it."""
+
+    timeout = 60
+
+    async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
+        home = short_home()
+        config = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
+        process = spawn_twistd(config, home)
+        self.addCleanup(lambda: ensureDeferred(stop_twistd(process)))
+        agent = Agent.usingEndpointFactory(
+            reactor, UNIXEndpoints(str(home / "api.sock")), HTTPConnectionPool(reactor, persistent=False)
+        )
+        for _ in range(200):
+            if (home / "api.sock").exists():
+                break
+            await sleep(0.05)
+        gguf = home / "tiny.gguf"
+        write_tiny_gguf(gguf)
+        with gguf.open("rb") as f:
+            response = await HTTPClient(agent).post("http://d/models/load", params={"name": MODEL}, data=f)
+            await response.content()
+        response = await HTTPClient(agent).post(
+            "http://d/v1/chat/completions", json={"model": MODEL, "messages": []}
+        )
+        self.assertEqual(response.code, 200)
+        await response.content()
+        (runner_pid,) = map(int, lines(home / "starts"))
+        self.assertTrue(alive(runner_pid))
+        os.kill(process.pid, signal.SIGKILL)
+        for _ in range(100):
+            if not alive(runner_pid):
+                break
+            await sleep(0.01)
+        self.assertFalse(alive(runner_pid), "the runner outlived its daemon by a second")
