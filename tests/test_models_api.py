@@ -68,9 +68,7 @@ class ModelsAPITests(SynchronousTestCase):
 
     def json(self, method: str, path: str, status: int = 200, **kw: Any) -> Any:
         code, body, headers = self.call(method, path, **kw)
-        self.assertEqual(
-            (code, headers.getRawHeaders("content-type")), (status, ["application/json"]), body
-        )
+        self.assertEqual((code, headers.getRawHeaders("content-type")), (status, ["application/json"]), body)
         return json.loads(body)
 
     def load(self, name: str = "smollm2") -> dict[str, Any]:
@@ -116,9 +114,7 @@ class ModelsAPITests(SynchronousTestCase):
         model = self.load()
         result = self.json("DELETE", "/smollm2")
         self.assertEqual(result, [{"Untagged": "ai/smollm2:latest"}, {"Deleted": model["id"]}])
-        self.assertEqual(
-            self.scheduler.unloaded, [{"backend": None, "models": [model["id"]], "all": False}]
-        )
+        self.assertEqual(self.scheduler.unloaded, [{"backend": None, "models": [model["id"]], "all": False}])
         self.assertError(404, "DELETE", "/smollm2", "not found")
 
     def test_delete_several_tags(self) -> None:
@@ -138,9 +134,7 @@ class ModelsAPITests(SynchronousTestCase):
         self.assertEqual(headers.getRawHeaders("content-type"), ["application/x-ndjson"])
         lines = self.lines(body)
         self.assertEqual([line["type"] for line in lines], ["progress", "progress", "success"])
-        self.assertEqual(
-            lines[1]["layer"], {"id": "sha256:" + "a" * 64, "size": 4194304, "current": 4194304}
-        )
+        self.assertEqual(lines[1]["layer"], {"id": "sha256:" + "a" * 64, "size": 4194304, "current": 4194304})
         self.assertEqual(lines[0]["total"], 4194304)
         self.assertEqual(self.puller.refs, [Reference("", "ai/smollm2", "latest")])
 

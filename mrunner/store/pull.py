@@ -57,25 +57,25 @@ class Puller:
         return model
 
     async def _manifest(self, ref: Reference) -> tuple[Repository, bytes]:
-        """The manifest from the first endpoint (mirror, then registry) that has it."""
-        repos = self._client.repositories(ref)
-        for repo in repos:
+        """The manifest from the mirror if it has it, else from the registry itself."""
+        *mirrors, origin = self._client.repositories(ref)
+        for mirror in mirrors:
             try:
-                data = await self._client.manifest(repo, ref.digest or ref.tag or "latest")
+                return mirror, await self._manifest_from(mirror, ref)
             except MrunnerError as e:
-                if repo is repos[-1]:
-                    if isinstance(e, NotFound):
-                        raise NotFound(
-                            f"model {ref} not found in registry {repo.host}",
-                            code="model_not_found",
-                        ) from None
-                    raise
-                self.log.warn("mirror {host} failed: {error}", host=repo.host, error=e.message)
-                continue
-            if ref.digest and sha256(data) != ref.digest:
-                raise registry_error(f"{repo.host} sent a manifest that is not {ref.digest}")
-            return repo, data
-        raise AssertionError("a reference always has a registry")
+                self.log.warn("mirror {host} failed: {error}", host=mirror.host, error=e.message)
+        try:
+            return origin, await self._manifest_from(origin, ref)
+        except NotFound:
+            raise NotFound(
+                f"model {ref} not found in registry {origin.host}", code="model_not_found"
+            ) from None
+
+    async def _manifest_from(self, repo: Repository, ref: Reference) -> bytes:
+        data = await self._client.manifest(repo, str(ref.digest or ref.tag))
+        if ref.digest and sha256(data) != ref.digest:
+            raise registry_error(f"{repo.host} sent a manifest that is not {ref.digest}")
+        return data
 
     async def _fetch(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
         """Make sure the store has C{blob}; one download per digest however many pulls want it."""
@@ -91,9 +91,7 @@ class Puller:
         progress.update(blob.digest, blob.size, blob.size)
 
     async def _download(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
-        writer: BlobWriter = await self._store.in_thread(
-            self._store.blobs.writer, blob.digest, True
-        )
+        writer: BlobWriter = await self._store.in_thread(self._store.blobs.writer, blob.digest, True)
         try:
             for attempt in range(1, self._attempts + 1):
                 try:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IConsumer
+from twisted.internet.interfaces import IConsumer, IReactorTime
 from twisted.internet.task import Cooperator
 from twisted.logger import Logger
 from twisted.web.client import FileBodyProducer
@@ -25,10 +25,11 @@ class Pusher:
 
     log = Logger()
 
-    def __init__(self, store: ModelStore, client: RegistryClient, cooperator: Cooperator) -> None:
+    def __init__(self, store: ModelStore, client: RegistryClient, reactor: IReactorTime) -> None:
         self._store = store
         self._client = client
-        self._cooperator = cooperator
+        # Reads the file in small steps between other reactor work, on the injected reactor.
+        self._cooperator = Cooperator(scheduler=lambda step: reactor.callLater(0, step))
 
     def push(self, ref: Reference, progress: Progress) -> Deferred[str]:
         """Push the model named C{ref} to C{ref}'s registry; fires with the manifest digest."""

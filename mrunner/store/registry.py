@@ -62,9 +62,7 @@ class RegistryClient:
 
     log = Logger()
 
-    def __init__(
-        self, config: RegistryConfig, reactor: IReactorTime, http: HTTPClient | None = None
-    ) -> None:
+    def __init__(self, config: RegistryConfig, reactor: IReactorTime, http: HTTPClient | None = None) -> None:
         self._config = config
         if http is None:
             self._pool: HTTPConnectionPool | None = HTTPConnectionPool(reactor)
@@ -92,7 +90,7 @@ class RegistryClient:
     def _base(self, host: str) -> str:
         if "://" in host:
             return host.rstrip("/")
-        if host == "docker.io":
+        if host in DOCKER_HUB:
             host = "registry-1.docker.io"
         scheme = "http" if self._insecure(host) else "https"
         return f"{scheme}://{host}"
@@ -226,22 +224,16 @@ class RegistryClient:
     async def blob(self, repo: Repository, digest: str, offset: int = 0) -> IResponse:
         """The blob's body from C{offset}: 206 when the range was honoured, 200 for all of it."""
         headers = {"Range": f"bytes={offset}-"} if offset else {}
-        return await self.request(
-            "GET", repo, f"blobs/{digest}", headers=headers, expect=(200, 206, 416)
-        )
+        return await self.request("GET", repo, f"blobs/{digest}", headers=headers, expect=(200, 206, 416))
 
     async def has_blob(self, repo: Repository, digest: str) -> bool:
-        response = await self.request(
-            "HEAD", repo, f"blobs/{digest}", actions="pull,push", expect=(200, 404)
-        )
+        response = await self.request("HEAD", repo, f"blobs/{digest}", actions="pull,push", expect=(200, 404))
         await _discard(response)
         return response.code == 200
 
     async def upload_blob(self, repo: Repository, digest: str, body: Callable[[], Any]) -> None:
         """Monolithic upload: POST for an upload URL, then PUT the bytes with their digest."""
-        started = await self.request(
-            "POST", repo, "blobs/uploads/", actions="pull,push", expect=(202,)
-        )
+        started = await self.request("POST", repo, "blobs/uploads/", actions="pull,push", expect=(202,))
         await _discard(started)
         location = started.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
         if not location:
@@ -259,9 +251,7 @@ class RegistryClient:
         )
         await _discard(response)
 
-    async def put_manifest(
-        self, repo: Repository, reference: str, manifest: bytes, media_type: str
-    ) -> None:
+    async def put_manifest(self, repo: Repository, reference: str, manifest: bytes, media_type: str) -> None:
         response = await self.request(
             "PUT",
             repo,
