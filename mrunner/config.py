@@ -67,7 +67,7 @@ class RegistryConfig:
 @attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
-    home: Path = Path("~/.mrunner").expanduser()
+    home: Path = attrs.field(factory=lambda: Path("~/.mrunner").expanduser())
     default_backend: str = DEFAULT_BACKEND
     max_request_bytes: int = 10 * 1024 * 1024
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -131,9 +131,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "runner": RunnerConfig,
         "registry": RegistryConfig,
     }
-    values: dict[str, Any] = {
-        name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()
-    }
+    values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})
     if "home" in top:
         values["home"] = Path(str(top.pop("home"))).expanduser()

@@ -18,9 +18,10 @@ from twisted.internet.interfaces import IConsumer, IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, URI
+from twisted.web.client import URI, Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IRequest, IResponse, UNKNOWN_LENGTH
+from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.server import Request
 from zope.interface import implementer
 
 from mrunner.errors import BadGateway
@@ -44,7 +45,7 @@ HOP_BY_HOP = frozenset(
 
 # Drop pooled connections before llama-server's own 5 s keep-alive does, so a
 # POST never races a server-side close.
-POOL_IDLE_SECONDS = 4.0
+POOL_IDLE_SECONDS = 4
 
 
 @implementer(IAgentEndpointFactory)
@@ -116,7 +117,7 @@ class Forwarder:
     def __init__(self, agent: Agent):
         self._agent = agent
 
-    def forward(self, request: IRequest, socket: str, path: bytes, body: bytes) -> Deferred[None]:
+    def forward(self, request: Request, socket: str, path: bytes, body: bytes) -> Deferred[None]:
         """Relay C{request} (whose body is C{body}) to the runner; fires when the answer is sent.
 
         Cancelling it (Klein does, when the client disconnects) aborts the upstream connection.
@@ -149,7 +150,9 @@ class Forwarder:
         def unreachable(reason: Failure) -> None:
             if not done.called:
                 done.errback(
-                    BadGateway(f"the runner closed the connection before answering: {reason.getErrorMessage()}")
+                    BadGateway(
+                        f"the runner closed the connection before answering: {reason.getErrorMessage()}"
+                    )
                 )
 
         upstream.addCallbacks(respond, unreachable)
@@ -164,7 +167,7 @@ def is_event_stream(headers: Headers) -> bool:
 class _Relay(Protocol):
     """Writes a runner's response body to the client as it arrives, with backpressure."""
 
-    def __init__(self, request: IRequest, done: Deferred[None], events: bool):
+    def __init__(self, request: Request, done: Deferred[None], events: bool):
         self._request = request
         self._done = done
         self._events = events
@@ -182,7 +185,7 @@ class _Relay(Protocol):
         self._aborted = True
         self.transport.stopProducing()  # type: ignore[union-attr]
 
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         if self._aborted or self._request.channel is None:
             return  # the client is gone, and the request with it
         self._request.unregisterProducer()
@@ -197,6 +200,4 @@ class _Relay(Protocol):
             error = BadGateway(f"the runner stopped in the middle of the answer: {reason.getErrorMessage()}")
             self._request.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
         else:
-            self._request.channel.transport.abortConnection()  # type: ignore[attr-defined]
-
-
+            self._request.channel.transport.abortConnection()  # type: ignore[union-attr]

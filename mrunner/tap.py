@@ -110,9 +110,7 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
     )
     site = Site(parts.root)
     site.displayTracebacks = False
-    StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(
-        service
-    )
+    StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(service)
     return service, parts
 
 

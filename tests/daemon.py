@@ -38,8 +38,17 @@ def short_home() -> Path:
 def write_config(home: Path, text: str = "", runner_args: tuple[str, ...] = ()) -> Path:
     """A tap.conf whose default backend, C{test}, runs tests/runner_program.py."""
     command = [
-        sys.executable, RUNNER_PROGRAM, "--socket", "{socket}", "--alias", "{alias}",
-        "--starts", str(home / "starts"), "--events", str(home / "events"), *runner_args,
+        sys.executable,
+        RUNNER_PROGRAM,
+        "--socket",
+        "{socket}",
+        "--alias",
+        "{alias}",
+        "--starts",
+        str(home / "starts"),
+        "--events",
+        str(home / "events"),
+        *runner_args,
     ]
     path = home / "tap.conf"
     path.write_text(

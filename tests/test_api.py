@@ -47,9 +47,7 @@ class APITests(SynchronousTestCase):
         metrics = Metrics(self.scheduler)
         groups = [
             ServiceAPI(NoModelsAPI(), metrics.registry),
-            InferenceAPI(
-                self.scheduler, self.store, Forwarder(None), metrics, self.clock, max_request_bytes
-            ),
+            InferenceAPI(self.scheduler, self.store, Forwarder(None), metrics, self.clock, max_request_bytes),
             AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
         ]
         self.http = StubTreq(Routes(groups))
@@ -90,10 +88,13 @@ class APITests(SynchronousTestCase):
         self.assertError(self.request("POST", f"{BASE}/engines/v1/nope", {}), 404)
 
     def test_status(self) -> None:
-        self.assertEqual(self.answer(self.request("GET", f"{BASE}/engines/status"))[1], {"llama.cpp": "Not Installed"})
+        self.assertEqual(
+            self.answer(self.request("GET", f"{BASE}/engines/status"))[1], {"llama.cpp": "Not Installed"}
+        )
         self.install()
         self.assertEqual(
-            self.answer(self.request("GET", f"{BASE}/engines/status"))[1], {"llama.cpp": "Running: llama.cpp test"}
+            self.answer(self.request("GET", f"{BASE}/engines/status"))[1],
+            {"llama.cpp": "Running: llama.cpp test"},
         )
 
     def test_model_list_in_openai_shape(self) -> None:
@@ -108,7 +109,9 @@ class APITests(SynchronousTestCase):
     # the error table, row by row and in order
 
     def test_unknown_backend_comes_first(self) -> None:
-        self.assertError(self.request("POST", f"{BASE}/engines/vllm/v1/chat/completions", b"x" * 5000), 404, "vllm")
+        self.assertError(
+            self.request("POST", f"{BASE}/engines/vllm/v1/chat/completions", b"x" * 5000), 404, "vllm"
+        )
 
     def test_body_too_large(self) -> None:
         self.assertError(self.request("POST", CHAT, b"{" + b" " * 2000 + b"}"), 413, "1000")
@@ -151,7 +154,9 @@ class APITests(SynchronousTestCase):
     def test_runner_failed_to_start(self) -> None:
         self.install()
         d = self.request("POST", CHAT, {"model": "smollm2"})
-        self.spawn.processes[0].ready.errback(RunnerFailed("runner exited; its last output:\nerror: bad magic"))
+        self.spawn.processes[0].ready.errback(
+            RunnerFailed("runner exited; its last output:\nerror: bad magic")
+        )
         self.spawn.processes[0].exit()
         self.assertError(d, 500, "bad magic")
         headers = self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 503, "paused")
@@ -171,7 +176,9 @@ class APITests(SynchronousTestCase):
         code, body, _ = self.answer(d)
         self.assertEqual((code, body["status"]), (200, "loaded"))
         code, ps, _ = self.answer(self.request("GET", f"{BASE}/engines/ps"))
-        self.assertEqual([(r["model_name"], r["mode"], r["in_use"]) for r in ps], [("ai/smollm2:latest", "completion", 0)])
+        self.assertEqual(
+            [(r["model_name"], r["mode"], r["in_use"]) for r in ps], [("ai/smollm2:latest", "completion", 0)]
+        )
 
     def test_unload(self) -> None:
         self.install()
@@ -184,7 +191,12 @@ class APITests(SynchronousTestCase):
     def test_configure(self) -> None:
         self.install()
         url = f"{BASE}/engines/llama.cpp/_configure"
-        body = {"model": "smollm2", "context-size": 2048, "runtime-flags": ["--temp", "0.2"], "keep_alive": "1m"}
+        body = {
+            "model": "smollm2",
+            "context-size": 2048,
+            "runtime-flags": ["--temp", "0.2"],
+            "keep_alive": "1m",
+        }
         self.assertEqual(self.answer(self.request("POST", url, body))[0], 200)
         self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
         key = next(iter(self.scheduler.loader.runners))
@@ -192,7 +204,11 @@ class APITests(SynchronousTestCase):
         self.assertEqual(runner.request.settings.context_size, 2048)
         self.assertEqual(runner.request.settings.flags, ("--temp", "0.2"))
         self.assertEqual(runner.request.keep_alive, 60)
-        self.assertError(self.request("POST", url, {"model": "smollm2", "runtime-flags": ["--model", "/etc/passwd"]}), 400, "--model")
+        self.assertError(
+            self.request("POST", url, {"model": "smollm2", "runtime-flags": ["--model", "/etc/passwd"]}),
+            400,
+            "--model",
+        )
 
     def test_configure_busy_runner_is_409(self) -> None:
         self.make(SchedulerConfig(parallel=1))
@@ -200,8 +216,11 @@ class APITests(SynchronousTestCase):
         d = self.scheduler.acquire(None, "smollm2", "completion")
         self.spawn.processes[-1].ready.callback(None)
         self.successResultOf(d)
-        self.assertError(self.request("POST", f"{BASE}/engines/_configure", {"model": "smollm2", "context-size": 1024}), 409)
+        self.assertError(
+            self.request("POST", f"{BASE}/engines/_configure", {"model": "smollm2", "context-size": 1024}),
+            409,
+        )
 
     def test_metrics(self) -> None:
-        code, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
+        _, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
         self.assertIn(b"mrunner_queue_waiting", body)

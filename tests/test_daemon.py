@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
+from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.protocol import Protocol
@@ -19,11 +20,18 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http_headers import Headers
-from treq.client import HTTPClient
 
 from mrunner.proxy import BytesBody
 from tests.daemon import (
-    InProcessDaemon, UNIXEndpoints, alive, http, lines, short_home, sleep, spawn_twistd, stop_twistd,
+    InProcessDaemon,
+    UNIXEndpoints,
+    alive,
+    http,
+    lines,
+    short_home,
+    sleep,
+    spawn_twistd,
+    stop_twistd,
     write_config,
 )
 from tests.ggufs import write_tiny_gguf
@@ -140,7 +148,7 @@ class PathTests(DaemonTestCase):
         await self.start()
         gate = str(self.home / "gate")
         Path(f"{gate}0").touch()
-        response, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
+        _, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
         await events.arrived(b"tok0")
         (runner,) = self.daemon.scheduler.loader.runners.values()
         self.assertEqual(runner.in_use, 1)
@@ -163,7 +171,7 @@ class PathTests(DaemonTestCase):
 
     async def test_runner_crash_mid_stream(self) -> None:
         await self.start()
-        response, events = await self.open_stream({"test": {"events": 3, "crash_after": 1}})
+        _, events = await self.open_stream({"test": {"events": 3, "crash_after": 1}})
         await events.done
         self.assertIn(b"tok0", events.data)
         self.assertIn(b'"error"', events.data)
@@ -210,7 +218,7 @@ class SlowRunnerTests(DaemonTestCase):
 
     async def test_waits_for_health(self) -> None:
         await self.start()
-        code, body, _ = await self.post("/v1/chat/completions", self.chat())
+        code, _, _ = await self.post("/v1/chat/completions", self.chat())
         self.assertEqual(code, 200)
 
 

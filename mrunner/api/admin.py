@@ -18,14 +18,16 @@ from mrunner.scheduling.scheduler import ModelSettings, Scheduler
 
 # Runtime flags a client may add: sampling and performance knobs, never a path,
 # a network address or anything that fetches.
-ALLOWED_FLAGS = frozenset(
-    """--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed
-    --batch-size -b --ubatch-size -ub --threads -t --threads-batch -tb
-    --flash-attn -fa --cache-type-k -ctk --cache-type-v -ctv --no-mmap --mlock
-    --n-gpu-layers -ngl --rope-scaling --rope-freq-base --rope-freq-scale
-    --n-predict -n --cont-batching --no-cont-batching --cache-reuse --keep
-    --reasoning-budget --reasoning-format""".split()
-)
+# fmt: off
+ALLOWED_FLAGS = frozenset((
+    "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
+    "--batch-size", "-b", "--ubatch-size", "-ub", "--threads", "-t", "--threads-batch", "-tb",
+    "--flash-attn", "-fa", "--cache-type-k", "-ctk", "--cache-type-v", "-ctv", "--no-mmap", "--mlock",
+    "--n-gpu-layers", "-ngl", "--rope-scaling", "--rope-freq-base", "--rope-freq-scale",
+    "--n-predict", "-n", "--cont-batching", "--no-cont-batching", "--cache-reuse", "--keep",
+    "--reasoning-budget", "--reasoning-format",
+))
+# fmt: on
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 
 

@@ -23,7 +23,8 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
 
 def error_response(request: IRequest, failure: Failure) -> bytes:
     """The response for a L{MrunnerError}, with C{Retry-After} when a retry can help."""
-    error: MrunnerError = failure.value
+    error = failure.value
+    assert isinstance(error, MrunnerError)
     if error.retry_after is not None:
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
     return json_body(request, error.body(), error.status)
@@ -31,7 +32,8 @@ def error_response(request: IRequest, failure: Failure) -> bytes:
 
 def routing_error_response(request: IRequest, failure: Failure) -> bytes:
     """Werkzeug's 404 and 405, in the same JSON shape."""
-    error: HTTPException = failure.value
+    error = failure.value
+    assert isinstance(error, HTTPException)
     status = error.code or 500
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     message = f"{request.method.decode()} {request.uri.decode(errors='replace')}: {error.name}"

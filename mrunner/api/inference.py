@@ -7,7 +7,7 @@ from typing import Any
 
 from klein import Klein
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.iweb import IRequest
+from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.requests import json_object, model_name, read_body
@@ -24,10 +24,7 @@ PREFIXES = ("/engines", "/engines/<backend>", "/v1")
 
 def _v1(path: str) -> list[str]:
     """C{path} under each prefix; C{/v1} is itself an alias of C{/engines/v1}."""
-    return [
-        prefix + path.removeprefix("/v1") if prefix == "/v1" else prefix + path
-        for prefix in PREFIXES
-    ]
+    return [prefix + path.removeprefix("/v1") if prefix == "/v1" else prefix + path for prefix in PREFIXES]
 
 
 def routes(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
@@ -63,7 +60,7 @@ class InferenceAPI:
         self._clock = clock
         self._max_request_bytes = max_request_bytes
 
-    def _measure(self, request: IRequest, mode: str) -> None:
+    def _measure(self, request: Request, mode: str) -> None:
         started = self._clock.seconds()
 
         def finished(result: object) -> None:
@@ -72,7 +69,7 @@ class InferenceAPI:
 
         request.notifyFinish().addBoth(finished)
 
-    async def _infer(self, request: IRequest, backend: str | None, mode: str, path: bytes) -> Any:
+    async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes) -> Any:
         self._measure(request, mode)
         name = self._scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
@@ -87,39 +84,44 @@ class InferenceAPI:
         return None
 
     @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
-    def chat(self, request: IRequest, backend: str | None = None) -> Any:
+    def chat(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, COMPLETION, b"/v1/chat/completions")
 
     @routes(app, _v1("/v1/completions"), methods=["POST"])
-    def completions(self, request: IRequest, backend: str | None = None) -> Any:
+    def completions(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, COMPLETION, b"/v1/completions")
 
     @routes(app, _v1("/v1/embeddings"), methods=["POST"])
-    def embeddings(self, request: IRequest, backend: str | None = None) -> Any:
+    def embeddings(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, EMBEDDING, b"/v1/embeddings")
 
     @routes(
         app,
-        [*_v1("/v1/rerank"), "/engines/rerank", "/engines/<backend>/rerank",
-         "/engines/score", "/engines/<backend>/score"],
+        [
+            *_v1("/v1/rerank"),
+            "/engines/rerank",
+            "/engines/<backend>/rerank",
+            "/engines/score",
+            "/engines/<backend>/score",
+        ],
         methods=["POST"],
     )
-    def rerank(self, request: IRequest, backend: str | None = None) -> Any:
+    def rerank(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, RERANKING, b"/v1/rerank")
 
     @routes(app, _v1("/v1/models"), methods=["GET"])
-    def models(self, request: IRequest, backend: str | None = None) -> bytes:
+    def models(self, request: Request, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         data = [entry for model in self._store.list() for entry in openai_models(model)]
         return json_body(request, {"object": "list", "data": data})
 
     @routes(app, _v1("/v1/models/<path:name>"), methods=["GET"])
-    def model(self, request: IRequest, name: str, backend: str | None = None) -> bytes:
+    def model(self, request: Request, name: str, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         return json_body(request, openai_models(self._store.resolve(name))[0])
 
     @app.route("/engines/status", methods=["GET"])
-    def status(self, request: IRequest) -> bytes:
+    def status(self, request: Request) -> bytes:
         return json_body(request, self._scheduler.backend_statuses())
 
 

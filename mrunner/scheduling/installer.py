@@ -95,7 +95,7 @@ class Installer:
             self._wake(install, None)
 
         def failed(reason: Failure) -> None:
-            message = reason.getErrorMessage() or reason.type.__name__
+            message = reason.getErrorMessage() or repr(reason.value)
             install.status = f"Error: {message}"
             self.log.error("backend {backend} failed to install: {error}", backend=name, error=message)
             self._wake(install, Unavailable(f"backend {name} failed to install: {message}"))

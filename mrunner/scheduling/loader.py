@@ -7,7 +7,7 @@ decided by L{policy.plan}, so the rules are tested without processes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -190,7 +190,12 @@ class Loader:
             self._all_ended.append(d)
             return d
         d = Deferred()
-        runner.process.ended.addBoth(lambda result: (d.callback(None), result)[1])
+
+        def ended(result: object) -> object:
+            d.callback(None)
+            return result
+
+        runner.process.ended.addBoth(ended)
         return d
 
     def _leave(self, waiter: _Waiter) -> None:
@@ -206,9 +211,9 @@ class Loader:
     def _pump(self) -> None:
         """Carry out what the policy decides now, then set keep-alive timers."""
         decision = policy.plan(self._queue, self.runners, len(self._stopping), self._max_runners)
-        for waiter, key in decision.assign:
+        for waiter in decision.assign:
             self._queue.remove(waiter)
-            runner = self.runners[key]
+            runner = self.runners[waiter.key]
             runner.in_use += 1
             waiter.deferred.callback(Lease(runner, self))
         for key in decision.evict:
@@ -248,7 +253,9 @@ class Loader:
             return
         runner = Runner(request, process)
         self.runners[request.key] = runner
-        process.ready.addCallbacks(self._loaded, self._load_failed, (runner,), None, (runner,))
+        process.ready.addCallbacks(
+            self._loaded, self._load_failed, callbackArgs=(runner,), errbackArgs=(runner,)
+        )
         process.ended.addBoth(self._exited, runner)
 
     def _loaded(self, result: object, runner: Runner) -> None:
@@ -266,7 +273,9 @@ class Loader:
         self._backoff[key] = _Backoff(delay, self._clock.seconds() + delay)
         self.log.warn(
             "runner {key} failed to load ({error}); backing off {delay}s",
-            key=key, error=reason.getErrorMessage(), delay=delay,
+            key=key,
+            error=reason.getErrorMessage(),
+            delay=delay,
         )
         self._stop(runner)
         self._fail_waiters(key, reason)

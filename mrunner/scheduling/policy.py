@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from enum import Enum
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import attrs
 
@@ -34,21 +34,20 @@ class WaiterView(Protocol):
     def key(self) -> Hashable: ...
 
 
+K = TypeVar("K", bound=Hashable)
+W = TypeVar("W", bound=WaiterView)
+
+
 @attrs.frozen
-class Plan:
+class Plan(Generic[W, K]):
     """What to do now: hand runners to waiters, start loads, stop idle runners."""
 
-    assign: tuple[tuple[WaiterView, Hashable], ...] = ()
-    load: tuple[WaiterView, ...] = ()
-    evict: tuple[Hashable, ...] = ()
+    assign: tuple[W, ...]
+    load: tuple[W, ...]
+    evict: tuple[K, ...]
 
 
-def plan(
-    queue: Sequence[WaiterView],
-    runners: Mapping[Hashable, RunnerView],
-    stopping: int,
-    max_runners: int,
-) -> Plan:
+def plan(queue: Sequence[W], runners: Mapping[K, RunnerView], stopping: int, max_runners: int) -> Plan[W, K]:
     """Decide who gets served, what loads and what is evicted.
 
     Waiters whose runner has a free slot are served at once, wherever they
@@ -58,29 +57,31 @@ def plan(
     the waiters behind it from claiming slots, so no one starves.
     """
     free = {
-        key: runner.parallel - runner.in_use
-        for key, runner in runners.items()
-        if runner.state is State.READY
+        key: runner.parallel - runner.in_use for key, runner in runners.items() if runner.state is State.READY
     }
     assign = []
     unserved = []
     for waiter in queue:
-        if free.get(waiter.key, 0) > 0:
-            free[waiter.key] -= 1
-            assign.append((waiter, waiter.key))
+        key: K = waiter.key  # type: ignore[assignment]
+        if free.get(key, 0) > 0:
+            free[key] -= 1
+            assign.append(waiter)
         else:
             unserved.append(waiter)
 
     idle = sorted(
-        (key for key, runner in runners.items() if runner.state is State.READY and runner.in_use == 0
-         and free[key] == runner.parallel),
+        (
+            key
+            for key, runner in runners.items()
+            if runner.state is State.READY and runner.in_use == 0 and free[key] == runner.parallel
+        ),
         key=lambda key: runners[key].finished_at,
     )
     used = len(runners) + stopping
     reclaiming = stopping
     claimed: set[Hashable] = set(runners)
-    load = []
-    evict = []
+    load: list[W] = []
+    evict: list[K] = []
     for waiter in unserved:
         if waiter.key in claimed:
             continue
@@ -97,12 +98,12 @@ def plan(
     return Plan(tuple(assign), tuple(load), tuple(evict))
 
 
-def drained(runners: Mapping[Hashable, RunnerView]) -> list[Hashable]:
+def drained(runners: Mapping[K, RunnerView]) -> list[K]:
     """Draining runners whose last request has finished: stop them now."""
     return [key for key, r in runners.items() if r.state is State.DRAINING and r.in_use == 0]
 
 
-def idle(runners: Mapping[Hashable, RunnerView]) -> Iterable[Hashable]:
+def idle(runners: Mapping[K, RunnerView]) -> Iterable[K]:
     """Ready runners serving nobody: their keep-alive clock runs."""
     return (key for key, r in runners.items() if r.state is State.READY and r.in_use == 0)
 

@@ -109,25 +109,27 @@ class RunnerProcess(ProcessProtocol):
 
     def _check_health(self, delay: float) -> None:
         self._poll_call = None
-        d = self._agent.request(b"GET", runner_url(self.socket, b"/health"))
-        d.addCallback(lambda response: readBody(response).addCallback(lambda _: response.code))
-        d.addErrback(lambda _: None)
+        Deferred.fromCoroutine(self._health(delay))
 
-        def checked(code: int | None) -> None:
-            if self.ready.called or self._exited:
-                return
-            if code == 200:
-                self._deadline.cancel()
-                self.log.info(
-                    "runner {label} ready in {seconds:.2f}s",
-                    label=self._label,
-                    seconds=self._reactor.seconds() - self.started_at,
-                )
-                self.ready.callback(None)
-            else:
-                self._poll(min(delay * 1.5, POLL_MAX))
-
-        d.addCallback(checked)
+    async def _health(self, delay: float) -> None:
+        try:
+            response = await self._agent.request(b"GET", runner_url(self.socket, b"/health"))
+            await readBody(response)
+            healthy = response.code == 200
+        except Exception:
+            healthy = False  # not listening yet
+        if self.ready.called or self._exited:
+            return
+        if not healthy:
+            self._poll(min(delay * 1.5, POLL_MAX))
+            return
+        self._deadline.cancel()
+        self.log.info(
+            "runner {label} ready in {seconds:.2f}s",
+            label=self._label,
+            seconds=self._reactor.seconds() - self.started_at,
+        )
+        self.ready.callback(None)
 
     def _timed_out(self, seconds: float) -> None:
         self._fail_start(

@@ -19,7 +19,7 @@ from mrunner.config import Config
 from mrunner.errors import Conflict, NotFound
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.scheduling.installer import Installer
-from mrunner.scheduling.loader import NEVER, Lease, LoadRequest, Loader, RunnerKey, RunnerProcess
+from mrunner.scheduling.loader import NEVER, Lease, Loader, LoadRequest, RunnerKey, RunnerProcess
 from mrunner.scheduling.policy import State
 from mrunner.store.model import Model
 
@@ -52,9 +52,7 @@ class Scheduler:
         self._store = store
         self._start_runner = start_runner
         self.installer = Installer(backends, clock)
-        self.loader = Loader(
-            clock, self._spawn, config.scheduler.max_runners, config.scheduler.max_queue
-        )
+        self.loader = Loader(clock, self._spawn, config.scheduler.max_runners, config.scheduler.max_queue)
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
 

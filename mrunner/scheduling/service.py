@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from twisted.application.service import Service
 from collections.abc import Callable, Sequence
 
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred
 
 from mrunner.scheduling.runner import clean_stale

