@@ -19,15 +19,18 @@ class SchedulerCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         runners = GaugeMetricFamily(
-            "mrunner_runners", "Runner processes by model, mode and state.",
+            "mrunner_runners",
+            "Runner processes by model, mode and state.",
             labels=["backend", "model", "mode", "state"],
         )
         in_use = GaugeMetricFamily(
-            "mrunner_runner_requests_in_flight", "Requests a runner is serving.",
+            "mrunner_runner_requests_in_flight",
+            "Requests a runner is serving.",
             labels=["backend", "model", "mode"],
         )
         memory = GaugeMetricFamily(
-            "mrunner_runner_memory_bytes", "Resident memory of a runner process.",
+            "mrunner_runner_memory_bytes",
+            "Resident memory of a runner process.",
             labels=["backend", "model", "mode"],
         )
         for runner in self._scheduler.running():
@@ -49,11 +52,15 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(scheduler))
         self.requests = Counter(
-            "mrunner_requests", "Inference requests by mode and HTTP status.",
-            ["mode", "status"], registry=self.registry,
+            "mrunner_requests",
+            "Inference requests by mode and HTTP status.",
+            ["mode", "status"],
+            registry=self.registry,
         )
         self.seconds = Histogram(
-            "mrunner_request_seconds", "Time from request to the end of the answer.",
-            ["mode"], registry=self.registry,
+            "mrunner_request_seconds",
+            "Time from request to the end of the answer.",
+            ["mode"],
+            registry=self.registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )

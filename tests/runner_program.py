@@ -103,7 +103,11 @@ def chat(alias, body):
         "created": int(time.time()),
         "model": alias,
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": f"echo: {last}"}, "finish_reason": "stop"}
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": f"echo: {last}"},
+                "finish_reason": "stop",
+            }
         ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
