@@ -15,6 +15,7 @@ import treq
 from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import Agent
 from twisted.web.server import Site
@@ -32,6 +33,8 @@ from mrunner.store.registry import RegistryClient, Repository, Unauthorized
 from mrunner.store.store import ModelStore
 from tests.ggufs import write_tiny_gguf
 from tests.registry_server import SKIP, RealRegistry, StandInRegistry
+
+MiB = 1024 * 1024
 
 
 class RecordingHTTP:
@@ -306,3 +309,33 @@ class PullLimitTests(SynchronousTestCase):
         pulls.append(puller.pull(parse("m3"), progress))
         self.assertEqual(len(started), 3)
         self.assertNoResult(pulls[1])
+
+
+class ProgressTests(SynchronousTestCase):
+    """Progress lines are throttled to one per 100 ms or MiB per layer, plus each layer's end."""
+
+    def test_throttle(self) -> None:
+        clock = Clock()
+        lines: list[dict[str, Any]] = []
+        progress = Progress(lines.append, clock, "pull")
+        progress.total = 3 * MiB
+        progress.update("a", 3 * MiB, 1000)
+        progress.update("a", 3 * MiB, 2000)  # too soon, too little
+        progress.update("b", 10, 5)  # another layer has its own pace
+        clock.advance(0.1)
+        progress.update("a", 3 * MiB, 3000)
+        progress.update("a", 3 * MiB, 3000 + MiB)
+        progress.update("a", 3 * MiB, 3000 + MiB + 1)
+        progress.update("a", 3 * MiB, 3 * MiB)  # the last byte always shows
+        currents = [(line["layer"]["id"], line["layer"]["current"]) for line in lines]
+        self.assertEqual(currents, [("a", 1000), ("b", 5), ("a", 3000), ("a", 3000 + MiB), ("a", 3 * MiB)])
+        self.assertEqual(
+            lines[-1],
+            {
+                "type": "progress",
+                "message": "Downloaded: 3.00 MB",
+                "total": 3 * MiB,
+                "layer": {"id": "a", "size": 3 * MiB, "current": 3 * MiB},
+                "mode": "pull",
+            },
+        )

@@ -103,8 +103,9 @@ class Manifest:
     def files(self) -> dict[str, str]:
         """Role (``license``, ``chat_template``, or the media type) → digest, weights excluded."""
         files: dict[str, str] = {}
+        weights = self.gguf
         for layer in self.layers:
-            if layer.media_type == GGUF and layer is self.gguf:
+            if layer is weights:
                 continue
             role = ROLES.get(layer.media_type, layer.media_type)
             key, n = role, 1

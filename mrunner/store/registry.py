@@ -204,6 +204,7 @@ class RegistryClient:
         if response.code != 200 or not isinstance(token, str):
             raise registry_error(f"token service {realm} answered {response.code} without a token")
         self._auth[(repo.host, scope)] = b"Bearer " + token.encode("latin-1")
+        self.log.debug("token for {scope} at {host} from {realm}", scope=scope, host=repo.host, realm=realm)
 
     def _basic(self, host: str) -> bytes | None:
         entry = self._config.auth.get(host)
