@@ -87,9 +87,7 @@ class ImportTests(StoreTestCase):
 
     def test_not_gguf_leaves_nothing(self) -> None:
         for data in (b"", b"not a gguf file", tiny_gguf(self.home)[:100]):
-            failure = self.failureResultOf(
-                self.store.import_gguf("x", io.BytesIO(data)), BadRequest
-            )
+            failure = self.failureResultOf(self.store.import_gguf("x", io.BytesIO(data)), BadRequest)
             self.assertIn("not a valid GGUF file", failure.value.message)
         self.assertEqual(self.stored_files(), [])
         self.assertEqual(self.store.list(), [])
@@ -160,9 +158,7 @@ class TagDeleteTests(StoreTestCase):
 
     def test_delete_removes_unshared_blobs(self) -> None:
         model = self.import_model("x")
-        self.assertEqual(
-            self.store.delete("x"), [{"Untagged": "ai/x:latest"}, {"Deleted": model.id}]
-        )
+        self.assertEqual(self.store.delete("x"), [{"Untagged": "ai/x:latest"}, {"Deleted": model.id}])
         self.assertEqual(self.stored_files(), [])
         self.assertRaises(NotFound, self.store.resolve, "x")
 

@@ -83,9 +83,7 @@ class ModelStore:
         return Deferred.fromCoroutine(self._import(name, source))
 
     def disk_usage(self) -> int:
-        return self.blobs.usage() + (
-            self._index_path.stat().st_size if self._index_path.exists() else 0
-        )
+        return self.blobs.usage() + (self._index_path.stat().st_size if self._index_path.exists() else 0)
 
     # Names
 
@@ -155,8 +153,7 @@ class ModelStore:
         tags = self._models[digest]
         if len(tags) > 1 and not force:
             raise Conflict(
-                f"model {name} is tagged {', '.join(tags)}; delete with force=true to remove"
-                " all of them",
+                f"model {name} is tagged {', '.join(tags)}; delete with force=true to remove all of them",
                 code="model_has_several_tags",
             )
         return digest
