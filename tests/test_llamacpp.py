@@ -168,6 +168,7 @@ class InstallTests(SynchronousTestCase):
         probe.finish(143)
         message = self.failureResultOf(installing, build.InstallFailed).getErrorMessage()
         self.assertIn("took over 30s", message)
+        self.assertEqual(fixture.reactor.getDelayedCalls(), [])
 
     def test_search_order(self) -> None:
         """PATH, then $MRUNNER_HOME, then the shared cache; each that fails is skipped."""
@@ -339,6 +340,7 @@ class BuildTests(SynchronousTestCase):
         ninja.finish(137)
         self.remove_work()
         self.failureResultOf(installing, CancelledError)
+        self.assertEqual(self.reactor.getDelayedCalls(), [])
         self.assertFalse(self.dest.exists())
 
     def test_waits_for_another_build(self) -> None:

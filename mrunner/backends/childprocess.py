@@ -94,6 +94,11 @@ class Child:
     def pid(self) -> int | None:
         return self._transport.pid
 
+    @property
+    def exit(self) -> Exit | None:
+        """How the child ended, or None while it runs."""
+        return self._collector.exit
+
     def ended(self) -> Deferred[Exit]:
         """A new Deferred firing with the L{Exit}.
 
@@ -113,7 +118,8 @@ class Child:
         """SIGTERM now, SIGKILL if it is still there after L{KILL_GRACE} seconds."""
         if self._signal("TERM"):
             self.log.info("stopping {argv[0]} (pid {pid})", argv=self.argv, pid=self.pid)
-            self._reactor.callLater(KILL_GRACE, self._signal, "KILL")
+            escalation = self._reactor.callLater(KILL_GRACE, self._signal, "KILL")
+            self.ended().addCallback(lambda _: escalation.active() and escalation.cancel())
 
     def _signal(self, name: str) -> bool:
         try:
