@@ -101,9 +101,7 @@ class Fixture:
         self.environ = {"PATH": str(self.bin), "HOME": str(root)}
         self.reactor = FakeProcessReactor()
         self.reports: list[str] = []
-        config = Config(
-            home=self.home, backends={"llama.cpp": {"cache": str(self.cache), **settings}}
-        )
+        config = Config(home=self.home, backends={"llama.cpp": {"cache": str(self.cache), **settings}})
         self.backend = LlamaCppBackend(config, self.reactor, self.environ)
 
     def pinned(self, root: Path) -> Path:
@@ -312,9 +310,7 @@ class BuildTests(SynchronousTestCase):
                 *("compiling 206/206", "verifying build"),
             ],
         )
-        self.assertEqual(
-            sorted(p.name for p in self.dest.parent.iterdir()), ["0c1e570", "0c1e570.lock"]
-        )
+        self.assertEqual(sorted(p.name for p in self.dest.parent.iterdir()), ["0c1e570", "0c1e570.lock"])
 
     def test_failure_quotes_log_and_cleans_up(self) -> None:
         installing = self.start()
@@ -322,9 +318,7 @@ class BuildTests(SynchronousTestCase):
         ninja.finish(1, stdout=b"llama.cpp:1:1: error: expected ';'\nninja: build stopped\n")
         self.remove_work()
         message = self.failureResultOf(installing, build.InstallFailed).getErrorMessage()
-        self.assertTrue(
-            message.startswith("building llama.cpp 0c1e570 failed while compiling: ninja exited")
-        )
+        self.assertTrue(message.startswith("building llama.cpp 0c1e570 failed while compiling: ninja exited"))
         self.assertIn("error: expected ';'", message)
         self.assertIn("ninja: build stopped", message)
         self.assertFalse(self.dest.exists())
@@ -375,9 +369,7 @@ class BuildTests(SynchronousTestCase):
         (self.fixture.bin / "ninja").unlink()
         (self.fixture.bin / "cmake").unlink()
         failure = self.failureResultOf(self.fixture.install(), build.InstallFailed)
-        self.assertEqual(
-            failure.getErrorMessage(), "cannot build llama.cpp: cmake not found on PATH"
-        )
+        self.assertEqual(failure.getErrorMessage(), "cannot build llama.cpp: cmake not found on PATH")
 
 
 class ProgressTests(SynchronousTestCase):
@@ -405,9 +397,7 @@ class CommandTests(SynchronousTestCase):
         return fixture.backend
 
     def test_completion(self) -> None:
-        command = self.installed().command(
-            model(), COMPLETION, "/run/r1.sock", RunnerSettings(parallel=4)
-        )
+        command = self.installed().command(model(), COMPLETION, "/run/r1.sock", RunnerSettings(parallel=4))
         self.assertEqual(command.executable, str(self.executable))
         self.assertEqual(
             command.args,
@@ -440,9 +430,7 @@ class CommandTests(SynchronousTestCase):
     def test_context_size(self) -> None:
         self.assertEqual(context_size(model(), RunnerSettings()), 4096)
         self.assertEqual(context_size(model({"context_size": 8192}), RunnerSettings()), 8192)
-        self.assertEqual(
-            context_size(model({"context_size": 8192}), RunnerSettings(context_size=512)), 512
-        )
+        self.assertEqual(context_size(model({"context_size": 8192}), RunnerSettings(context_size=512)), 512)
 
     def test_cache_root(self) -> None:
         self.assertEqual(cache_root({}, {"HOME": "/h"}), Path("/h/.cache/mrunner"))

@@ -123,9 +123,7 @@ class Build:
             if not replacing and self.executable.is_file():
                 return
             await self._remove_stale()
-            work = Path(
-                tempfile.mkdtemp(prefix=f".{self._dest.name}.build-", dir=self._dest.parent)
-            )
+            work = Path(tempfile.mkdtemp(prefix=f".{self._dest.name}.build-", dir=self._dest.parent))
             try:
                 await self._build(work, tools)
             finally:
@@ -176,9 +174,7 @@ class Build:
             raise InstallFailed(f"pip download did not produce {top}.tar.gz")
         self._report("extracting source")
         tree = f"{top}/vendor/llama.cpp"
-        await self._step(
-            [tools["tar"], "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting"
-        )
+        await self._step([tools["tar"], "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
         source, build = work / tree, work / "build"
 
         ninja = "ninja" in tools

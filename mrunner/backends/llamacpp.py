@@ -101,9 +101,7 @@ class LlamaCppBackend:
             path = Path(str(configured)).expanduser()
             report(f"checking {path}")
             if not path.exists():
-                raise build.InstallFailed(
-                    f"llama-server not found at {path}: configured path does not exist"
-                )
+                raise build.InstallFailed(f"llama-server not found at {path}: configured path does not exist")
             return self._use(path, await self._probe(path), None)
         report("looking for llama-server")
         for path, directory in self._candidates():
@@ -159,9 +157,7 @@ class LlamaCppBackend:
         if self._installed is None:
             raise RuntimeError("llama.cpp is not installed: call install() first")
         if not socket.endswith(".sock"):
-            raise ValueError(
-                f"llama-server listens on a UNIX socket only if it ends in .sock: {socket}"
-            )
+            raise ValueError(f"llama-server listens on a UNIX socket only if it ends in .sock: {socket}")
         args = [
             *("--model", model.gguf, "--host", socket, "--alias", model.name),
             *("--ctx-size", str(context_size(model, settings))),
