@@ -172,6 +172,9 @@ class RealRegistryTests(RegistryTestCase):
         await self.setUpRegistry()
         await self.source.push(self.name)
         other = self.side("other")
+        other.client = RegistryClient(self.config, reactor)  # type: ignore[arg-type]
+        self.addCleanup(other.client.close)  # its own persistent connection pool
+        other.puller = Puller(other.store, other.client)
         api = ModelsAPI(other.store, None, other.puller, other.pusher, reactor)  # type: ignore[arg-type]
         port = reactor.listenTCP(0, Site(api.app.resource()), interface="127.0.0.1")  # type: ignore[attr-defined]
         self.addCleanup(port.stopListening)

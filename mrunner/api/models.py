@@ -86,7 +86,8 @@ class ModelsAPI:
         self._pusher = pusher
         self._clock = clock
 
-    @app.route("/", methods=["GET"])
+    # Mounted at /models, this route sees an empty path; without strict slashes it matches.
+    @app.route("/", methods=["GET"], strict_slashes=False)
     def list_models(self, request: IRequest) -> bytes:
         return json_body(request, [model_json(model) for model in self._store.list()])
 
