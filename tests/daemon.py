@@ -91,6 +91,8 @@ class InProcessDaemon:
         self.url = f"http://127.0.0.1:{port}"
 
     async def stop(self) -> None:
+        if not self.service.running:
+            return
         await self.service.stopService()
         shutil.rmtree(self.config.home, ignore_errors=True)
 

@@ -99,6 +99,8 @@ class InferenceAPI:
         app,
         [
             *_v1("/v1/rerank"),
+            "/rerank",
+            "/score",
             "/engines/rerank",
             "/engines/<backend>/rerank",
             "/engines/score",
