@@ -36,7 +36,6 @@ class FakeChild:
     protocol: ProcessProtocol
     argv: tuple[str, ...]
     env: dict[str, str] | None
-    cwd: str | None
     pid: int = 42
     signals: list[str] = attrs.field(factory=list)
     ended: bool = False
@@ -67,10 +66,8 @@ class FakeProcessReactor(MemoryReactorClock):
         super().__init__()
         self.children: list[FakeChild] = []
 
-    def spawnProcess(
-        self, protocol: ProcessProtocol, executable: str, args: Any, env: Any, path: Any
-    ) -> FakeChild:
-        child = FakeChild(protocol, tuple(args), env, path)
+    def spawnProcess(self, protocol: ProcessProtocol, executable: str, args: Any, env: Any) -> FakeChild:
+        child = FakeChild(protocol, tuple(args), env)
         self.children.append(child)
         protocol.makeConnection(child)
         return child

@@ -133,21 +133,19 @@ def spawn(
     reactor: Any,
     argv: Sequence[str],
     *,
-    cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], object] = lambda line: None,
     keep: int = 40,
 ) -> Child:
-    """Start C{argv} (its first element found on C{PATH} by the OS only if absolute).
+    """Start C{argv}; a program name without a slash is looked up on C{PATH}.
 
     C{env} ``None`` inherits the daemon's environment. C{on_line} sees every
-    line of stdout and stderr as it arrives.
+    line of stdout and stderr as it arrives; the last C{keep} lines are kept
+    for the L{Exit}.
     """
     argv = tuple(argv)
     collector = _Collector(argv, on_line, keep)
-    transport = reactor.spawnProcess(
-        collector, argv[0], argv, env=None if env is None else dict(env), path=cwd
-    )
+    transport = reactor.spawnProcess(collector, argv[0], argv, env=None if env is None else dict(env))
     return Child(reactor, collector, transport)
 
 
