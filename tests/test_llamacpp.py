@@ -23,6 +23,7 @@ from mrunner.backends import build, childprocess
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
 from mrunner.backends.llamacpp import LlamaCppBackend, cache_root, context_size
 from mrunner.config import Config
+from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
 
@@ -412,9 +413,16 @@ class CommandTests(SynchronousTestCase):
         embedding = backend.command(model(), EMBEDDING, "/run/e.sock", settings)
         self.assertEqual(embedding.args[-5:], ("--threads", "2", "--embeddings", "--temp", "0"))
         self.assertEqual(embedding.args[embedding.args.index("--ctx-size") + 1], "2048")
-        reranking = backend.command(model(), RERANKING, "/run/r.sock", RunnerSettings())
+        reranker = model({"architecture": "qwen3", "gguf": {"qwen3.pooling_type": "4"}})
+        reranking = backend.command(reranker, RERANKING, "/run/r.sock", RunnerSettings())
         self.assertEqual(reranking.args[-2:], ("--embeddings", "--reranking"))
         self.assertNotIn("--threads", reranking.args)
+
+    def test_only_rank_pooling_reranks(self) -> None:
+        error = self.assertRaises(
+            BadRequest, self.installed().command, model(), RERANKING, "/run/r.sock", RunnerSettings()
+        )
+        self.assertEqual(error.code, "model_cannot_rerank")
 
     def test_socket_must_end_in_sock(self) -> None:
         with self.assertRaises(ValueError):

@@ -77,7 +77,9 @@ class TinyModelTests(LlamaCppTestCase):
         await self.start()
         await self.tiny()
         messages = [{"role": "user", "content": "hello"}]
-        chat = await self.call(self.client.chat.completions.create, model=TINY, messages=messages, max_tokens=5)
+        chat = await self.call(
+            self.client.chat.completions.create, model=TINY, messages=messages, max_tokens=5
+        )
         self.assertEqual(chat.model, TINY)
         self.assertEqual(chat.usage.completion_tokens, 5)
         self.assertTrue(chat.choices[0].message.content)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from gguf import PoolingType
 from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -23,6 +24,7 @@ from zope.interface import implementer
 from mrunner.backends import build, childprocess
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
 from mrunner.config import Config
+from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
 
@@ -166,6 +168,12 @@ class LlamaCppBackend:
         ]
         if settings.threads > 0:
             args += ["--threads", str(settings.threads)]
+        if mode == RERANKING and not can_rerank(model):
+            raise BadRequest(
+                f"model {model.name} cannot rerank: it has no ranking head (GGUF pooling type"
+                " 'rank'); use a reranker model",
+                code="model_cannot_rerank",
+            )
         args += [*_MODE_FLAGS[mode], *settings.flags]
         return Command(str(self._installed.executable), tuple(args))
 
@@ -185,6 +193,13 @@ class LlamaCppBackend:
         if installed is None or installed.directory is None:
             return succeed(None)
         return Deferred.fromCoroutine(build.discard(self._reactor, installed.directory))
+
+
+def can_rerank(model: Model) -> bool:
+    """Only rank pooling has a classification head: llama-server scores any other model with noise."""
+    metadata = model.config.get("gguf") or {}
+    architecture = model.config.get("architecture") or metadata.get("general.architecture")
+    return str(metadata.get(f"{architecture}.pooling_type")) == str(int(PoolingType.RANK))
 
 
 def main(reactor: Any, config_path: str | None = None) -> Deferred[None]:

@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mrunner.backends.base import RunnerSettings
-from mrunner.errors import RunnerFailed, Unavailable
+from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import State
 from mrunner.store.model import Model
@@ -248,6 +248,9 @@ class Loader:
         self.log.info("loading {model} for {key}", model=request.model.name, key=request.key)
         try:
             process = self._spawn(request.key, request.model, request.settings)
+        except MrunnerError as e:
+            self._fail_waiters(request.key, Failure(e))  # e.g. a model the backend cannot serve
+            return
         except Exception as e:
             self._fail_waiters(request.key, Failure(RunnerFailed(f"cannot start a runner: {e}")))
             return
