@@ -257,3 +257,33 @@ class TwistdTests(TestCase):
                 break
             await sleep(0.01)
         self.assertFalse(alive(runner_pid), "the runner outlived its daemon by a second")
+
+
+class QueueTests(DaemonTestCase):
+    config_text = "[scheduler]\nparallel = 1\nmax_runners = 1\n"
+
+    async def test_waiter_whose_client_leaves_is_dropped(self) -> None:
+        await self.start()
+        gate = str(self.home / "gate")
+        Path(f"{gate}0").touch()
+        _, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
+        await events.arrived(b"tok0")
+        waiting = ensureDeferred(self.post("/v1/chat/completions", self.chat()))
+        waiting.addErrback(lambda _: None)
+        loader = self.daemon.scheduler.loader
+        for _ in range(100):
+            if loader.queued:
+                break
+            await sleep(0.01)
+        self.assertEqual(loader.queued, 1)
+        waiting.cancel()
+        for _ in range(100):
+            if not loader.queued:
+                break
+            await sleep(0.01)
+        self.assertEqual(loader.queued, 0)
+        Path(f"{gate}1").touch()
+        self.assertTrue(await events.done)
+        code, _, _ = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual(code, 200)
+        self.assertEqual(len(lines(self.home / "starts")), 1)

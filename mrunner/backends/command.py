@@ -26,7 +26,7 @@ class CommandBackend:
     manages_models = False
 
     def __init__(self, name: str, command: Sequence[str], env: dict[str, str] | None = None):
-        if not command or not all(isinstance(part, str) for part in command):
+        if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
             raise ValueError(f"backends.{name}.command must be a non-empty list of strings")
         self.name = name
         self._command = tuple(command)

@@ -1,0 +1,31 @@
+"""Each implementation provides the interface it claims."""
+
+from pathlib import Path
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from mrunner.backends.command import CommandBackend
+from mrunner.config import Config
+from mrunner.interfaces import IBackend, IScheduler
+from mrunner.scheduling.scheduler import Scheduler
+from tests.fakes import FakeBackend, FakeSpawner, FakeStore
+
+
+class InterfaceTests(SynchronousTestCase):
+    def test_scheduler(self) -> None:
+        scheduler = Scheduler(
+            Clock(),
+            Config(home=Path(self.mktemp())),
+            {"llama.cpp": FakeBackend()},
+            FakeStore(),
+            FakeSpawner().start_runner,
+        )
+        self.assertTrue(verifyObject(IScheduler, scheduler))
+
+    def test_command_backend(self) -> None:
+        self.assertTrue(verifyObject(IBackend, CommandBackend("custom", ["python3", "server.py"])))
+
+    def test_fakes_keep_to_the_interfaces(self) -> None:
+        self.assertTrue(verifyObject(IBackend, FakeBackend()))
