@@ -26,6 +26,7 @@ from mrunner.backends import build, childprocess
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
 from mrunner.backends.llamacpp import LlamaCppBackend, cache_root
 from mrunner.config import Config
+from mrunner.store import gguf_meta
 from mrunner.store.model import Model
 from tests.tinymodel import write_tiny_llama, write_tiny_reranker
 
@@ -80,7 +81,8 @@ class ServeTests(TestCase):
         await backend.install(lambda message: None)
         # UNIX socket paths must stay under 108 bytes: trial's temp paths can be longer.
         socket = os.path.join(tempfile.mkdtemp(prefix="ll-"), "r.sock")
-        model = Model(id="sha256:" + "0" * 64, tags=(MODEL,), created=0, config={}, gguf=str(gguf))
+        config = gguf_meta.read(gguf).config()
+        model = Model(id="sha256:" + "0" * 64, tags=(MODEL,), created=0, config=config, gguf=str(gguf))
         command = backend.command(model, mode, socket, RunnerSettings(parallel=2, threads=1))
         child = childprocess.spawn(reactor, (command.executable, *command.args), keep=30)
         self.addCleanup(self.stop, child)
