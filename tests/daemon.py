@@ -155,3 +155,9 @@ class UNIXEndpoints:
 
     def endpointForURI(self, uri: Any) -> UNIXClientEndpoint:
         return UNIXClientEndpoint(reactor, self._path)
+
+
+def unix_client(path: str) -> HTTPClient:
+    """treq over the UNIX socket C{path}, without persistent connections (trial checks none is left)."""
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    return HTTPClient(Agent.usingEndpointFactory(reactor, UNIXEndpoints(path), pool=pool))

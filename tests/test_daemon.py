@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
-from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.protocol import Protocol
@@ -24,7 +23,6 @@ from twisted.web.http_headers import Headers
 from mrunner.proxy import BytesBody
 from tests.daemon import (
     InProcessDaemon,
-    UNIXEndpoints,
     alive,
     http,
     lines,
@@ -32,6 +30,7 @@ from tests.daemon import (
     sleep,
     spawn_twistd,
     stop_twistd,
+    unix_client,
     write_config,
 )
 from tests.ggufs import write_tiny_gguf
@@ -232,9 +231,7 @@ class TwistdTests(TestCase):
         config = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
         process = spawn_twistd(config, home)
         self.addCleanup(lambda: ensureDeferred(stop_twistd(process)))
-        agent = Agent.usingEndpointFactory(
-            reactor, UNIXEndpoints(str(home / "api.sock")), HTTPConnectionPool(reactor, persistent=False)
-        )
+        client = unix_client(str(home / "api.sock"))
         for _ in range(200):
             if (home / "api.sock").exists():
                 break
@@ -242,11 +239,9 @@ class TwistdTests(TestCase):
         gguf = home / "tiny.gguf"
         write_tiny_gguf(gguf)
         with gguf.open("rb") as f:
-            response = await HTTPClient(agent).post("http://d/models/load", params={"name": MODEL}, data=f)
+            response = await client.post("http://d/models/load", params={"name": MODEL}, data=f)
             await response.content()
-        response = await HTTPClient(agent).post(
-            "http://d/v1/chat/completions", json={"model": MODEL, "messages": []}
-        )
+        response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": []})
         self.assertEqual(response.code, 200)
         await response.content()
         (runner_pid,) = map(int, lines(home / "starts"))

@@ -15,12 +15,8 @@ from typing import Any
 
 from treq.client import HTTPClient
 from twisted.internet import reactor
-from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest, TestCase
-from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.iweb import IAgentEndpointFactory
-from zope.interface import implementer
 
 from mrunner.backends import build, childprocess
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
@@ -28,6 +24,7 @@ from mrunner.backends.llamacpp import LlamaCppBackend, cache_root
 from mrunner.config import Config
 from mrunner.store import gguf_meta
 from mrunner.store.model import Model
+from tests.daemon import unix_client
 from tests.tinymodel import write_tiny_llama, write_tiny_reranker
 
 MODEL = "ai/tiny:latest"
@@ -39,21 +36,6 @@ def cached_llama_server() -> Path:
     if not (executable / "llama-server").is_file():
         raise SkipTest(f"no llama-server in {executable}: run python -m mrunner.backends.llamacpp")
     return executable / "llama-server"
-
-
-@implementer(IAgentEndpointFactory)
-class _Socket:
-    def __init__(self, path: str):
-        self._path = path
-
-    def endpointForURI(self, uri: Any) -> UNIXClientEndpoint:
-        return UNIXClientEndpoint(reactor, self._path)
-
-
-def unix_client(socket: str) -> HTTPClient:
-    """treq over a UNIX socket, without persistent connections (trial checks none is left)."""
-    pool = HTTPConnectionPool(reactor, persistent=False)
-    return HTTPClient(Agent.usingEndpointFactory(reactor, _Socket(socket), pool=pool))
 
 
 class CachedInstallTests(TestCase):
