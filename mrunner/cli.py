@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> None:
             return
         with open(args.file, "rb") as f:
             query = urllib.parse.urlencode({"name": args.name})
-            result = daemon.call("POST", f"/models/load?{query}", data=f, length=os.fstat(f.fileno()).st_size)
+            model = daemon.call("POST", f"/models/load?{query}", data=f, length=os.fstat(f.fileno()).st_size)
+        print(f"imported {args.file} as {', '.join(model['tags'])} ({model['id']})")
+        return
     elif args.command == "run":
         reply = daemon.call(
             "POST",

@@ -101,10 +101,15 @@ class BytesBody:
 
 
 def forwarded_headers(headers: Headers) -> Headers:
-    """A copy of C{headers} without hop-by-hop fields."""
+    """A copy of C{headers} without hop-by-hop fields, those C{Connection} names included."""
+    named = {
+        token.strip().lower()
+        for value in headers.getRawHeaders(b"connection", [])
+        for token in value.split(b",")
+    }
     kept = Headers()
     for name, values in headers.getAllRawHeaders():
-        if name.lower() not in HOP_BY_HOP:
+        if name.lower() not in HOP_BY_HOP and name.lower() not in named:
             kept.setRawHeaders(name, values)
     return kept
 

@@ -10,6 +10,7 @@ from klein import Klein
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http_headers import Headers
 
 from mrunner.api.admin import AdminAPI
 from mrunner.api.app import Routes, ServiceAPI
@@ -17,7 +18,7 @@ from mrunner.api.inference import InferenceAPI
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder
+from mrunner.proxy import Forwarder, forwarded_headers
 from mrunner.scheduling.scheduler import Scheduler
 from tests.fakes import FakeBackend, FakeSpawner, FakeStore, model
 
@@ -224,3 +225,18 @@ class APITests(SynchronousTestCase):
     def test_metrics(self) -> None:
         _, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
         self.assertIn(b"mrunner_queue_waiting", body)
+
+
+class HeaderTests(SynchronousTestCase):
+    def test_hop_by_hop_fields_are_not_forwarded(self) -> None:
+        headers = Headers(
+            {
+                b"Connection": [b"keep-alive, X-Trace"],
+                b"X-Trace": [b"1"],
+                b"Transfer-Encoding": [b"chunked"],
+                b"Content-Type": [b"application/json"],
+                b"Authorization": [b"Bearer k"],
+            }
+        )
+        kept = dict(forwarded_headers(headers).getAllRawHeaders())
+        self.assertEqual(kept, {b"Content-Type": [b"application/json"], b"Authorization": [b"Bearer k"]})
