@@ -14,11 +14,20 @@ from pathlib import Path
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint
+from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IConsumer, IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import URI, Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.client import (
+    URI,
+    Agent,
+    HTTPConnectionPool,
+    RequestNotSent,
+    RequestTransmissionFailed,
+    ResponseDone,
+    ResponseNeverReceived,
+)
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer, IResponse
 from twisted.web.server import Request
@@ -127,41 +136,35 @@ class Forwarder:
 
         Cancelling it (Klein does, when the client disconnects) aborts the upstream connection.
         """
-        relay: _Relay | None = None
+        return Deferred.fromCoroutine(self._forward(request, socket, path, body))
 
-        def cancel(d: Deferred[None]) -> None:
-            upstream.cancel()
-            if relay is not None:
-                relay.abort()
+    async def _forward(self, request: Request, socket: str, path: bytes, body: bytes) -> None:
+        response = await self._send(request, runner_url(socket, path), body)
+        request.setResponseCode(response.code, response.phrase)
+        for name, values in forwarded_headers(response.headers).getAllRawHeaders():
+            request.responseHeaders.setRawHeaders(name, values)
+        if response.length is not UNKNOWN_LENGTH:
+            request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
+        relay = _Relay(request, is_event_stream(response.headers))
+        response.deliverBody(relay)
+        await relay.done
 
-        done: Deferred[None] = Deferred(cancel)
-        upstream = self._agent.request(
-            request.method,
-            runner_url(socket, path),
-            forwarded_headers(request.requestHeaders),
-            BytesBody(body),
-        )
+    async def _send(self, request: Request, url: bytes, body: bytes, retry: bool = True) -> IResponse:
+        """The runner's response, once its headers are in.
 
-        def respond(response: IResponse) -> None:
-            nonlocal relay
-            request.setResponseCode(response.code, response.phrase)
-            for name, values in forwarded_headers(response.headers).getAllRawHeaders():
-                request.responseHeaders.setRawHeaders(name, values)
-            if response.length is not UNKNOWN_LENGTH:
-                request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
-            relay = _Relay(request, done, is_event_stream(response.headers))
-            response.deliverBody(relay)
-
-        def unreachable(reason: Failure) -> None:
-            if not done.called:
-                done.errback(
-                    BadGateway(
-                        f"the runner closed the connection before answering: {reason.getErrorMessage()}"
-                    )
-                )
-
-        upstream.addCallbacks(respond, unreachable)
-        return done
+        llama-server closes a connection after a stream while announcing
+        keep-alive, so a pooled connection can die under the next request
+        before the runner reads it: such a request is sent once more.
+        """
+        headers = forwarded_headers(request.requestHeaders)
+        try:
+            return await self._agent.request(request.method, url, headers, BytesBody(body))
+        except (ResponseNeverReceived, RequestNotSent, RequestTransmissionFailed) as e:
+            if retry and request.channel is not None:
+                return await self._send(request, url, body, retry=False)
+            raise BadGateway(f"the runner closed the connection before answering: {e}") from None
+        except ConnectError as e:
+            raise BadGateway(f"the runner cannot be reached: {e}") from None
 
 
 def is_event_stream(headers: Headers) -> bool:
@@ -172,11 +175,11 @@ def is_event_stream(headers: Headers) -> bool:
 class _Relay(Protocol):
     """Writes a runner's response body to the client as it arrives, with backpressure."""
 
-    def __init__(self, request: Request, done: Deferred[None], events: bool):
+    def __init__(self, request: Request, events: bool):
         self._request = request
-        self._done = done
         self._events = events
         self._aborted = False
+        self.done: Deferred[None] = Deferred(lambda d: self.abort())
 
     def connectionMade(self) -> None:
         producer: IPushProducer = self.transport  # type: ignore[assignment]
@@ -197,7 +200,7 @@ class _Relay(Protocol):
         if not reason.check(ResponseDone):
             Forwarder.log.warn("runner response cut short: {why}", why=reason.getErrorMessage())
             self._cut_short(reason)
-        self._done.callback(None)
+        self.done.callback(None)
 
     def _cut_short(self, reason: Failure) -> None:
         """Tell a streaming client the runner died; make any other client see a truncated body."""

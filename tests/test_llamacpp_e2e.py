@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
-from twisted.internet.defer import ensureDeferred
+from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -32,13 +32,12 @@ def smollm2() -> Path:
 
 class LlamaCppTestCase(TestCase):
     timeout = 180
-    config_text = ""
 
-    async def start(self, config_text: str = "") -> None:
+    async def start(self, config_text: str = "", parallel: int = 2) -> None:
         cached_llama_server()
         self.home = short_home()
         config = self.home / "tap.conf"
-        config.write_text(f'home = "{self.home}"\n[scheduler]\nparallel = 2\n{config_text}')
+        config.write_text(f'home = "{self.home}"\n[scheduler]\nparallel = {parallel}\n{config_text}')
         self.daemon = InProcessDaemon(config)
         self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
         self.client = OpenAI(
@@ -152,3 +151,26 @@ class InstallTests(LlamaCppTestCase):
             status = await self.settled_status()
             self.assertTrue(status["llama.cpp"].startswith("Running: llama.cpp"), status)
             await self.daemon.stop()
+
+
+class ConnectionReuseTests(LlamaCppTestCase):
+    async def test_queued_streams_on_one_slot(self) -> None:
+        """llama-server closes its connection after a stream; the next request must not fail on it."""
+        await self.start(parallel=1)
+        await self.tiny()
+        body = {
+            "model": TINY,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+
+        async def stream() -> tuple[int, bytes]:
+            response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
+            return response.code, await response.content()
+
+        results = await DeferredList([ensureDeferred(stream()) for _ in range(8)], consumeErrors=True)
+        answers = [result for ok, result in results]
+        self.assertEqual([code for code, _ in answers], [200] * 8, answers)
+        for _, content in answers:
+            self.assertIn(b"data: [DONE]", content)
