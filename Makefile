@@ -33,7 +33,7 @@ run: backend
 
 lint: install
 	$(VENV)/bin/ruff check mrunner tests bench
-	$(VENV)/bin/mypy mrunner
+	$(VENV)/bin/mypy mrunner bench
 
 test: system-deps backend lint
 	$(PY) -m twisted.trial tests
