@@ -19,6 +19,13 @@ DEFAULT_BACKEND = "llama.cpp"
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*((?:[kmgt]i?)?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    prefix + suffix: (1024 if "i" in suffix else 1000) ** power
+    for power, prefix in enumerate(("", "k", "m", "g", "t"))
+    for suffix in (("", "b") if not prefix else ("", "b", "ib", "i"))
+}
+AUTO_MEMORY_SHARE = 0.8
 
 
 class ConfigError(ValueError):
@@ -37,16 +44,32 @@ def parse_duration(value: object, key: str = "duration") -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def parse_size(value: object, key: str = "size") -> int:
+    """Bytes from ``1073741824``, ``"512MiB"``, ``"8GiB"``, ``"2GB"``; ``"auto"`` is 80% of RAM; 0 is none."""
+    if value == "auto":
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * AUTO_MEMORY_SHARE)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = _SIZE.match(str(value))
+    if match is None or isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size like '8GiB', 'auto' or 0, got {value!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def _duration(default: float) -> Any:
+    return attrs.field(default=default, metadata={"parse": parse_duration})
+
+
 @attrs.frozen
 class SchedulerConfig:
     max_runners: int = 4
     max_queue: int = 512
     parallel: int = 4
-    keep_alive: float = 300.0
-    load_timeout: float = 600.0
-    stop_grace: float = 10.0
-    install_wait: float = 5.0
-    memory_budget: int = 0
+    keep_alive: float = _duration(300.0)
+    load_timeout: float = _duration(600.0)
+    stop_grace: float = _duration(10.0)
+    install_wait: float = _duration(5.0)
+    memory_budget: int = attrs.field(factory=lambda: parse_size("auto"), metadata={"parse": parse_size})
 
 
 @attrs.frozen
@@ -87,8 +110,9 @@ def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
         if key not in known:
             raise ConfigError(f"{where}: unknown key {key!r}")
         default = known[key].default
-        if isinstance(default, float):
-            value = parse_duration(value, f"{where}.{key}")
+        parse = known[key].metadata.get("parse")
+        if parse is not None:
+            value = parse(value, f"{where}.{key}")
         elif isinstance(default, tuple):
             value = tuple(value)
         elif isinstance(default, bool) or (isinstance(default, int) and not isinstance(value, int)):

@@ -43,6 +43,9 @@ class IBackend(Interface):
     def command(model, mode, socket, settings):
         """The L{Command} that serves C{model} in C{mode} on the UNIX socket path C{socket}."""
 
+    def memory(model, mode, settings):
+        """Bytes a runner of C{model} in C{mode} with C{settings} is estimated to need."""
+
     def disk_usage():
         """Bytes the installed backend occupies."""
 

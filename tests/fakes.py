@@ -23,6 +23,7 @@ class FakeProcess:
     ended: Deferred[None] = attrs.field(factory=Deferred)
     stops: int = 0
     exits_on_stop: bool = True
+    resident: int | None = None
 
     def stop(self) -> None:
         self.stops += 1
@@ -35,8 +36,11 @@ class FakeProcess:
         if not self.ended.called:
             self.ended.callback(None)
 
+    def rss(self) -> int | None:
+        return self.resident
+
     def describe(self) -> dict[str, Any]:
-        return {"pid": 1, "socket": self.socket}
+        return {"pid": 1, "socket": self.socket, "rss": self.resident}
 
 
 @attrs.define
@@ -92,6 +96,7 @@ class FakeBackend:
 
     name: str = "llama.cpp"
     manages_models: bool = False
+    need: int = 0
     installs: list[Deferred[str]] = attrs.field(factory=list)
     reports: list[Any] = attrs.field(factory=list)
 
@@ -103,6 +108,9 @@ class FakeBackend:
 
     def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
         return Command("/bin/true", (socket,))
+
+    def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
+        return self.need
 
     def disk_usage(self) -> int:
         return 0

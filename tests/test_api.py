@@ -152,6 +152,13 @@ class APITests(SynchronousTestCase):
         for d in waiting:
             self.assertNoResult(d)
 
+    def test_model_larger_than_the_memory_budget(self) -> None:
+        self.make(SchedulerConfig(memory_budget=2**30))
+        self.install()
+        self.backend.need = 3 * 2**30
+        self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 422, "3.00 GiB", "1.00 GiB")
+        self.assertEqual(self.spawn.processes, [])
+
     def test_runner_failed_to_start(self) -> None:
         self.install()
         d = self.request("POST", CHAT, {"model": "smollm2"})

@@ -21,7 +21,13 @@ from zope.interface.verify import verifyObject
 
 from mrunner.backends import build, childprocess
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
-from mrunner.backends.llamacpp import LlamaCppBackend, cache_root, context_size
+from mrunner.backends.llamacpp import (
+    COMPUTE_OVERHEAD,
+    LlamaCppBackend,
+    cache_root,
+    context_size,
+    memory_estimate,
+)
 from mrunner.config import Config
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
@@ -432,9 +438,30 @@ class CommandTests(SynchronousTestCase):
         with self.assertRaises(RuntimeError):
             Fixture(self).backend.command(model(), COMPLETION, "/run/r.sock", RunnerSettings())
 
+    def test_memory_estimate(self) -> None:
+        gguf = Path(self.mktemp())
+        gguf.write_bytes(b"x" * 1000)
+        smollm2_shape = {
+            "llama.block_count": "30",
+            "llama.embedding_length": "576",
+            "llama.attention.head_count": "9",
+            "llama.attention.head_count_kv": "3",
+        }
+        described = attrs.evolve(model({"architecture": "llama", "gguf": smollm2_shape}), gguf=str(gguf))
+        kv_cache = 30 * 4096 * 3 * (64 + 64) * 2
+        self.assertEqual(
+            memory_estimate(described, RunnerSettings(context_size=4096)),
+            1000 + kv_cache + 100 + COMPUTE_OVERHEAD,
+        )
+        twice = memory_estimate(described, RunnerSettings(context_size=8192, parallel=4))
+        self.assertEqual(
+            twice - kv_cache * 2, 1000 + 100 + COMPUTE_OVERHEAD, "parallel slots share the cache"
+        )
+
     def test_context_size(self) -> None:
         self.assertEqual(context_size(model(), RunnerSettings()), 4096)
         self.assertEqual(context_size(model({"context_size": 8192}), RunnerSettings()), 8192)
+        self.assertEqual(context_size(model({"context_size": 131072}), RunnerSettings()), 8192)
         self.assertEqual(context_size(model({"context_size": 8192}), RunnerSettings(context_size=512)), 512)
 
     def test_cache_root(self) -> None:

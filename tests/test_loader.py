@@ -9,16 +9,20 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling.loader import Lease, Loader, LoadRequest, RunnerKey
+from mrunner.scheduling.policy import Limits
 from tests.fakes import FakeSpawner, model
 
 
-def request(name: str = "a", mode: str = COMPLETION, parallel: int = 1, keep_alive: float = 300.0):
+def request(
+    name: str = "a", mode: str = COMPLETION, parallel: int = 1, keep_alive: float = 300.0, memory: int = 0
+):
     digest = name * 64 if len(name) == 1 else name
     return LoadRequest(
         RunnerKey("llama.cpp", f"sha256:{digest}", mode),
         model(f"ai/{name}:latest", digest),
         RunnerSettings(parallel=parallel),
         keep_alive,
+        memory,
     )
 
 
@@ -26,7 +30,7 @@ class LoaderTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.spawn = FakeSpawner()
-        self.loader = Loader(self.clock, self.spawn, max_runners=2, max_queue=4)
+        self.loader = Loader(self.clock, self.spawn, Limits(2), max_queue=4)
 
     def ready(self, index: int = -1) -> None:
         self.spawn.processes[index].ready.callback(None)
@@ -35,7 +39,7 @@ class LoaderTests(SynchronousTestCase):
         return self.successResultOf(d)
 
     def test_concurrent_requests_share_one_load(self) -> None:
-        self.loader = Loader(self.clock, self.spawn, max_runners=2, max_queue=20)
+        self.loader = Loader(self.clock, self.spawn, Limits(2), max_queue=20)
         waiting = [self.loader.acquire(request(parallel=20)) for _ in range(20)]
         self.assertEqual(len(self.spawn.processes), 1)
         for d in waiting:
@@ -61,6 +65,15 @@ class LoaderTests(SynchronousTestCase):
         lease.release()
         self.lease(d2)
         self.assertEqual(self.loader.runners[request().key].in_use, 1)
+
+    def test_leases_released_as_soon_as_handed_out(self) -> None:
+        waiting = [self.loader.acquire(request()) for _ in range(3)]
+        for d in waiting:
+            d.addCallback(lambda lease: lease.release())
+        self.ready()
+        for d in waiting:
+            self.successResultOf(d)
+        self.assertEqual(self.loader.runners[request().key].in_use, 0)
 
     def test_modes_are_different_runners(self) -> None:
         self.loader.acquire(request(mode=COMPLETION))
@@ -101,7 +114,7 @@ class LoaderTests(SynchronousTestCase):
         d = self.loader.acquire(request("a"))
         self.ready()
         self.lease(d).release()
-        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=4)
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=4)
         d = self.loader.acquire(request("a"))
         self.ready()
         self.lease(d).release()
@@ -116,7 +129,7 @@ class LoaderTests(SynchronousTestCase):
         self.assertEqual(len(self.spawn.processes), spawned + 1)
 
     def test_queue_full(self) -> None:
-        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=2)
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=2)
         self.loader.acquire(request())
         self.loader.acquire(request())
         error = self.assertRaises(Unavailable, self.loader.acquire, request())
@@ -124,7 +137,7 @@ class LoaderTests(SynchronousTestCase):
         self.assertIsNotNone(error.retry_after)
 
     def test_ready_runner_with_room_skips_a_full_queue(self) -> None:
-        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=1)
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=1)
         d = self.loader.acquire(request("a", parallel=2))
         self.ready()
         held = self.lease(d)
@@ -133,7 +146,7 @@ class LoaderTests(SynchronousTestCase):
         held.release()
 
     def test_cancelled_waiter_leaves_the_queue(self) -> None:
-        self.loader = Loader(self.clock, self.spawn, max_runners=1, max_queue=1)
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=1)
         waiting = self.loader.acquire(request())
         waiting.cancel()
         self.failureResultOf(waiting, CancelledError)
@@ -239,3 +252,59 @@ class LoaderTests(SynchronousTestCase):
         self.failureResultOf(loading)
         self.assertEqual([p.stops for p in self.spawn.processes], [1, 1])
         self.assertRaises(Unavailable, self.loader.acquire, request("a"))
+
+
+class MemoryBudgetTests(SynchronousTestCase):
+    """Runners fit a memory budget: idle ones are evicted for room, busy ones never."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.spawn = FakeSpawner()
+        self.loader = Loader(self.clock, self.spawn, Limits(max_runners=8, memory_budget=10), max_queue=8)
+
+    def hold(self, name: str, memory: int) -> Lease:
+        d = self.loader.acquire(request(name, memory=memory))
+        self.spawn.processes[-1].ready.callback(None)
+        return self.successResultOf(d)
+
+    def test_evicts_as_many_idle_runners_as_it_takes(self) -> None:
+        for name, memory in (("a", 3), ("b", 3), ("c", 3)):
+            self.hold(name, memory).release()
+            self.clock.advance(1)
+        waiting = self.loader.acquire(request("d", memory=7))
+        self.assertEqual([p.stops for p in self.spawn.processes[:3]], [1, 1, 0], "a and b free 6; 1 was free")
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(waiting)
+
+    def test_waits_for_busy_runners(self) -> None:
+        held = self.hold("a", 6)
+        waiting = self.loader.acquire(request("b", memory=6))
+        self.assertNoResult(waiting)
+        self.assertEqual(len(self.spawn.processes), 1, "no load while a busy runner holds the memory")
+        self.assertEqual(self.spawn.processes[0].stops, 0)
+        held.release()
+        self.assertEqual(self.spawn.processes[0].stops, 1)
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(waiting)
+
+    def test_small_models_share_the_budget(self) -> None:
+        self.hold("a", 4)
+        self.hold("b", 4)
+        self.assertEqual([p.stops for p in self.spawn.processes], [0, 0])
+
+    def test_measured_memory_counts_when_larger(self) -> None:
+        lease = self.hold("a", 2)
+        self.spawn.processes[0].resident = 9
+        lease.release()
+        self.assertEqual(lease.runner.memory, 9)
+        self.loader.acquire(request("b", memory=2))
+        self.assertEqual(self.spawn.processes[0].stops, 1, "a really uses 9 of 10: it makes room")
+
+    def test_fifo_for_memory(self) -> None:
+        held = self.hold("a", 8)
+        self.loader.acquire(request("b", memory=8))
+        self.loader.acquire(request("c", memory=1))
+        self.assertEqual(len(self.spawn.processes), 1, "the small one does not pass the big one")
+        held.release()
+        loaded = [key.model[-1] for key in self.spawn.keys]
+        self.assertEqual(loaded, ["a", "b", "c"], "a made room for both, 8 + 1 of 10, in order")

@@ -7,6 +7,7 @@ placeholders: {model} (GGUF path), {socket}, {alias}, {mode}, {ctx_size}, {paral
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +51,10 @@ class CommandBackend:
         }
         args = [part.format(**values) for part in self._command]
         return Command(shutil.which(args[0]) or args[0], (*args[1:], *settings.flags), self._env)
+
+    def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
+        """Only the weights are known of an arbitrary server."""
+        return os.path.getsize(model.gguf)
 
     def disk_usage(self) -> int:
         return 0

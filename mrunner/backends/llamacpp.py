@@ -29,6 +29,9 @@ from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
 
 #: The context size when neither the runner settings nor the model's config name one.
+MAX_DEFAULT_CONTEXT_SIZE = 8192
+F16_BYTES = 2
+COMPUTE_OVERHEAD = 32 * 2**20
 DEFAULT_CONTEXT_SIZE = 4096
 #: Seconds a ``llama-server --version`` probe may take.
 PROBE_TIMEOUT = 30.0
@@ -51,7 +54,35 @@ def context_size(model: Model, settings: RunnerSettings) -> int:
     """
     if settings.context_size:
         return settings.context_size
-    return int(model.config.get("context_size") or DEFAULT_CONTEXT_SIZE)
+    return min(int(model.config.get("context_size") or DEFAULT_CONTEXT_SIZE), MAX_DEFAULT_CONTEXT_SIZE)
+
+
+def memory_estimate(model: Model, settings: RunnerSettings) -> int:
+    """Bytes a llama-server of C{model} needs: its weights, an f16 KV cache, compute buffers.
+
+    With ``--kv-unified`` the KV cache covers the context once, whatever
+    C{settings.parallel}; the buffers grow with the weights.
+    """
+    metadata = model.config.get("gguf") or {}
+    architecture = model.config.get("architecture") or metadata.get("general.architecture")
+
+    def number(key: str, default: int) -> int:
+        try:
+            return int(metadata[f"{architecture}.{key}"])
+        except (KeyError, TypeError, ValueError):
+            return default
+
+    heads = number("attention.head_count", 1) or 1
+    head_size = number("embedding_length", 0) // heads
+    per_token = number("attention.head_count_kv", heads) * (
+        number("attention.key_length", head_size) + number("attention.value_length", head_size)
+    )
+    kv_cache = number("block_count", 0) * context_size(model, settings) * per_token * F16_BYTES
+    try:
+        weights = os.path.getsize(model.gguf)
+    except OSError:
+        weights = 0
+    return weights + kv_cache + weights // 10 + COMPUTE_OVERHEAD
 
 
 def cache_root(settings: Mapping[str, Any], environ: Mapping[str, str]) -> Path:
@@ -176,6 +207,9 @@ class LlamaCppBackend:
             )
         args += [*_MODE_FLAGS[mode], *settings.flags]
         return Command(str(self._installed.executable), tuple(args))
+
+    def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
+        return memory_estimate(model, settings)
 
     def disk_usage(self) -> int:
         """Bytes of the directory install() built or found; 0 for an executable we do not own."""

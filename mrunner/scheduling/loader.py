@@ -19,7 +19,7 @@ from twisted.python.failure import Failure
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.scheduling import policy
-from mrunner.scheduling.policy import State
+from mrunner.scheduling.policy import Limits, State
 from mrunner.store.model import Model
 
 NEVER = -1.0
@@ -43,6 +43,8 @@ class RunnerProcess(Protocol):
 
     def stop(self) -> None: ...
 
+    def rss(self) -> int | None: ...
+
     def describe(self) -> dict[str, Any]: ...
 
 
@@ -57,6 +59,7 @@ class LoadRequest:
     model: Model
     settings: RunnerSettings
     keep_alive: float
+    memory: int = 0
 
 
 @attrs.define(eq=False)
@@ -70,6 +73,7 @@ class Runner:
     finished_at: float = 0.0
     expiry: IDelayedCall | None = None
     alive: bool = True
+    measured: int = 0
 
     @property
     def key(self) -> RunnerKey:
@@ -83,6 +87,11 @@ class Runner:
     def socket(self) -> str:
         return self.process.socket
 
+    @property
+    def memory(self) -> int:
+        """The estimate, or the measured resident memory once that is larger."""
+        return max(self.request.memory, self.measured)
+
 
 @attrs.define(eq=False)
 class _Waiter:
@@ -92,6 +101,10 @@ class _Waiter:
     @property
     def key(self) -> RunnerKey:
         return self.request.key
+
+    @property
+    def memory(self) -> int:
+        return self.request.memory
 
 
 @attrs.define(eq=False)
@@ -115,20 +128,22 @@ class _Backoff:
 
 
 class Loader:
-    """Hands out L{Lease}s on runners within C{max_runners} and a bounded FIFO queue."""
+    """Hands out L{Lease}s on runners within the L{Limits} and a bounded FIFO queue."""
 
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, spawn: Spawn, max_runners: int, max_queue: int):
+    def __init__(self, clock: IReactorTime, spawn: Spawn, limits: Limits, max_queue: int):
         self._clock = clock
         self._spawn = spawn
-        self._max_runners = max_runners
+        self._limits = limits
         self._max_queue = max_queue
         self.runners: dict[RunnerKey, Runner] = {}
         self._stopping: set[Runner] = set()
         self._queue: deque[_Waiter] = deque()
         self._backoff: dict[RunnerKey, _Backoff] = {}
         self._closed = False
+        self._pumping = False
+        self._repump = False
         self._all_ended: list[Deferred[None]] = []
 
     @property
@@ -206,21 +221,45 @@ class Loader:
         runner.in_use -= 1
         if runner.in_use == 0:
             runner.finished_at = self._clock.seconds()
+            runner.measured = runner.process.rss() or runner.measured
         self._pump()
 
     def _pump(self) -> None:
-        """Carry out what the policy decides now, then set keep-alive timers."""
-        decision = policy.plan(self._queue, self.runners, len(self._stopping), self._max_runners)
+        """Carry out what the policy decides, until it decides nothing new.
+
+        Acting can call back in (a lease handed out is released at once, a
+        stopped process exits): such a call only asks for one more round, so
+        every round acts on a decision made from the state as it is.
+        """
+        self._repump = True
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            while self._repump:
+                self._repump = False
+                self._act(policy.plan(self._queue, self.runners, self._stopping_memory(), self._limits))
+        finally:
+            self._pumping = False
+
+    def _stopping_memory(self) -> list[int]:
+        return [runner.memory for runner in self._stopping]
+
+    def _act(self, decision: policy.Plan[_Waiter, RunnerKey]) -> None:
         for waiter in decision.assign:
-            self._queue.remove(waiter)
-            runner = self.runners[waiter.key]
-            runner.in_use += 1
-            waiter.deferred.callback(Lease(runner, self))
+            runner = self.runners.get(waiter.key)
+            if waiter in self._queue and runner is not None and runner.in_use < runner.parallel:
+                self._queue.remove(waiter)
+                runner.in_use += 1
+                waiter.deferred.callback(Lease(runner, self))
         for key in decision.evict:
-            self.log.info("evicting idle runner {key} to make room", key=key)
-            self._stop(self.runners[key])
+            victim = self.runners.get(key)
+            if victim is not None and victim.in_use == 0:
+                self.log.info("evicting idle runner {key} to make room", key=key)
+                self._stop(victim)
         for waiter in decision.load:
-            self._load(waiter.request)
+            if waiter.key not in self.runners:
+                self._load(waiter.request)
         for key in policy.drained(self.runners):
             self._stop(self.runners[key])
         self._sync_expiry()

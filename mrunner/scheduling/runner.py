@@ -86,8 +86,11 @@ class RunnerProcess(ProcessProtocol):
         self._deadline = reactor.callLater(load_timeout, self._timed_out, load_timeout)
         self._poll(POLL_FIRST)
 
+    def rss(self) -> int | None:
+        return None if self._exited else rss_bytes(self.pid)
+
     def describe(self) -> dict[str, Any]:
-        return {"pid": self.pid, "socket": self.socket, "memory": rss_bytes(self.pid)}
+        return {"pid": self.pid, "socket": self.socket, "rss": self.rss()}
 
     def stop(self) -> None:
         """SIGTERM now, SIGKILL after the grace period; C{ended} fires when it is gone."""

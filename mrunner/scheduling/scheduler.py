@@ -16,11 +16,11 @@ from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
 from mrunner.config import Config
-from mrunner.errors import Conflict, NotFound
+from mrunner.errors import Conflict, NotFound, Unprocessable
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import NEVER, Lease, Loader, LoadRequest, RunnerKey, RunnerProcess
-from mrunner.scheduling.policy import State
+from mrunner.scheduling.policy import Limits, State
 from mrunner.store.model import Model
 
 StartRunner = Callable[[Command, str, Path, str], RunnerProcess]
@@ -52,7 +52,12 @@ class Scheduler:
         self._store = store
         self._start_runner = start_runner
         self.installer = Installer(backends, clock)
-        self.loader = Loader(clock, self._spawn, config.scheduler.max_runners, config.scheduler.max_queue)
+        self.loader = Loader(
+            clock,
+            self._spawn,
+            Limits(config.scheduler.max_runners, config.scheduler.memory_budget),
+            config.scheduler.max_queue,
+        )
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
 
@@ -86,17 +91,28 @@ class Scheduler:
     async def _acquire(self, backend: str, name: str, mode: str) -> Lease:
         model = self._store.resolve(name)
         await self.installer.wait(backend, self._config.scheduler.install_wait)
-        settings = self._model_settings(backend, model)
+        configured = self._model_settings(backend, model)
+        settings = RunnerSettings(
+            context_size=configured.context_size or self._config.runner.context_size,
+            parallel=self._config.scheduler.parallel,
+            threads=self._config.runner.threads,
+            flags=configured.flags or (),
+        )
+        memory = self._backends[backend].memory(model, mode, settings)
+        budget = self._config.scheduler.memory_budget
+        if budget and memory > budget:
+            raise Unprocessable(
+                f"model {model.name} needs about {gib(memory)} of memory but the whole memory budget"
+                f" is {gib(budget)}; raise [scheduler] memory_budget or use a smaller context size",
+                code="model_too_large",
+            )
+        keep_alive = configured.keep_alive
         request = LoadRequest(
             RunnerKey(backend, model.id, mode),
             model,
-            RunnerSettings(
-                context_size=settings.context_size or self._config.runner.context_size,
-                parallel=self._config.scheduler.parallel,
-                threads=self._config.runner.threads,
-                flags=settings.flags or (),
-            ),
-            self._config.scheduler.keep_alive if settings.keep_alive is None else settings.keep_alive,
+            settings,
+            self._config.scheduler.keep_alive if keep_alive is None else keep_alive,
+            memory,
         )
         return await self.loader.acquire(request)
 
@@ -123,6 +139,7 @@ class Scheduler:
                 "draining": runner.state is State.DRAINING,
                 "last_used": runner.finished_at,
                 "keep_alive": None if runner.request.keep_alive == NEVER else runner.request.keep_alive,
+                "memory": runner.memory,
                 **runner.process.describe(),
             }
             for runner in self.loader.runners.values()
@@ -167,6 +184,10 @@ class Scheduler:
             **{k: v for k, v in attrs.asdict(settings, recurse=False).items() if v is not None},
         )
         return self.loader.unload(lambda key: key.backend == name and key.model == resolved.id)
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
 
 
 def _file_safe(name: str) -> str:
