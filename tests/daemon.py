@@ -8,6 +8,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,14 @@ class InProcessDaemon:
 
 def sleep(seconds: float) -> Deferred[None]:
     return deferLater(reactor, seconds, lambda: None)
+
+
+async def eventually(condition: Callable[[], object], seconds: float = 1.0) -> None:
+    """Wait until C{condition()} is true, for at most C{seconds}; the caller asserts after."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await sleep(0.01)
 
 
 class _Output(ProcessProtocol):

@@ -24,6 +24,7 @@ from mrunner.proxy import BytesBody
 from tests.daemon import (
     InProcessDaemon,
     alive,
+    eventually,
     http,
     lines,
     short_home,
@@ -98,6 +99,14 @@ class DaemonTestCase(TestCase):
         response.deliverBody(events)
         return response, events
 
+    async def gated_stream(self) -> tuple[str, Events]:
+        """A stream of two events that has sent its first; touch C{gate + "1"} to release the second."""
+        gate = str(self.home / "gate")
+        Path(f"{gate}0").touch()
+        _, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
+        await events.arrived(b"tok0")
+        return gate, events
+
     def runner_pids(self) -> list[int]:
         return [runner["pid"] for runner in self.daemon.scheduler.running()]
 
@@ -145,17 +154,11 @@ class PathTests(DaemonTestCase):
 
     async def test_client_disconnect_cancels_upstream_and_releases(self) -> None:
         await self.start()
-        gate = str(self.home / "gate")
-        Path(f"{gate}0").touch()
-        _, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
-        await events.arrived(b"tok0")
+        _, events = await self.gated_stream()
         (runner,) = self.daemon.scheduler.loader.runners.values()
         self.assertEqual(runner.in_use, 1)
         events.transport.stopProducing()
-        for _ in range(100):
-            if lines(self.home / "events") == ["cancelled"]:
-                break
-            await sleep(0.01)
+        await eventually(lambda: lines(self.home / "events") == ["cancelled"])
         self.assertEqual(lines(self.home / "events"), ["cancelled"])
         self.assertEqual(runner.in_use, 0)
 
@@ -175,10 +178,7 @@ class PathTests(DaemonTestCase):
         self.assertIn(b"tok0", events.data)
         self.assertIn(b'"error"', events.data)
         # The socket may close a reactor turn before the child's exit is reaped.
-        for _ in range(100):
-            if not self.daemon.scheduler.loader.runners:
-                break
-            await sleep(0.01)
+        await eventually(lambda: not self.daemon.scheduler.loader.runners)
         self.assertEqual(self.daemon.scheduler.loader.runners, {})
         code, body, _ = await self.post("/v1/chat/completions", self.chat())
         self.assertEqual((code, body["choices"][0]["message"]["content"]), (200, "echo: hi"))
@@ -237,10 +237,7 @@ class TwistdTests(TestCase):
         process = spawn_twistd(config, home)
         self.addCleanup(lambda: ensureDeferred(stop_twistd(process)))
         client = unix_client(str(home / "api.sock"))
-        for _ in range(200):
-            if (home / "api.sock").exists():
-                break
-            await sleep(0.05)
+        await eventually(lambda: (home / "api.sock").exists(), 10)
         gguf = home / "tiny.gguf"
         write_tiny_gguf(gguf)
         with gguf.open("rb") as f:
@@ -252,10 +249,7 @@ class TwistdTests(TestCase):
         (runner_pid,) = map(int, lines(home / "starts"))
         self.assertTrue(alive(runner_pid))
         os.kill(process.pid, signal.SIGKILL)
-        for _ in range(100):
-            if not alive(runner_pid):
-                break
-            await sleep(0.01)
+        await eventually(lambda: not alive(runner_pid))
         self.assertFalse(alive(runner_pid), "the runner outlived its daemon by a second")
 
 
@@ -264,23 +258,14 @@ class QueueTests(DaemonTestCase):
 
     async def test_waiter_whose_client_leaves_is_dropped(self) -> None:
         await self.start()
-        gate = str(self.home / "gate")
-        Path(f"{gate}0").touch()
-        _, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
-        await events.arrived(b"tok0")
+        gate, events = await self.gated_stream()
         waiting = ensureDeferred(self.post("/v1/chat/completions", self.chat()))
         waiting.addErrback(lambda _: None)
         loader = self.daemon.scheduler.loader
-        for _ in range(100):
-            if loader.queued:
-                break
-            await sleep(0.01)
+        await eventually(lambda: loader.queued)
         self.assertEqual(loader.queued, 1)
         waiting.cancel()
-        for _ in range(100):
-            if not loader.queued:
-                break
-            await sleep(0.01)
+        await eventually(lambda: not loader.queued)
         self.assertEqual(loader.queued, 0)
         Path(f"{gate}1").touch()
         self.assertTrue(await events.done)
