@@ -161,23 +161,27 @@ class Loader:
                 code="load_backoff",
                 retry_after=backoff.until - self._clock.seconds(),
             )
-        waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
-        self._queue.append(waiter)
-        self._pump()
-        if len(self._queue) > self._max_queue and self._queue[-1] is waiter:
-            self._queue.pop()
+        if len(self._queue) >= self._max_queue and not self._has_room(request.key):
             raise Unavailable(
                 f"too many requests waiting ({self._max_queue}); try again shortly",
                 code="queue_full",
                 retry_after=1.0,
             )
+        waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
+        self._queue.append(waiter)
+        self._pump()
         return waiter.deferred
+
+    def _has_room(self, key: RunnerKey) -> bool:
+        """Whether C{key}'s runner can take a request now, so it need not wait in the queue."""
+        runner = self.runners.get(key)
+        return runner is not None and runner.state is State.READY and runner.in_use < runner.parallel
 
     def unload(self, match: Callable[[RunnerKey], bool]) -> Deferred[Any]:
         """Stop idle runners that C{match}; drain busy ones. Fires when they have exited."""
         ended = []
         for runner in [r for r in self.runners.values() if match(r.key)]:
-            ended.append(self._ended(runner))
+            ended.append(self._when_ended(runner))
             if runner.in_use:
                 runner.state = State.DRAINING
             else:
@@ -194,17 +198,15 @@ class Loader:
             )
         for runner in list(self.runners.values()):
             self._stop(runner)
-        return self._ended(None)
+        if not self.runners and not self._stopping:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._all_ended.append(d)
+        return d
 
-    def _ended(self, runner: Runner | None) -> Deferred[None]:
-        """A Deferred that fires when C{runner} (or, for None, every runner) has exited."""
-        if runner is None:
-            if not self.runners and not self._stopping:
-                return succeed(None)
-            d: Deferred[None] = Deferred()
-            self._all_ended.append(d)
-            return d
-        d = Deferred()
+    @staticmethod
+    def _when_ended(runner: Runner) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
 
         def ended(result: object) -> object:
             d.callback(None)
