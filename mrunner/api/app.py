@@ -60,20 +60,20 @@ class Routes(Resource):
 
     def __init__(self, groups: Sequence[Any]):
         super().__init__()
-        self._apps = [group.app for group in groups]
+        self._routes = [(group.app.url_map, group.app.resource()) for group in groups]
 
     def render(self, request: IRequest) -> Any:
         path = unquote(request.path.decode("utf-8", errors="replace"))
         method = request.method.decode("ascii", errors="replace")
-        chosen = self._apps[-1]
-        for app in self._apps:
+        chosen = self._routes[-1][1]
+        for url_map, resource in self._routes:
             try:
-                app.url_map.bind("localhost").match(path, method)
+                url_map.bind("localhost").match(path, method)
             except MethodNotAllowed:
-                chosen = app
+                chosen = resource
             except NotFound:
                 continue
             else:
-                chosen = app
+                chosen = resource
                 break
-        return chosen.resource().render(request)
+        return chosen.render(request)
