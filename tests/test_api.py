@@ -218,6 +218,14 @@ class APITests(SynchronousTestCase):
             "--model",
         )
 
+    def test_configure_raw_flags(self) -> None:
+        self.install()
+        body = {"model": "smollm2", "raw-runtime-flags": "--temp 0.2 --top-k 5"}
+        self.assertEqual(self.answer(self.request("POST", f"{BASE}/engines/_configure", body))[0], 200)
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        (runner,) = self.scheduler.loader.runners.values()
+        self.assertEqual(runner.request.settings.flags, ("--temp", "0.2", "--top-k", "5"))
+
     def test_configure_busy_runner_is_409(self) -> None:
         self.make(SchedulerConfig(parallel=1))
         self.install()

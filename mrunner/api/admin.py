@@ -47,7 +47,10 @@ def runtime_flags(value: object) -> tuple[str, ...]:
 
 
 def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
-    """The C{_configure} body, accepting Docker Model Runner's dashed keys and underscores."""
+    """The C{_configure} body, accepting Docker Model Runner's dashed keys and underscores.
+
+    C{runtime-flags} is a list; C{raw-runtime-flags} the same as one string.
+    """
 
     def field(name: str) -> Any:
         return payload.get(name, payload.get(name.replace("_", "-")))
@@ -55,7 +58,7 @@ def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
     context_size = field("context_size")
     if context_size is not None and (not isinstance(context_size, int) or context_size <= 0):
         raise BadRequest("context-size must be a positive integer")
-    flags = field("runtime_flags")
+    flags = field("runtime_flags") or field("raw_runtime_flags")
     keep_alive = field("keep_alive")
     try:
         seconds = None if keep_alive is None else parse_duration(keep_alive, "keep_alive")

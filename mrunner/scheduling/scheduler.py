@@ -6,6 +6,7 @@ import itertools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,7 @@ class Scheduler:
                 "loading": runner.state is State.LOADING,
                 "in_use": runner.in_use,
                 "draining": runner.state is State.DRAINING,
-                "last_used": runner.finished_at,
+                "last_used": datetime.fromtimestamp(runner.finished_at, UTC).isoformat(),
                 "keep_alive": None if runner.request.keep_alive == NEVER else runner.request.keep_alive,
                 "memory": runner.memory,
                 **runner.process.describe(),
