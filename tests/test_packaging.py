@@ -34,15 +34,23 @@ class PluginTests(SynchronousTestCase):
         self.assertIn("'mrunner'", tapnames(sys.executable))
 
     def test_regular_install(self) -> None:
-        target = tempfile.mkdtemp(prefix="mr-pkg-")
-        self.addCleanup(shutil.rmtree, target)
+        work = Path(tempfile.mkdtemp(prefix="mr-pkg-"))
+        self.addCleanup(shutil.rmtree, work)
+        source, target = work / "source", work / "target"
+        # setuptools builds in the source tree: build a copy, leave the checkout clean.
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md", "mrunner", "twisted"):
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(ROOT / name, source / name)
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, str(ROOT)],
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(source)],
             check=True,
             capture_output=True,
             timeout=300,
         )
-        self.assertTrue((Path(target) / "twisted" / "plugins" / "mrunner_plugin.py").is_file())
+        self.assertTrue((target / "twisted" / "plugins" / "mrunner_plugin.py").is_file())
         # -S: no .pth files, so the editable install of this checkout stays out of sys.path.
         env = {"PYTHONPATH": f"{target}:{sysconfig.get_paths()['purelib']}"}
         self.assertIn("'mrunner'", tapnames(sys.executable, "-S", env=env))
