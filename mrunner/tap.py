@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from functools import partial
 from typing import Any
 
@@ -117,4 +118,8 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
-    return make_service(options.config, reactor)[0]
+    service = make_service(options.config, reactor)[0]
+    # Everything imported and built so far lives as long as the daemon: keep it
+    # out of full garbage collections, which otherwise pause the proxy path.
+    gc.freeze()
+    return service
