@@ -110,6 +110,12 @@ class RunnerProcess(ProcessProtocol):
     def _poll(self, delay: float) -> None:
         self._poll_call = self._reactor.callLater(delay, self._check_health, delay)
 
+    def _look_sooner(self) -> None:
+        """The runner wrote something, often that it is ready: check within POLL_FIRST, not the back-off."""
+        call = self._poll_call
+        if call is not None and call.active() and call.getTime() - self._reactor.seconds() > POLL_FIRST:
+            call.reset(POLL_FIRST)
+
     def _check_health(self, delay: float) -> None:
         self._poll_call = None
         Deferred.fromCoroutine(self._health(delay))
@@ -158,6 +164,7 @@ class RunnerProcess(ProcessProtocol):
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         self._log_file.write(data)
+        self._look_sooner()
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         self._tail.extend(line for line in lines if line.strip())
