@@ -84,6 +84,10 @@ class APITests(SynchronousTestCase):
         self.assertEqual(self.answer(self.request("GET", f"{BASE}/"))[1], b"mrunner is running")
         self.assertEqual(self.answer(self.request("GET", f"{BASE}/health"))[0], 200)
 
+    def test_trailing_slash(self) -> None:
+        self.assertEqual(self.answer(self.request("GET", f"{BASE}/v1/models/"))[1]["object"], "list")
+        self.assertEqual(self.answer(self.request("GET", f"{BASE}/engines/status/"))[0], 200)
+
     def test_unknown_path_is_json_404(self) -> None:
         self.assertError(self.request("GET", f"{BASE}/nope"), 404)
         self.assertError(self.request("POST", f"{BASE}/engines/v1/nope", {}), 404)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import unquote
 
 from klein import Klein
 from prometheus_client import CollectorRegistry, generate_latest
@@ -63,7 +62,9 @@ class Routes(Resource):
         self._routes = [(group.app.url_map, group.app.resource()) for group in groups]
 
     def render(self, request: IRequest) -> Any:
-        path = unquote(request.path.decode("utf-8", errors="replace"))
+        if len(request.postpath) > 1 and request.postpath[-1] == b"":
+            request.postpath.pop()  # a trailing slash names the same resource
+        path = (b"/" + b"/".join(request.postpath)).decode("utf-8", errors="replace")  # already unquoted
         method = request.method.decode("ascii", errors="replace")
         chosen = self._routes[-1][1]
         for url_map, resource in self._routes:
