@@ -76,7 +76,7 @@ class InferenceAPI:
         model = model_name(json_object(body))
         lease = await self._scheduler.acquire(name, model, mode)
         try:
-            if request.getHeader(b"x-preload-only") == b"true":
+            if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
                 return json_body(request, {"status": "loaded", "model": lease.runner.request.model.name})
             await self._forwarder.forward(request, lease.runner.socket, path, body)
         finally:
