@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
+from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
@@ -31,9 +32,11 @@ http = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=Fal
 RUNNER_PROGRAM = str(Path(__file__).with_name("runner_program.py"))
 
 
-def short_home() -> Path:
-    """A fresh MRUNNER_HOME with a short path: UNIX socket paths must stay under 108 bytes."""
-    return Path(tempfile.mkdtemp(prefix="mr-"))
+def short_home(test: SynchronousTestCase, prefix: str = "mr-") -> Path:
+    """A fresh directory, removed after C{test}, with a short path: UNIX socket paths stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    test.addCleanup(shutil.rmtree, path, True)
+    return path
 
 
 def write_config(home: Path, text: str = "", runner_args: tuple[str, ...] = ()) -> Path:
@@ -95,7 +98,6 @@ class InProcessDaemon:
         if not self.service.running:
             return
         await self.service.stopService()
-        shutil.rmtree(self.config.home, ignore_errors=True)
 
     async def import_model(self, name: str, gguf: Path) -> None:
         """Put C{gguf} into the store as C{name}, as a user would: C{POST /models/load}."""
@@ -152,7 +154,6 @@ async def stop_twistd(process: Any) -> None:
     if process.pid is not None:
         process.signalProcess("TERM")
     await process.output.ended
-    shutil.rmtree(Path(process.output.home), ignore_errors=True)
 
 
 @implementer(IAgentEndpointFactory)

@@ -72,7 +72,7 @@ class DaemonTestCase(TestCase):
     runner_args: tuple[str, ...] = ()
 
     async def start(self) -> None:
-        self.home = short_home()
+        self.home = short_home(self)
         self.daemon = InProcessDaemon(write_config(self.home, self.config_text, self.runner_args))
         self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
         gguf = self.home / "tiny.gguf"
@@ -232,7 +232,7 @@ class TwistdTests(TestCase):
     timeout = 60
 
     async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
-        home = short_home()
+        home = short_home(self)
         config = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
         process = spawn_twistd(config, home)
         self.addCleanup(lambda: ensureDeferred(stop_twistd(process)))

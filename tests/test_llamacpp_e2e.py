@@ -35,7 +35,7 @@ class LlamaCppTestCase(TestCase):
 
     async def start(self, config_text: str = "", parallel: int = 2) -> None:
         cached_llama_server()
-        self.home = short_home()
+        self.home = short_home(self)
         config = self.home / "tap.conf"
         config.write_text(f'home = "{self.home}"\n[scheduler]\nparallel = {parallel}\n{config_text}')
         self.daemon = InProcessDaemon(config)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from mrunner.backends.llamacpp import LlamaCppBackend, cache_root
 from mrunner.config import Config
 from mrunner.store import gguf_meta
 from mrunner.store.model import Model
-from tests.daemon import unix_client
+from tests.daemon import short_home, unix_client
 from tests.tinymodel import write_tiny_llama, write_tiny_reranker
 
 MODEL = "ai/tiny:latest"
@@ -62,7 +61,7 @@ class ServeTests(TestCase):
         backend = LlamaCppBackend(Config(home=Path(self.mktemp())), reactor)
         await backend.install(lambda message: None)
         # UNIX socket paths must stay under 108 bytes: trial's temp paths can be longer.
-        socket = os.path.join(tempfile.mkdtemp(prefix="ll-"), "r.sock")
+        socket = str(short_home(self, "ll-") / "r.sock")
         config = gguf_meta.read(gguf).config()
         model = Model(id="sha256:" + "0" * 64, tags=(MODEL,), created=0, config=config, gguf=str(gguf))
         command = backend.command(model, mode, socket, RunnerSettings(parallel=2, threads=1))

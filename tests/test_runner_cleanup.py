@@ -5,17 +5,16 @@ This test starts a real (sleeping) process to play the orphan.
 
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.scheduling.runner import clean_stale
+from tests.daemon import short_home
 
 
 class CleanStaleTests(SynchronousTestCase):
     def test_kills_orphans_and_removes_sockets(self) -> None:
-        run = Path(tempfile.mkdtemp(prefix="mr-"))
+        run = short_home(self)
         socket = run / "r1-1.sock"
         orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(socket)])
         self.addCleanup(orphan.kill)
