@@ -8,8 +8,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from mrunner.backends import build
-from mrunner.backends.llamacpp import cache_root
+from mrunner.backends.llamacpp import cached_executable
 
 #: Overrides the executable, e.g. a finished build that is not in the shared cache yet.
 EXECUTABLE_VARIABLE = "MRUNNER_BENCH_LLAMA_SERVER"
@@ -30,7 +29,7 @@ def llama_server(environ: Mapping[str, str] = os.environ) -> Path:
         if not path.is_file():
             raise MissingInput(f"{EXECUTABLE_VARIABLE}={override} is not a file")
         return path
-    cached = cache_root({}, environ) / "backends" / "llama.cpp" / build.PIN / "bin" / "llama-server"
+    cached = cached_executable(environ)
     if cached.is_file():
         return cached
     on_path = shutil.which("llama-server")

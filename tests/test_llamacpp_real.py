@@ -19,7 +19,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from mrunner.backends import build, childprocess
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
-from mrunner.backends.llamacpp import LlamaCppBackend, cache_root
+from mrunner.backends.llamacpp import LlamaCppBackend, cached_executable
 from mrunner.config import Config
 from mrunner.store import gguf_meta
 from mrunner.store.model import Model
@@ -31,10 +31,10 @@ MODEL = "ai/tiny:latest"
 
 def cached_llama_server() -> Path:
     """The pinned llama-server in the shared cache, or skip the test that needs it."""
-    executable = cache_root({}, os.environ) / "backends" / "llama.cpp" / build.PIN / "bin"
-    if not (executable / "llama-server").is_file():
-        raise SkipTest(f"no llama-server in {executable}: run python -m mrunner.backends.llamacpp")
-    return executable / "llama-server"
+    executable = cached_executable()
+    if not executable.is_file():
+        raise SkipTest(f"no {executable}: run python -m mrunner.backends.llamacpp")
+    return executable
 
 
 class CachedInstallTests(TestCase):

@@ -54,6 +54,11 @@ _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 
 
+def executable_in(directory: Path) -> Path:
+    """Where a build directory (ours, or cmake's) keeps ``llama-server``."""
+    return directory / "bin" / "llama-server"
+
+
 class InstallFailed(Exception):
     """The backend cannot be installed; the message says why, for ``Error: <message>``."""
 
@@ -108,7 +113,7 @@ class Build:
 
     @property
     def executable(self) -> Path:
-        return self._dest / "bin" / "llama-server"
+        return executable_in(self._dest)
 
     async def run(self) -> None:
         """Build, unless another daemon's build put the executable in place while we waited.
@@ -207,9 +212,9 @@ class Build:
 
         self._report("verifying build")
         staged = work / "install"
-        (staged / "bin").mkdir(parents=True)
-        os.rename(build / "bin" / "llama-server", staged / "bin" / "llama-server")
-        await self._step([str(staged / "bin" / "llama-server"), "--version"], "verifying build")
+        executable_in(staged).parent.mkdir(parents=True)
+        os.rename(executable_in(build), executable_in(staged))
+        await self._step([str(executable_in(staged)), "--version"], "verifying build")
         if self._dest.exists():
             # A broken earlier install: set it aside so the rename below can take its place.
             os.rename(self._dest, work / "replaced")

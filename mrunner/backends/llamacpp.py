@@ -93,6 +93,16 @@ def cache_root(settings: Mapping[str, Any], environ: Mapping[str, str]) -> Path:
     return Path(xdg).expanduser() / "mrunner"
 
 
+def build_dir(root: Path) -> Path:
+    """The pinned build's directory under C{root} ($MRUNNER_HOME or the shared cache)."""
+    return root / "backends" / "llama.cpp" / build.PIN
+
+
+def cached_executable(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where ``python -m mrunner.backends.llamacpp`` (``make backend``) puts the shared build."""
+    return build.executable_in(build_dir(cache_root({}, environ)))
+
+
 @attrs.frozen
 class _Installed:
     executable: Path
@@ -114,9 +124,8 @@ class LlamaCppBackend:
         self._reactor = reactor
         self._environ = environ
         self._settings = config.backend(self.name)
-        relative = Path("backends") / self.name / build.PIN
-        self._home_dir = config.home / relative
-        self._cache_dir = cache_root(self._settings, environ) / relative
+        self._home_dir = build_dir(config.home)
+        self._cache_dir = build_dir(cache_root(self._settings, environ))
         self._installed: _Installed | None = None
 
     @property
@@ -154,7 +163,7 @@ class LlamaCppBackend:
         if on_path:
             yield Path(on_path), None
         for directory in (self._home_dir, self._cache_dir):
-            executable = directory / "bin" / "llama-server"
+            executable = build.executable_in(directory)
             if executable.is_file():
                 yield executable, directory
 
