@@ -9,7 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling.loader import Lease, Loader, LoadRequest, RunnerKey
-from mrunner.scheduling.policy import Limits
+from mrunner.scheduling.policy import Limits, State
 from tests.fakes import FakeSpawner, model
 
 
@@ -105,10 +105,29 @@ class LoaderTests(SynchronousTestCase):
         waiting = self.loader.acquire(request("c"))
         self.assertNoResult(waiting)
         self.assertEqual([p.stops for p in self.spawn.processes], [0, 0])
+        self.assertEqual(leases[0].runner.state, State.DRAINING, "a, the older, makes room for c")
+        self.assertEqual(leases[1].runner.state, State.READY)
         leases[1].release()
-        self.assertEqual(self.spawn.processes[1].stops, 1)
+        self.assertEqual(self.spawn.processes[1].stops, 0, "b is idle but a is already making room")
+        leases[0].release()
+        self.assertEqual(self.spawn.processes[0].stops, 1)
         self.ready()
         self.lease(waiting)
+
+    def test_a_draining_runner_takes_no_new_request(self) -> None:
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=4)
+        d = self.loader.acquire(request("a", parallel=2))
+        self.ready()
+        held = self.lease(d)
+        waiting_b = self.loader.acquire(request("b"))
+        waiting_a = self.loader.acquire(request("a", parallel=2))
+        self.assertNoResult(waiting_a)
+        held.release()
+        self.ready()
+        self.lease(waiting_b).release()
+        self.ready()
+        self.lease(waiting_a)
+        self.assertEqual([key.model[-1] for key in self.spawn.keys], ["a", "b", "a"])
 
     def test_new_load_waits_for_the_evicted_process_to_exit(self) -> None:
         d = self.loader.acquire(request("a"))
@@ -137,11 +156,11 @@ class LoaderTests(SynchronousTestCase):
         self.assertIsNotNone(error.retry_after)
 
     def test_ready_runner_with_room_skips_a_full_queue(self) -> None:
-        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=1)
+        self.loader = Loader(self.clock, self.spawn, Limits(2), max_queue=1)
         d = self.loader.acquire(request("a", parallel=2))
         self.ready()
         held = self.lease(d)
-        self.loader.acquire(request("b"))
+        self.loader.acquire(request("b"))  # queued while b loads
         self.lease(self.loader.acquire(request("a", parallel=2)))
         held.release()
 

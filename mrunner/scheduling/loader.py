@@ -259,6 +259,11 @@ class Loader:
             if victim is not None and victim.in_use == 0:
                 self.log.info("evicting idle runner {key} to make room", key=key)
                 self._stop(victim)
+        for key in decision.drain:
+            runner = self.runners.get(key)
+            if runner is not None and runner.state is State.READY:
+                self.log.info("draining busy runner {key} to make room", key=key)
+                runner.state = State.DRAINING
         for waiter in decision.load:
             if waiter.key not in self.runners:
                 self._load(waiter.request)

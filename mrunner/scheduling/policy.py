@@ -53,16 +53,17 @@ class Limits:
 
 @attrs.frozen
 class Plan(Generic[W, K]):
-    """What to do now: hand runners to waiters, start loads, stop idle runners."""
+    """What to do now: hand runners to waiters, start loads, stop idle runners, drain busy ones."""
 
     assign: tuple[W, ...]
     load: tuple[W, ...]
     evict: tuple[K, ...]
+    drain: tuple[K, ...] = ()
 
 
 @attrs.define
 class _Room:
-    """Slots and memory free now, and what stopping runners will free."""
+    """Slots and memory free now, and what stopping or draining runners will free."""
 
     slots: float
     memory: float
@@ -93,61 +94,76 @@ def _take(amount: float, free: float, coming: float) -> tuple[float, float]:
 def plan(
     queue: Sequence[W], runners: Mapping[K, RunnerView], stopping: Sequence[int], limits: Limits
 ) -> Plan[W, K]:
-    """Decide who gets served, what loads and what is evicted.
+    """Decide who gets served, what loads, what is evicted and what drains.
 
-    Waiters whose runner has a free slot are served at once, wherever they
-    stand in the queue. The rest claim a new runner's slot and memory in FIFO
-    order: from what is free, else from what stopping runners will free, else
-    by evicting idle runners, least recently finished first. A waiter that
-    cannot fit even so blocks the waiters behind it from claiming, so no one
-    starves. C{stopping} is the memory of each runner still stopping.
+    The queue is taken in FIFO order. A waiter whose runner has a free slot is
+    served at once. Another claims a new runner's slot and memory: from what
+    is free, else from what stopping or draining runners will free, else by
+    evicting idle runners, least recently finished first, else by draining
+    busy runners in the same order. A draining runner finishes what it
+    serves but takes no new request, so a model that is always busy cannot
+    starve the one waiting for its memory; only the runners needed to make
+    room drain, and none when even stopping them all would not make room
+    (a loading runner holds it). The first waiter that cannot claim even so stops everyone
+    behind it from claiming (they may still take free slots). C{stopping} is
+    the memory of each runner still stopping.
     """
     free = {
         key: runner.parallel - runner.in_use for key, runner in runners.items() if runner.state is State.READY
     }
-    assign = []
-    unserved = []
+    budget = limits.memory_budget or math.inf
+    draining = [runner for runner in runners.values() if runner.state is State.DRAINING]
+    room = _Room(
+        slots=limits.max_runners - len(runners) - len(stopping),
+        memory=budget - sum(runner.memory for runner in runners.values()) - sum(stopping),
+        coming_slots=len(stopping) + len(draining),
+        coming_memory=sum(stopping) + sum(runner.memory for runner in draining),
+    )
+    by_age = sorted(free, key=lambda key: runners[key].finished_at)
+    claimed: set[Hashable] = set(runners)
+    assign: list[W] = []
+    load: list[W] = []
+    evict: list[K] = []
+    drain: list[K] = []
+    blocked = False
     for waiter in queue:
         key: K = waiter.key  # type: ignore[assignment]
         if free.get(key, 0) > 0:
             free[key] -= 1
             assign.append(waiter)
-        else:
-            unserved.append(waiter)
-
-    idle = sorted(
-        (
-            key
-            for key, runner in runners.items()
-            if runner.state is State.READY and runner.in_use == 0 and free[key] == runner.parallel
-        ),
-        key=lambda key: runners[key].finished_at,
-    )
-    budget = limits.memory_budget or math.inf
-    room = _Room(
-        slots=limits.max_runners - len(runners) - len(stopping),
-        memory=budget - sum(runner.memory for runner in runners.values()) - sum(stopping),
-        coming_slots=len(stopping),
-        coming_memory=sum(stopping),
-    )
-    claimed: set[Hashable] = set(runners)
-    load: list[W] = []
-    evict: list[K] = []
-    for waiter in unserved:
-        if waiter.key in claimed:
             continue
-        if room.fits(waiter.memory):
-            load.append(waiter)
-        else:
-            while not room.will_fit(waiter.memory) and idle:
-                victim = idle.pop(0)
-                evict.append(victim)
+        if blocked or key in claimed:
+            continue
+        if not room.fits(waiter.memory):
+            victims = _victims(waiter.memory, room, by_age, runners, free)
+            if victims is None:
+                blocked = True
+                continue
+            for victim in victims:
+                by_age.remove(victim)
+                (evict if free[victim] == runners[victim].parallel else drain).append(victim)
+                free[victim] = 0
                 room.reclaim(runners[victim].memory)
-            if not room.will_fit(waiter.memory):
-                break
+        else:
+            load.append(waiter)
         room.take(waiter.memory)
-        claimed.add(waiter.key)
-    return Plan(tuple(assign), tuple(load), tuple(evict))
+        claimed.add(key)
+    return Plan(tuple(assign), tuple(load), tuple(evict), tuple(drain))
+
+
+def _victims(
+    memory: int, room: _Room, by_age: Sequence[K], runners: Mapping[K, RunnerView], free: Mapping[K, int]
+) -> list[K] | None:
+    """The runners to stop for C{memory}: idle ones first, then busy ones; None if even all won't do."""
+    idle = [key for key in by_age if free[key] == runners[key].parallel]
+    chosen: list[K] = []
+    trial = attrs.evolve(room)
+    for key in [*idle, *(key for key in by_age if key not in idle)]:
+        if trial.will_fit(memory):
+            break
+        chosen.append(key)
+        trial.reclaim(runners[key].memory)
+    return chosen if trial.will_fit(memory) else None
 
 
 def drained(runners: Mapping[K, RunnerView]) -> list[K]:
