@@ -26,6 +26,7 @@ _SIZE_UNITS = {
     for suffix in (("", "b") if not prefix else ("", "b", "ib", "i"))
 }
 AUTO_MEMORY_SHARE = 0.8
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
 class ConfigError(ValueError):
@@ -45,15 +46,25 @@ def parse_duration(value: object, key: str = "duration") -> float:
 
 
 def parse_size(value: object, key: str = "size") -> int:
-    """Bytes from ``1073741824``, ``"512MiB"``, ``"8GiB"``, ``"2GB"``; ``"auto"`` is 80% of RAM; 0 is none."""
+    """Bytes from ``1073741824``, ``"512MiB"``, ``"8GiB"``, ``"2GB"``, or ``"60%"`` of RAM.
+
+    ``"auto"`` is 80% of RAM; 0 is none.
+    """
     if value == "auto":
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * AUTO_MEMORY_SHARE)
+        return int(physical_memory() * AUTO_MEMORY_SHARE)
+    percent = _PERCENT.match(str(value))
+    if percent is not None and 0 < float(percent.group(1)) <= 100:
+        return int(physical_memory() * float(percent.group(1)) / 100)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     match = _SIZE.match(str(value))
     if match is None or isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size like '8GiB', 'auto' or 0, got {value!r}")
+        raise ConfigError(f"{key}: expected a size like '8GiB', '80%', 'auto' or 0, got {value!r}")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _duration(default: float) -> Any:

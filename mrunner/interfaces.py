@@ -69,10 +69,14 @@ class IScheduler(Interface):
     def backend_statuses() -> dict[str, str]:
         """C{{backend: "Running: …" | "Installing: …" | "Not Installed" | "Error: …"}}."""
 
-    def acquire(backend: str | None, model: str, mode: str) -> Deferred[Lease]:
+    def acquire(
+        backend: str | None, model: str, mode: str, keep_alive: float | None = None
+    ) -> Deferred[Lease]:
         """A L{Lease} on a ready runner for C{model} in C{mode}.
 
-        Cancelling it drops the request from the wait queue.
+        A C{keep_alive} (seconds, -1 for ever) replaces the runner's own from
+        this request on. Cancelling the result drops the request from the
+        wait queue.
         """
 
     def running() -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ class FakeProcess:
         return self.resident
 
     def describe(self) -> dict[str, Any]:
-        return {"pid": 1, "socket": self.socket, "rss": self.resident}
+        return {"pid": 1, "socket": self.socket}
 
 
 @attrs.define

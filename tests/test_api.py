@@ -94,7 +94,8 @@ class APITests(SynchronousTestCase):
 
     def test_status(self) -> None:
         self.assertEqual(
-            self.answer(self.request("GET", f"{BASE}/engines/status"))[1], {"llama.cpp": "Not Installed"}
+            self.answer(self.request("GET", f"{BASE}/engines/status"))[1],
+            {"llama.cpp": "Not Installed"},
         )
         self.install()
         self.assertEqual(
@@ -103,7 +104,11 @@ class APITests(SynchronousTestCase):
         )
 
     def test_model_list_in_openai_shape(self) -> None:
-        for url in (f"{BASE}/v1/models", f"{BASE}/engines/v1/models", f"{BASE}/engines/llama.cpp/v1/models"):
+        for url in (
+            f"{BASE}/v1/models",
+            f"{BASE}/engines/v1/models",
+            f"{BASE}/engines/llama.cpp/v1/models",
+        ):
             code, body, _ = self.answer(self.request("GET", url))
             self.assertEqual(body["object"], "list")
             self.assertEqual([m["id"] for m in body["data"]], ["ai/smollm2:latest"])
@@ -115,7 +120,9 @@ class APITests(SynchronousTestCase):
 
     def test_unknown_backend_comes_first(self) -> None:
         self.assertError(
-            self.request("POST", f"{BASE}/engines/vllm/v1/chat/completions", b"x" * 5000), 404, "vllm"
+            self.request("POST", f"{BASE}/engines/vllm/v1/chat/completions", b"x" * 5000),
+            404,
+            "vllm",
         )
 
     def test_body_too_large(self) -> None:
@@ -189,8 +196,37 @@ class APITests(SynchronousTestCase):
         self.assertEqual((code, body["status"]), (200, "loaded"))
         code, ps, _ = self.answer(self.request("GET", f"{BASE}/engines/ps"))
         self.assertEqual(
-            [(r["model_name"], r["mode"], r["in_use"]) for r in ps], [("ai/smollm2:latest", "completion", 0)]
+            [(r["model_name"], r["mode"], r["state"], r["in_use"]) for r in ps],
+            [("ai/smollm2:latest", "completion", "ready", 0)],
         )
+        (runner,) = ps
+        self.assertEqual(runner["keep_alive"], 300)
+        self.assertEqual(runner["expires_at"], "1970-01-01T00:05:00+00:00")
+        self.assertEqual((runner["memory_estimate"], runner["memory_measured"]), (0, None))
+        self.assertEqual(runner["pid"], 1)
+
+    def test_keep_alive_in_a_request_body(self) -> None:
+        self.install()
+        d = self.request(
+            "POST",
+            CHAT,
+            {"model": "smollm2", "keep_alive": "-1"},
+            headers={"X-Preload-Only": "true"},
+        )
+        self.spawn.processes[0].ready.callback(None)
+        self.answer(d)
+        (runner,) = self.answer(self.request("GET", f"{BASE}/engines/ps"))[1]
+        self.assertEqual((runner["keep_alive"], runner["expires_at"]), (None, None))
+        self.assertError(
+            self.request("POST", CHAT, {"model": "smollm2", "keep_alive": "soon"}),
+            400,
+            "keep_alive",
+        )
+        d = self.request(
+            "POST", CHAT, {"model": "smollm2", "keep_alive": 0}, headers={"X-Preload-Only": "true"}
+        )
+        self.assertEqual(self.answer(d)[0], 200)
+        self.assertEqual(self.spawn.processes[0].stops, 1, "keep_alive 0 unloads after the request")
 
     def test_unload(self) -> None:
         self.install()
@@ -230,16 +266,48 @@ class APITests(SynchronousTestCase):
         (runner,) = self.scheduler.loader.runners.values()
         self.assertEqual(runner.request.settings.flags, ("--temp", "0.2", "--top-k", "5"))
 
-    def test_configure_busy_runner_is_409(self) -> None:
+    def test_configure_busy_runner(self) -> None:
         self.make(SchedulerConfig(parallel=1))
         self.install()
+        url = f"{BASE}/engines/_configure"
+        self.answer(self.request("POST", url, {"model": "smollm2", "context-size": 1024}))
         d = self.scheduler.acquire(None, "smollm2", "completion")
         self.spawn.processes[-1].ready.callback(None)
         self.successResultOf(d)
-        self.assertError(
-            self.request("POST", f"{BASE}/engines/_configure", {"model": "smollm2", "context-size": 1024}),
-            409,
+        code, body, _ = self.answer(self.request("POST", url, {"model": "smollm2", "context-size": 1024}))
+        self.assertEqual((code, body["status"]), (200, "unchanged"), "the same settings are a no-op")
+        code, body, _ = self.answer(self.request("POST", url, {"model": "smollm2", "keep_alive": "1h"}))
+        self.assertEqual((code, body["status"]), (200, "configured"), "keep-alive needs no restart")
+        self.assertEqual(
+            self.scheduler.loader.runners[next(iter(self.scheduler.loader.runners))].keep_alive,
+            3600,
         )
+        self.assertError(self.request("POST", url, {"model": "smollm2", "context-size": 2048}), 409, "idle")
+        self.assertEqual(self.spawn.processes[0].stops, 0)
+
+    def test_configure_reloads_an_idle_runner(self) -> None:
+        self.install()
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        self.spawn.processes[0].ready.callback(None)
+        url = f"{BASE}/engines/_configure"
+        code, body, _ = self.answer(self.request("POST", url, {"model": "smollm2", "context-size": 512}))
+        self.assertEqual((code, body["status"]), (200, "configured"))
+        self.assertEqual(self.spawn.processes[0].stops, 1)
+        (runner,) = self.scheduler.loader.runners.values()
+        self.assertEqual(runner.request.settings.context_size, 512, "loaded again with the new size")
+        code, body, _ = self.answer(self.request("GET", f"{url}?model=smollm2"))
+        self.assertEqual(
+            body,
+            {
+                "backend": "llama.cpp",
+                "model": "ai/smollm2:latest",
+                "context_size": 512,
+                "runtime_flags": [],
+                "keep_alive": 300,
+            },
+        )
+        self.assertError(self.request("GET", f"{url}?model=nothing"), 404)
+        self.assertError(self.request("GET", url), 400, "model")
 
     def test_metrics(self) -> None:
         _, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -202,6 +203,19 @@ class LoaderTests(SynchronousTestCase):
         self.clock.advance(10**6)
         self.assertEqual(self.spawn.processes[1].stops, 0)
 
+    def test_a_request_keep_alive_replaces_the_runners(self) -> None:
+        d = self.loader.acquire(request(keep_alive=10))
+        self.ready()
+        self.lease(d).release()
+        asked = attrs.evolve(request(keep_alive=60), sets_keep_alive=True)
+        self.lease(self.loader.acquire(asked)).release()
+        self.clock.advance(59)
+        self.lease(self.loader.acquire(request(keep_alive=10))).release()
+        self.clock.advance(59)
+        self.assertEqual(self.spawn.processes[0].stops, 0, "60 s holds for the requests after it")
+        self.clock.advance(1)
+        self.assertEqual(self.spawn.processes[0].stops, 1)
+
     def test_exited_runner_is_evicted_and_reloaded(self) -> None:
         d = self.loader.acquire(request())
         self.ready()
@@ -250,13 +264,12 @@ class LoaderTests(SynchronousTestCase):
         d = self.loader.acquire(request())
         self.ready()
         lease = self.lease(d)
-        gone = self.loader.unload(lambda key: True)
-        self.assertNoResult(gone)
+        self.successResultOf(self.loader.unload(lambda key: True))
         self.assertEqual(self.spawn.processes[0].stops, 0)
+        self.assertEqual(lease.runner.state, State.DRAINING)
         waiting = self.loader.acquire(request())
         lease.release()
         self.assertEqual(self.spawn.processes[0].stops, 1)
-        self.successResultOf(gone)
         self.assertEqual(len(self.spawn.processes), 2, "a draining runner takes no new work")
         self.ready()
         self.lease(waiting)

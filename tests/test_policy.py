@@ -39,9 +39,23 @@ LOADING = Runner(State.LOADING, memory=4)
 # (why, runners, queue as "key:memory", stopping, limits, expected assign/load/evict/drain)
 CASES = [
     ("a free slot serves at once", {"a": ready(4)}, ["a"], [], Limits(1, 10), ("a", "", "", "")),
-    ("a model that fits loads beside", {"a": ready(4)}, ["b:4"], [], Limits(2, 10), ("", "b", "", "")),
+    (
+        "a model that fits loads beside",
+        {"a": ready(4)},
+        ["b:4"],
+        [],
+        Limits(2, 10),
+        ("", "b", "", ""),
+    ),
     ("no budget: only slots count", {"a": ready(40)}, ["b:40"], [], Limits(2), ("", "b", "", "")),
-    ("out of slots: the idle one goes", {"a": ready(1)}, ["b:1"], [], Limits(1, 10), ("", "", "a", "")),
+    (
+        "out of slots: the idle one goes",
+        {"a": ready(1)},
+        ["b:1"],
+        [],
+        Limits(1, 10),
+        ("", "", "a", ""),
+    ),
     (
         "least recently finished goes first",
         {"a": ready(4, 2.0), "b": ready(4, 1.0)},
@@ -138,7 +152,14 @@ CASES = [
         Limits(8, 10),
         ("b", "", "", ""),
     ),
-    ("waiters of one model share one load", {}, ["a:4", "a:4"], [], Limits(1, 10), ("", "a", "", "")),
+    (
+        "waiters of one model share one load",
+        {},
+        ["a:4", "a:4"],
+        [],
+        Limits(1, 10),
+        ("", "a", "", ""),
+    ),
     (
         "FIFO by claim order: two new models into one slot",
         {"a": ready(1)},
@@ -163,7 +184,9 @@ class PlanTableTests(SynchronousTestCase):
     def test_cases(self) -> None:
         for why, runners, queue, stopping, limits, expected in CASES:
             decision = policy.plan([waiter(w) for w in queue], runners, stopping, limits)
-            got = tuple(names(part) for part in (decision.assign, decision.load, decision.evict, decision.drain))
+            got = tuple(
+                names(part) for part in (decision.assign, decision.load, decision.evict, decision.drain)
+            )
             self.assertEqual(got, expected, why)
 
 

@@ -69,6 +69,15 @@ class OptionsTests(SynchronousTestCase):
             [30, 30, 300, 3600, 0.25, -1, 0],
         )
 
+    def test_sizes(self) -> None:
+        ram = config.physical_memory()
+        self.assertEqual(
+            [config.parse_size(v) for v in (0, 1024, "512MiB", "2GB", "1.5k", "auto", "50%", " 80 % ")],
+            [0, 1024, 512 * 2**20, 2 * 10**9, 1500, int(ram * 0.8), int(ram * 0.5), int(ram * 0.8)],
+        )
+        for bad in ("lots", "0%", "150%", "-1", True):
+            self.assertRaises(config.ConfigError, config.parse_size, bad, "memory_budget")
+
     def test_service_tree(self) -> None:
         options = self.options("--config", self.write(f'home = "{self.dir}"\n'), "--listen", "tcp:0")
         service, parts = make_service(options.config, MemoryReactorClock())

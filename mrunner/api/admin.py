@@ -126,5 +126,12 @@ class AdminAPI:
     async def configure(self, request: IRequest, backend: str | None = None) -> bytes:
         payload = self._payload(request)
         name = model_name(payload)
-        await self._scheduler.configure(backend, name, model_settings(payload))
-        return json_body(request, {"status": "configured", "model": name})
+        changed = await self._scheduler.configure(backend, name, model_settings(payload))
+        return json_body(request, {"status": "configured" if changed else "unchanged", "model": name})
+
+    @app.route("/engines/_configure", methods=["GET"], endpoint="configuration_default")
+    @app.route("/engines/<backend>/_configure", methods=["GET"])
+    def configuration(self, request: IRequest, backend: str | None = None) -> bytes:
+        names = request.args.get(b"model") or [b""]
+        name = model_name({"model": names[0].decode("utf-8", errors="replace")})
+        return json_body(request, self._scheduler.configuration(backend, name))

@@ -7,6 +7,7 @@ from typing import Any
 
 from twisted.web.iweb import IRequest
 
+from mrunner.config import ConfigError, parse_duration
 from mrunner.errors import BadRequest, PayloadTooLarge
 
 
@@ -39,3 +40,15 @@ def model_name(payload: dict[str, Any]) -> str:
     if not isinstance(name, str) or not name.strip():
         raise BadRequest("the request must name a model in its 'model' field", code="model_required")
     return name.strip()
+
+
+def keep_alive(payload: dict[str, Any]) -> float | None:
+    """Ollama's C{keep_alive}: seconds to keep the runner after this request, any negative for ever."""
+    value = payload.get("keep_alive")
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value, "keep_alive")
+    except ConfigError as e:
+        raise BadRequest(str(e), code="invalid_keep_alive") from None
+    return max(seconds, -1.0)

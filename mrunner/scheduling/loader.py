@@ -60,6 +60,7 @@ class LoadRequest:
     settings: RunnerSettings
     keep_alive: float
     memory: int = 0
+    sets_keep_alive: bool = False
 
 
 @attrs.define(eq=False)
@@ -74,6 +75,11 @@ class Runner:
     expiry: IDelayedCall | None = None
     alive: bool = True
     measured: int = 0
+    keep_alive: float = attrs.field()
+
+    @keep_alive.default
+    def _keep_alive(self) -> float:
+        return self.request.keep_alive
 
     @property
     def key(self) -> RunnerKey:
@@ -178,16 +184,30 @@ class Loader:
         return runner is not None and runner.state is State.READY and runner.in_use < runner.parallel
 
     def unload(self, match: Callable[[RunnerKey], bool]) -> Deferred[Any]:
-        """Stop idle runners that C{match}; drain busy ones. Fires when they have exited."""
+        """Stop idle runners that C{match}; drain busy ones. Fires when the idle ones have exited.
+
+        A draining runner can serve a long stream for minutes: the caller is
+        not kept waiting for it.
+        """
         ended = []
         for runner in [r for r in self.runners.values() if match(r.key)]:
-            ended.append(self._when_ended(runner))
             if runner.in_use:
                 runner.state = State.DRAINING
             else:
+                ended.append(self._when_ended(runner))
                 self._stop(runner)
         self._pump()
         return DeferredList(ended)
+
+    def keep_alive(self, match: Callable[[RunnerKey], bool], seconds: float) -> None:
+        """Give the runners that C{match} a new keep-alive, counted from now if they are idle."""
+        for runner in self.runners.values():
+            if match(runner.key):
+                runner.keep_alive = seconds
+                if runner.expiry is not None:
+                    runner.expiry.cancel()
+                    runner.expiry = None
+        self._pump()
 
     def close(self) -> Deferred[None]:
         """Refuse new work, fail the queue, stop every runner; fire when all have exited."""
@@ -253,6 +273,8 @@ class Loader:
             if waiter in self._queue and runner is not None and runner.in_use < runner.parallel:
                 self._queue.remove(waiter)
                 runner.in_use += 1
+                if waiter.request.sets_keep_alive:
+                    runner.keep_alive = waiter.request.keep_alive
                 waiter.deferred.callback(Lease(runner, self))
         for key in decision.evict:
             victim = self.runners.get(key)
@@ -274,7 +296,7 @@ class Loader:
     def _sync_expiry(self) -> None:
         idle = set(policy.idle(self.runners))
         for key, runner in list(self.runners.items()):
-            keep_alive = runner.request.keep_alive
+            keep_alive = runner.keep_alive
             if key not in idle:
                 if runner.expiry is not None:
                     runner.expiry.cancel()

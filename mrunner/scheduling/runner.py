@@ -90,7 +90,7 @@ class RunnerProcess(ProcessProtocol):
         return None if self._exited else rss_bytes(self.pid)
 
     def describe(self) -> dict[str, Any]:
-        return {"pid": self.pid, "socket": self.socket, "rss": self.rss()}
+        return {"pid": self.pid, "socket": self.socket}
 
     def stop(self) -> None:
         """SIGTERM now, SIGKILL after the grace period; C{ended} fires when it is gone."""

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
@@ -20,7 +21,7 @@ from mrunner.config import Config
 from mrunner.errors import Conflict, NotFound, Unprocessable
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.scheduling.installer import Installer
-from mrunner.scheduling.loader import NEVER, Lease, Loader, LoadRequest, RunnerKey, RunnerProcess
+from mrunner.scheduling.loader import NEVER, Lease, Loader, LoadRequest, Runner, RunnerKey, RunnerProcess
 from mrunner.scheduling.policy import Limits, State
 from mrunner.store.model import Model
 
@@ -39,6 +40,8 @@ class ModelSettings:
 @implementer(IScheduler)
 class Scheduler:
     """Checks the backend and the model, waits for the install, then queues for a runner."""
+
+    log = Logger()
 
     def __init__(
         self,
@@ -86,10 +89,12 @@ class Scheduler:
     def close(self) -> Deferred[None]:
         return self.loader.close()
 
-    def acquire(self, backend: str | None, model: str, mode: str) -> Deferred[Lease]:
-        return ensureDeferred(self._acquire(self.backend_name(backend), model, mode))
+    def acquire(
+        self, backend: str | None, model: str, mode: str, keep_alive: float | None = None
+    ) -> Deferred[Lease]:
+        return ensureDeferred(self._acquire(self.backend_name(backend), model, mode, keep_alive))
 
-    async def _acquire(self, backend: str, name: str, mode: str) -> Lease:
+    async def _acquire(self, backend: str, name: str, mode: str, keep_alive: float | None) -> Lease:
         model = self._store.resolve(name)
         await self.installer.wait(backend, self._config.scheduler.install_wait)
         configured = self._model_settings(backend, model)
@@ -107,15 +112,19 @@ class Scheduler:
                 f" is {gib(budget)}; raise [scheduler] memory_budget or use a smaller context size",
                 code="model_too_large",
             )
-        keep_alive = configured.keep_alive
         request = LoadRequest(
             RunnerKey(backend, model.id, mode),
             model,
             settings,
-            self._config.scheduler.keep_alive if keep_alive is None else keep_alive,
+            self._keep_alive(configured) if keep_alive is None else keep_alive,
             memory,
+            sets_keep_alive=keep_alive is not None,
         )
         return await self.loader.acquire(request)
+
+    def _keep_alive(self, configured: ModelSettings) -> float:
+        default = self._config.scheduler.keep_alive
+        return default if configured.keep_alive is None else configured.keep_alive
 
     def _model_settings(self, backend: str, model: Model) -> ModelSettings:
         return self._settings.get((backend, model.id), ModelSettings())
@@ -129,22 +138,7 @@ class Scheduler:
         return self._start_runner(command, socket, log_path, label)
 
     def running(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "backend_name": runner.key.backend,
-                "model_name": runner.request.model.name,
-                "model_id": runner.key.model,
-                "mode": runner.key.mode,
-                "loading": runner.state is State.LOADING,
-                "in_use": runner.in_use,
-                "draining": runner.state is State.DRAINING,
-                "last_used": datetime.fromtimestamp(runner.finished_at, UTC).isoformat(),
-                "keep_alive": None if runner.request.keep_alive == NEVER else runner.request.keep_alive,
-                "memory": runner.memory,
-                **runner.process.describe(),
-            }
-            for runner in self.loader.runners.values()
-        ]
+        return [_describe(runner) for runner in self.loader.runners.values()]
 
     def unload(self, backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:
         """Stop matching runners (idle now, busy ones once drained); fires with how many."""
@@ -165,26 +159,87 @@ class Scheduler:
         except NotFound:
             return name
 
-    def configure(self, backend: str | None, model: str, settings: ModelSettings) -> Deferred[Any]:
-        """Use C{settings} for C{model}'s next runner; restart its idle runner, refuse a busy one."""
+    def configuration(self, backend: str | None, model: str) -> dict[str, Any]:
+        """What C{model}'s next runner starts with, for C{GET /engines/_configure}."""
         name = self.backend_name(backend)
         resolved = self._store.resolve(model)
-        busy = [
-            runner
-            for key, runner in self.loader.runners.items()
-            if key.backend == name and key.model == resolved.id and runner.in_use
-        ]
-        if busy:
+        configured = self._model_settings(name, resolved)
+        return {
+            "backend": name,
+            "model": resolved.name,
+            "context_size": configured.context_size or self._config.runner.context_size,
+            "runtime_flags": list(configured.flags or ()),
+            "keep_alive": self._keep_alive(configured),
+        }
+
+    def configure(self, backend: str | None, model: str, settings: ModelSettings) -> Deferred[bool]:
+        """Use C{settings} for C{model}; fires with whether anything changed.
+
+        The same settings again change nothing, even while the model is busy.
+        A new keep-alive applies to its runners at once. A new context size or
+        new flags restart its runners with them (L{Conflict} while one serves).
+        """
+        name = self.backend_name(backend)
+        resolved = self._store.resolve(model)
+        previous = self._model_settings(name, resolved)
+        wanted = attrs.evolve(
+            previous, **{k: v for k, v in attrs.asdict(settings, recurse=False).items() if v is not None}
+        )
+        if wanted == previous:
+            return succeed(False)
+
+        def match(key: RunnerKey) -> bool:
+            return key.backend == name and key.model == resolved.id
+
+        runners = [runner for key, runner in self.loader.runners.items() if match(key)]
+        restart = attrs.evolve(wanted, keep_alive=None) != attrs.evolve(previous, keep_alive=None)
+        if restart and any(runner.in_use for runner in runners):
             raise Conflict(
                 f"model {resolved.name} is serving requests; configure it when it is idle",
                 code="runner_busy",
             )
-        previous = self._model_settings(name, resolved)
-        self._settings[(name, resolved.id)] = attrs.evolve(
-            previous,
-            **{k: v for k, v in attrs.asdict(settings, recurse=False).items() if v is not None},
-        )
-        return self.loader.unload(lambda key: key.backend == name and key.model == resolved.id)
+        self._settings[(name, resolved.id)] = wanted
+        if wanted.keep_alive is not None:
+            self.loader.keep_alive(match, wanted.keep_alive)
+        if not restart or not runners:
+            return succeed(True)
+        modes = [runner.key.mode for runner in runners]
+        return self.loader.unload(match).addCallback(lambda _: self._reload(name, resolved.name, modes))
+
+    def _reload(self, backend: str, model: str, modes: Sequence[str]) -> bool:
+        """Start C{model} again in each of C{modes}, without waiting for it to be ready."""
+        for mode in modes:
+            self.acquire(backend, model, mode).addCallbacks(
+                lambda lease: lease.release(),
+                lambda failure: self.log.failure("reloading {model} failed", failure, model=model),
+            )
+        return True
+
+
+def _describe(runner: Runner) -> dict[str, Any]:
+    """One runner as C{GET /engines/ps} shows it; C{memory} is what the budget counts."""
+    return {
+        "backend_name": runner.key.backend,
+        "model_name": runner.request.model.name,
+        "model_id": runner.key.model,
+        "mode": runner.key.mode,
+        "state": runner.state.value,
+        "loading": runner.state is State.LOADING,
+        "draining": runner.state is State.DRAINING,
+        "in_use": runner.in_use,
+        "parallel": runner.parallel,
+        "last_used": _timestamp(runner.finished_at),
+        "keep_alive": None if runner.keep_alive == NEVER else runner.keep_alive,
+        "expires_at": runner.expiry and _timestamp(runner.expiry.getTime()),
+        "memory": runner.memory,
+        "memory_estimate": runner.request.memory,
+        "memory_measured": runner.process.rss(),
+        **runner.process.describe(),
+    }
+
+
+def _timestamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
 
 
 def gib(size: int) -> str:
