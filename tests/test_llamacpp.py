@@ -22,7 +22,7 @@ from zope.interface.verify import verifyObject
 from mrunner.backends import build, childprocess
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
 from mrunner.backends.llamacpp import (
-    COMPUTE_OVERHEAD,
+    BASE_RSS,
     LlamaCppBackend,
     cache_root,
     context_size,
@@ -449,13 +449,16 @@ class CommandTests(SynchronousTestCase):
         }
         described = attrs.evolve(model({"architecture": "llama", "gguf": smollm2_shape}), gguf=str(gguf))
         kv_cache = 30 * 4096 * 3 * (64 + 64) * 2
+        compute = 512 * 4096 * 2 + 512 * 576 * 48
         self.assertEqual(
             memory_estimate(described, RunnerSettings(context_size=4096)),
-            1000 + kv_cache + 100 + COMPUTE_OVERHEAD,
+            1000 + kv_cache + compute + BASE_RSS,
         )
         twice = memory_estimate(described, RunnerSettings(context_size=8192, parallel=4))
         self.assertEqual(
-            twice - kv_cache * 2, 1000 + 100 + COMPUTE_OVERHEAD, "parallel slots share the cache"
+            twice - memory_estimate(described, RunnerSettings(context_size=4096, parallel=1)),
+            kv_cache + 512 * 4096 * 2,
+            "the cache and the mask grow with the context; parallel slots share them",
         )
 
     def test_context_size(self) -> None:

@@ -31,7 +31,12 @@ from mrunner.store.model import Model
 #: The context size when neither the runner settings nor the model's config name one.
 MAX_DEFAULT_CONTEXT_SIZE = 8192
 F16_BYTES = 2
-COMPUTE_OVERHEAD = 32 * 2**20
+#: llama-server's default micro-batch, in tokens.
+UBATCH = 512
+#: Compute-buffer bytes per token of a micro-batch per embedding dimension.
+ACTIVATION_BYTES = 48
+#: Resident bytes of a llama-server whose model, cache and buffers are negligible.
+BASE_RSS = 16 * 2**20
 DEFAULT_CONTEXT_SIZE = 4096
 #: Seconds a ``llama-server --version`` probe may take.
 PROBE_TIMEOUT = 30.0
@@ -58,10 +63,18 @@ def context_size(model: Model, settings: RunnerSettings) -> int:
 
 
 def memory_estimate(model: Model, settings: RunnerSettings) -> int:
-    """Bytes a llama-server of C{model} needs: its weights, an f16 KV cache, compute buffers.
+    """Bytes a llama-server of C{model} needs on the CPU, as it allocates them.
 
-    With ``--kv-unified`` the KV cache covers the context once, whatever
-    C{settings.parallel}; the buffers grow with the weights.
+    - weights: the GGUF file, mapped whole;
+    - KV cache: f16 keys and values of every layer for the context; with
+      ``--kv-unified`` the slots share one cache, so C{settings.parallel}
+      does not multiply it;
+    - compute buffers, reserved for one micro-batch of ``UBATCH`` tokens: the
+      f16 attention mask (``UBATCH`` x context) plus activations, about
+      48 bytes per embedding dimension per token (read off llama-server's
+      ``compute buffer size`` for the test models);
+    - the process itself: code, libraries and server state (``BASE_RSS``,
+      the resident size of a llama-server with a near-empty model).
     """
     metadata = model.config.get("gguf") or {}
     architecture = model.config.get("architecture") or metadata.get("general.architecture")
@@ -72,17 +85,20 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
         except (KeyError, TypeError, ValueError):
             return default
 
+    context = context_size(model, settings)
+    embedding = number("embedding_length", 0)
     heads = number("attention.head_count", 1) or 1
-    head_size = number("embedding_length", 0) // heads
+    head_size = embedding // heads
     per_token = number("attention.head_count_kv", heads) * (
         number("attention.key_length", head_size) + number("attention.value_length", head_size)
     )
-    kv_cache = number("block_count", 0) * context_size(model, settings) * per_token * F16_BYTES
+    kv_cache = number("block_count", 0) * context * per_token * F16_BYTES
+    compute = UBATCH * context * F16_BYTES + UBATCH * embedding * ACTIVATION_BYTES
     try:
         weights = os.path.getsize(model.gguf)
     except OSError:
         weights = 0
-    return weights + kv_cache + weights // 10 + COMPUTE_OVERHEAD
+    return weights + kv_cache + compute + BASE_RSS
 
 
 def cache_root(settings: Mapping[str, Any], environ: Mapping[str, str]) -> Path:
