@@ -29,21 +29,42 @@ ALLOWED_FLAGS = frozenset((
 ))
 # fmt: on
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+# A flag's value is a number or a word such as "q8_0", "on" or "deepseek": never
+# a path (no slash, no "~"), whitespace that would split into more arguments, or
+# anything a shell or llama-server would read specially.
+_VALUE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
 
 
 def runtime_flags(value: object) -> tuple[str, ...]:
-    """Flags from a list or a space-separated string, each in L{ALLOWED_FLAGS}."""
+    """Flags from a list or a space-separated string, each in L{ALLOWED_FLAGS}, values plain words."""
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise BadRequest("runtime-flags must be a list of strings")
-    for flag in value:
-        if flag.startswith("-") and not _NUMBER.match(flag) and flag.split("=")[0] not in ALLOWED_FLAGS:
-            raise BadRequest(
-                f"runtime flag {flag!r} is not allowed; allowed: {' '.join(sorted(ALLOWED_FLAGS))}",
-                code="flag_not_allowed",
-            )
+    for i, token in enumerate(value):
+        flag, equals, attached = token.partition("=")
+        if token.startswith("-") and not _NUMBER.match(token):
+            if flag not in ALLOWED_FLAGS:
+                raise BadRequest(
+                    f"runtime flag {flag!r} is not allowed; allowed: {' '.join(sorted(ALLOWED_FLAGS))}",
+                    code="flag_not_allowed",
+                )
+            if equals:
+                _check_value(attached, flag)
+        elif i == 0:
+            raise BadRequest(f"runtime flags must start with a flag, not the value {token!r}")
+        else:
+            _check_value(token, value[i - 1])
     return tuple(value)
+
+
+def _check_value(value: str, flag: str) -> None:
+    if not _VALUE.match(value):
+        raise BadRequest(
+            f"value {value!r} of runtime flag {flag!r} is not allowed: values are numbers or plain"
+            " words, never paths or text with spaces",
+            code="flag_value_not_allowed",
+        )
 
 
 def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
