@@ -95,7 +95,13 @@ class Runner:
 
     @property
     def memory(self) -> int:
-        """The estimate, or the measured resident memory once that is larger."""
+        """What the budget counts: the estimate, or the measured resident memory once larger.
+
+        Measured when the runner is ready and whenever it goes idle. The
+        estimate stays the floor: resident memory counts only pages touched
+        so far, and buffers llama-server has allocated but not yet used are
+        touched by the first long prompt.
+        """
         return max(self.request.memory, self.measured)
 
 
@@ -333,6 +339,7 @@ class Loader:
         self._backoff.pop(runner.key, None)
         runner.state = State.READY
         runner.finished_at = self._clock.seconds()
+        runner.measured = runner.process.rss() or 0
         self._pump()
 
     def _load_failed(self, reason: Failure, runner: Runner) -> None:
