@@ -98,12 +98,7 @@ class Scheduler:
         model = self._store.resolve(name)
         await self.installer.wait(backend, self._config.scheduler.install_wait)
         configured = self._model_settings(backend, model)
-        settings = RunnerSettings(
-            context_size=configured.context_size or self._config.runner.context_size,
-            parallel=self._config.scheduler.parallel,
-            threads=self._config.runner.threads,
-            flags=configured.flags or (),
-        )
+        settings = self._runner_settings(configured)
         memory = self._backends[backend].memory(model, mode, settings)
         budget = self._config.scheduler.memory_budget
         if budget and memory > budget:
@@ -121,6 +116,14 @@ class Scheduler:
             sets_keep_alive=keep_alive is not None,
         )
         return await self.loader.acquire(request)
+
+    def _runner_settings(self, configured: ModelSettings) -> RunnerSettings:
+        return RunnerSettings(
+            context_size=configured.context_size or self._config.runner.context_size,
+            parallel=self._config.scheduler.parallel,
+            threads=self._config.runner.threads,
+            flags=configured.flags or (),
+        )
 
     def _keep_alive(self, configured: ModelSettings) -> float:
         default = self._config.scheduler.keep_alive
@@ -176,8 +179,9 @@ class Scheduler:
         """Use C{settings} for C{model}; fires with whether anything changed.
 
         The same settings again change nothing, even while the model is busy.
-        A new keep-alive applies to its runners at once. A new context size or
-        new flags restart its runners with them (L{Conflict} while one serves).
+        A new keep-alive applies to its runners at once. Runners started with
+        another context size or other flags restart with the new ones
+        (L{Conflict} while one of them serves).
         """
         name = self.backend_name(backend)
         resolved = self._store.resolve(model)
@@ -187,13 +191,16 @@ class Scheduler:
         )
         if wanted == previous:
             return succeed(False)
+        runner_settings = self._runner_settings(wanted)
 
         def match(key: RunnerKey) -> bool:
             return key.backend == name and key.model == resolved.id
 
-        runners = [runner for key, runner in self.loader.runners.items() if match(key)]
-        restart = attrs.evolve(wanted, keep_alive=None) != attrs.evolve(previous, keep_alive=None)
-        if restart and any(runner.in_use for runner in runners):
+        def stale(key: RunnerKey) -> bool:
+            return match(key) and self.loader.runners[key].request.settings != runner_settings
+
+        restart = [runner for key, runner in self.loader.runners.items() if stale(key)]
+        if any(runner.in_use for runner in restart):
             raise Conflict(
                 f"model {resolved.name} is serving requests; configure it when it is idle",
                 code="runner_busy",
@@ -201,10 +208,10 @@ class Scheduler:
         self._settings[(name, resolved.id)] = wanted
         if wanted.keep_alive is not None:
             self.loader.keep_alive(match, wanted.keep_alive)
-        if not restart or not runners:
+        if not restart:
             return succeed(True)
-        modes = [runner.key.mode for runner in runners]
-        return self.loader.unload(match).addCallback(lambda _: self._reload(name, resolved.name, modes))
+        modes = [runner.key.mode for runner in restart]
+        return self.loader.unload(stale).addCallback(lambda _: self._reload(name, resolved.name, modes))
 
     def _reload(self, backend: str, model: str, modes: Sequence[str]) -> bool:
         """Start C{model} again in each of C{modes}, without waiting for it to be ready."""
