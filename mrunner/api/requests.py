@@ -39,3 +39,17 @@ def model_name(payload: dict[str, Any]) -> str:
     if not isinstance(name, str) or not name.strip():
         raise BadRequest("the request must name a model in its 'model' field", code="model_required")
     return name.strip()
+
+
+def query(request: IRequest, key: str) -> str | None:
+    """The first C{?key=} value, decoded."""
+    values = request.args.get(key.encode())
+    return values[0].decode("utf-8", errors="replace") if values else None
+
+
+def flag(request: IRequest, key: str) -> bool:
+    """A C{?key=true|false} switch, false when absent."""
+    value = (query(request, key) or "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise BadRequest(f"?{key}= must be true or false, not {value!r}")
+    return value in ("true", "1")
