@@ -42,7 +42,7 @@ def ps(ctx: Context, args: Namespace) -> None:
             runner["backend_name"],
             runner["mode"],
             state(runner),
-            human_size(runner.get("rss") or runner.get("memory") or 0),
+            human_size(runner["memory"]),
             until(runner, now),
         ]
         for runner in runners

@@ -7,7 +7,6 @@ they become plain lines, few enough to read in a log.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 
 from rich.console import Console
@@ -99,7 +98,7 @@ class PlainLayers(LayerProgress):
         )
 
 
-def wait_for_install(daemon: Daemon, console: Console, sleep: Callable[[float], None] = time.sleep) -> None:
+def wait_for_install(daemon: Daemon, console: Console) -> None:
     """Show each installing backend's progress until none is installing (installed, or failed)."""
 
     def installing() -> dict[str, str]:
@@ -115,4 +114,4 @@ def wait_for_install(daemon: Daemon, console: Console, sleep: Callable[[float], 
             elif pending != shown:
                 console.print(text, markup=False, highlight=False)
             shown = pending
-            sleep(INSTALL_POLL_SECONDS)
+            time.sleep(INSTALL_POLL_SECONDS)
