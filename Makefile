@@ -27,7 +27,8 @@ system-deps:
 run: backend
 	@$(VENV)/bin/twistd -n --pidfile= mrunner & daemon=$$!; \
 	trap 'kill $$daemon 2>/dev/null' INT TERM EXIT; \
-	$(VENV)/bin/mrunner wait && $(VENV)/bin/mrunner import ai/smollm2 "$(SMOLLM2)" && \
+	$(VENV)/bin/mrunner wait && { $(VENV)/bin/mrunner inspect ai/smollm2 >/dev/null 2>&1 || \
+	  $(VENV)/bin/mrunner package --gguf "$(SMOLLM2)" ai/smollm2; } && \
 	echo "mrunner serves ai/smollm2 on http://127.0.0.1:12434 (Ctrl-C stops it)" && \
 	wait $$daemon
 

@@ -28,8 +28,12 @@ class IModelStore(Interface):
     def list() -> list[Model]:
         """Every stored L{Model}."""
 
-    def import_gguf(name: str, source: BinaryIO) -> Deferred[Model]:
-        """Store the GGUF read from the binary file C{source} as C{name}.
+    def import_gguf(
+        name: str, source: BinaryIO, licenses: Sequence[bytes] = (), context_size: int | None = None
+    ) -> Deferred[Model]:
+        """Store the GGUF read from the binary file C{source} as C{name}, with C{licenses} as license layers.
+
+        C{context_size}, when given, is recorded in the model's config as its default context size.
 
         @return: Deferred firing with the L{Model}; nothing is left behind on failure.
         """

@@ -19,10 +19,12 @@ from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
 from mrunner.api.app import Routes, ServiceAPI
 from mrunner.api.inference import InferenceAPI
+from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.interfaces import IBackend
+from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, connection_pool, runner_agent
 from mrunner.scheduling.runner import RunnerProcess
@@ -67,6 +69,7 @@ class Parts:
 
     root: Routes
     scheduler: Scheduler
+    logs: LogsAPI
     pools: tuple[HTTPConnectionPool, ...]
 
 
@@ -94,21 +97,25 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
         Pusher(store, registry, reactor),
         reactor,
     )
+    logs = LogsAPI(config.home / "logs", reactor)
     groups = [
         ServiceAPI(models, metrics.registry),
+        logs,
         InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
         AdminAPI(scheduler, store, backends, config.max_request_bytes),
     ]
-    return Parts(Routes(groups), scheduler, (runner_pool, registry_pool))
+    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool))
 
 
 def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiService, Parts]:
-    """The service tree: the scheduler, then the HTTP server on C{config.listen}."""
+    """The service tree: the daemon's log file, the scheduler, log follows, then the HTTP server."""
     parts = make_parts(config, reactor)
     service = MultiService()
+    DaemonLogFile(config.home / "logs").setServiceParent(service)
     SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
         service
     )
+    parts.logs.setServiceParent(service)
     site = Site(parts.root)
     site.displayTracebacks = False
     StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(service)

@@ -1,9 +1,11 @@
 """A stand-in inference server for tests: a real process that speaks llama-server's HTTP on a UNIX socket.
 
 Run as ``python runner_program.py --socket S --alias NAME [--health-delay SECONDS]
-[--exit-at-start] [--starts FILE] [--events FILE]``: --starts gets a line per
-process start, --events "finished" or "cancelled" per stream. A request may carry ``"test": {"events": N,
-"interval": SECONDS, "gate": PREFIX, "crash_after": K}`` in its JSON body: stream N
+[--exit-at-start] [--starts FILE] [--events FILE] [--requests FILE] [--gate PREFIX]``:
+--starts gets a line per process start, --events "finished" or "cancelled" per stream,
+--requests each POST body as a JSON line; --gate is the default gate of every stream.
+A request may carry ``"test": {"events": N, "interval": SECONDS, "gate": PREFIX,
+"crash_after": K}`` in its JSON body: stream N
 events, before event i wait until the file PREFIX<i> exists, exit the process after
 K events.
 """
@@ -41,6 +43,9 @@ class Runner(resource.Resource):
 
     def render_POST(self, request):
         body = json.loads(request.content.read() or b"{}")
+        if self.options.requests:
+            with open(self.options.requests, "a") as f:
+                f.write(json.dumps(body) + "\n")
         control = body.pop("test", {}) or {}
         request.setHeader(b"content-type", b"application/json")
         if body.get("stream"):
@@ -60,7 +65,7 @@ class Runner(resource.Resource):
 
     def stream(self, request, body, control):
         events = control.get("events", 3)
-        gate = control.get("gate")
+        gate = control.get("gate", self.options.gate)
         crash_after = control.get("crash_after")
         interval = control.get("interval", 0.0)
         sent = 0
@@ -147,6 +152,8 @@ def main():
     parser.add_argument("--exit-at-start", action="store_true")
     parser.add_argument("--starts")
     parser.add_argument("--events")
+    parser.add_argument("--requests")
+    parser.add_argument("--gate")
     options, _ = parser.parse_known_args()
     if options.starts:
         with open(options.starts, "a") as f:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,38 @@ class ModelsAPITests(SynchronousTestCase):
         self.assertError(400, "POST", "/load", "?name=", data=b"x")
         self.assertError(400, "POST", "/load?name=x", "not a valid GGUF", data=b"junk")
         self.assertError(400, "POST", "/load?name=..%2F..%2Fetc", "not a valid", data=b"junk")
+        self.assertEqual(self.json("GET", "/"), [])
+
+    def package(self, files: list[tuple[str, bytes]]) -> bytes:
+        """A tar of C{files}, as ``mrunner package`` sends one."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for name, data in files:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+        return buffer.getvalue()
+
+    def test_load_package_with_license_and_context_size(self) -> None:
+        body = self.package([("model.gguf", self.gguf.read_bytes()), ("licenses/0-LICENSE", b"MIT\n")])
+        headers = {"Content-Type": "application/x-tar"}
+        model = self.json("POST", "/load?name=pkg&context_size=512", 201, data=body, headers=headers)
+        self.assertEqual(model["config"]["context_size"], 512)
+        stored = self.store.resolve("pkg")
+        self.assertEqual(Path(stored.files["license"]).read_bytes(), b"MIT\n")
+        self.assertEqual(Path(stored.gguf).read_bytes(), self.gguf.read_bytes())
+
+    def test_load_package_errors(self) -> None:
+        headers = {"Content-Type": "application/x-tar"}
+        gguf = ("model.gguf", self.gguf.read_bytes())
+        for files, fragment in [
+            ([], "0 .gguf file(s)"),
+            ([gguf, ("b.gguf", b"")], "2 .gguf file(s)"),
+            ([gguf, ("../etc/passwd", b"x")], "'../etc/passwd'"),
+        ]:
+            self.assertError(400, "POST", "/load?name=x", fragment, data=self.package(files), headers=headers)
+        self.assertError(400, "POST", "/load?name=x", "not a tar", data=b"junk" * 200, headers=headers)
+        self.assertError(400, "POST", "/load?name=x&context_size=-1", "positive", data=self.gguf.read_bytes())
         self.assertEqual(self.json("GET", "/"), [])
 
     def test_inspect_unknown_and_hostile(self) -> None:

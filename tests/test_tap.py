@@ -82,5 +82,8 @@ class OptionsTests(SynchronousTestCase):
         options = self.options("--config", self.write(f'home = "{self.dir}"\n'), "--listen", "tcp:0")
         service, parts = make_service(options.config, MemoryReactorClock())
         self.assertTrue(IServiceCollection.providedBy(service))
-        self.assertEqual(len(list(service)), 2)
+        self.assertEqual(
+            [type(child).__name__ for child in service],
+            ["DaemonLogFile", "SchedulerService", "LogsAPI", "StreamServerEndpointService"],
+        )
         self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": "Not Installed"})

@@ -10,7 +10,7 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import json_object, model_name, read_body
+from mrunner.api.requests import json_object, model_name, query, read_body
 from mrunner.config import ConfigError, parse_duration
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore
@@ -153,6 +153,5 @@ class AdminAPI:
     @app.route("/engines/_configure", methods=["GET"], endpoint="configuration_default")
     @app.route("/engines/<backend>/_configure", methods=["GET"])
     def configuration(self, request: IRequest, backend: str | None = None) -> bytes:
-        names = request.args.get(b"model") or [b""]
-        name = model_name({"model": names[0].decode("utf-8", errors="replace")})
+        name = model_name({"model": query(request, "model")})
         return json_body(request, self._scheduler.configuration(backend, name))

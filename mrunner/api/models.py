@@ -21,11 +21,12 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import json_object, read_body
+from mrunner.api.requests import flag, json_object, query, read_body
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IScheduler
 from mrunner.store.model import Model
 from mrunner.store.names import parse
+from mrunner.store.package import TAR, read_package
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
@@ -101,12 +102,21 @@ class ModelsAPI:
 
     @app.route("/load", methods=["POST"])
     async def load(self, request: IRequest) -> bytes:
-        """Import the raw GGUF request body as ``?name=``."""
-        name = _query(request, "name")
+        """Import the request body as ``?name=`` (``&context_size=N`` sets its default context).
+
+        The body is a GGUF file, or (``Content-Type: application/x-tar``) a package
+        as ``mrunner package`` sends it: one ``*.gguf`` and license files under ``licenses/``.
+        """
+        name = query(request, "name")
         if name is None:
             raise BadRequest("give the model a name: POST /models/load?name=NAME")
+        context_size = _positive(query(request, "context_size"), "context_size")
         request.content.seek(0)
-        model = await self._store.import_gguf(name, request.content)
+        if (request.getHeader(b"content-type") or b"").split(b";")[0].strip() == TAR:
+            weights, licenses = read_package(request.content)
+        else:
+            weights, licenses = request.content, []
+        model = await self._store.import_gguf(name, weights, licenses, context_size)
         return json_body(request, model_json(model), 201)
 
     @app.route("/<path:name>", methods=["GET"])
@@ -116,14 +126,14 @@ class ModelsAPI:
     @app.route("/<path:name>", methods=["DELETE"])
     async def delete(self, request: IRequest, name: str) -> bytes:
         """Stop the model's runners, then remove it; 409 for several tags without force."""
-        force = _flag(request, "force")
+        force = flag(request, "force")
         digest = self._store.deletable(name, force)
         await self._scheduler.unload(backend=None, models=[digest], all=False)
         return json_body(request, self._store.delete(name, force))
 
     @app.route("/<path:name>/tag", methods=["POST"])
     def tag(self, request: IRequest, name: str) -> bytes:
-        repo, tag = _query(request, "repo"), _query(request, "tag")
+        repo, tag = query(request, "repo"), query(request, "tag")
         if not repo or not tag:
             raise BadRequest("give the new name as ?repo=REPOSITORY&tag=TAG")
         target = f"{repo}:{tag}"
@@ -161,13 +171,9 @@ class ModelsAPI:
         return b""
 
 
-def _query(request: IRequest, key: str) -> str | None:
-    values = request.args.get(key.encode())
-    return values[0].decode("utf-8", errors="replace") if values else None
-
-
-def _flag(request: IRequest, key: str) -> bool:
-    value = (_query(request, key) or "false").lower()
-    if value not in ("true", "false", "1", "0"):
-        raise BadRequest(f"?{key}= must be true or false, not {value!r}")
-    return value in ("true", "1")
+def _positive(value: str | None, key: str) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) == 0:
+        raise BadRequest(f"?{key}= must be a positive integer, not {value!r}")
+    return int(value)

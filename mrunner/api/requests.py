@@ -52,3 +52,17 @@ def keep_alive(payload: dict[str, Any]) -> float | None:
     except ConfigError as e:
         raise BadRequest(str(e), code="invalid_keep_alive") from None
     return max(seconds, -1.0)
+
+
+def query(request: IRequest, key: str) -> str | None:
+    """The first C{?key=} value, decoded."""
+    values = request.args.get(key.encode())
+    return values[0].decode("utf-8", errors="replace") if values else None
+
+
+def flag(request: IRequest, key: str) -> bool:
+    """A C{?key=true|false} switch, false when absent."""
+    value = (query(request, key) or "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise BadRequest(f"?{key}= must be true or false, not {value!r}")
+    return value in ("true", "1")

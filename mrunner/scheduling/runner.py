@@ -72,7 +72,7 @@ class RunnerProcess(ProcessProtocol):
         self._poll_call: IDelayedCall | None = None
         self._exited = False
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file: IO[bytes] = log_path.open("ab")
+        self._log_file: IO[bytes] = log_path.open("ab", buffering=0)  # unbuffered: `logs -f` follows it
         self.log_path = log_path
         executable, argv = with_death_signal(command)
         self.log.info("starting runner {label}: {argv}", label=label, argv=" ".join(argv))

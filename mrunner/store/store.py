@@ -12,7 +12,7 @@ import json
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -28,6 +28,7 @@ from mrunner.interfaces import IModelStore
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import (
     GGUF,
+    LICENSE,
     MODEL_CONFIG,
     Descriptor,
     InvalidManifest,
@@ -79,8 +80,14 @@ class ModelStore:
     def list(self) -> list[Model]:
         return [self._model(digest) for digest in self._models]
 
-    def import_gguf(self, name: str, source: BinaryIO) -> Deferred[Model]:
-        return Deferred.fromCoroutine(self._import(name, source))
+    def import_gguf(
+        self,
+        name: str,
+        source: BinaryIO,
+        licenses: Sequence[bytes] = (),
+        context_size: int | None = None,
+    ) -> Deferred[Model]:
+        return Deferred.fromCoroutine(self._import(name, source, licenses, context_size))
 
     def disk_usage(self) -> int:
         return self.blobs.usage() + (self._index_path.stat().st_size if self._index_path.exists() else 0)
@@ -181,7 +188,9 @@ class ModelStore:
 
     # Internals
 
-    async def _import(self, name: str, source: BinaryIO) -> Model:
+    async def _import(
+        self, name: str, source: BinaryIO, licenses: Sequence[bytes], context_size: int | None
+    ) -> Model:
         ref = parse(name)
         if ref.digest:
             raise BadRequest(f"import needs a name with a tag, not a digest: {name!r}")
@@ -192,9 +201,16 @@ class ModelStore:
         except BaseException:
             writer.discard()
             raise
-        config = model_config(info.config(), self._reactor.seconds(), [weights])
+        layers = [weights]
+        for text in licenses:
+            self.blobs.put(text)
+            layers.append(Descriptor.of(LICENSE, text))
+        described = info.config()
+        if context_size is not None:
+            described["context_size"] = context_size
+        config = model_config(described, self._reactor.seconds(), layers)
         self.blobs.put(config)
-        manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), (weights,))
+        manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), tuple(layers))
         return self.add(ref, manifest.to_bytes())
 
     def _retag(self, digest: str, tag: str | None) -> None:

@@ -1,0 +1,1 @@
+"""``mrunner``: the command line, a client of the daemon's HTTP API and nothing else."""

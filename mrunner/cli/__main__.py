@@ -1,0 +1,5 @@
+"""``python -m mrunner.cli``, the same as the ``mrunner`` console script."""
+
+from mrunner.cli.main import main
+
+main()

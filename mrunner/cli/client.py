@@ -1,0 +1,107 @@
+"""The daemon's HTTP API as blocking calls, and the errors a person can act on.
+
+Blocking calls serve a terminal program better than a reactor here: the chat
+reads lines with C{input()} (line editing, history), and Ctrl-C arrives as
+C{KeyboardInterrupt} wherever the program waits, which is how an answer is
+stopped: closing the connection makes the daemon stop the generation.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from mrunner.cli.errors import START_HINT, CommandError, DaemonError
+
+DEFAULT_HOST = "http://127.0.0.1:12434"
+
+
+def model_path(name: str, action: str = "") -> str:
+    """C{/models/NAME[/action]}: a name keeps its slashes, colons and C{@}."""
+    return f"/models/{urllib.parse.quote(name, safe='/:@')}{action}"
+
+
+class Daemon:
+    """The daemon at C{host} (C{http://HOST:PORT}; a bare C{HOST:PORT} means http)."""
+
+    def __init__(self, host: str) -> None:
+        self.url = (host if "://" in host else f"http://{host}").rstrip("/")
+
+    def open(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        data: bytes | Iterable[bytes] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> http.client.HTTPResponse:
+        """Send a request (C{body} as JSON, or raw C{data}); the open response, or a L{CommandError}."""
+        headers = dict(headers or {})
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + path, data, headers, method=method)
+        try:
+            response: http.client.HTTPResponse = urllib.request.urlopen(request)
+        except urllib.error.HTTPError as e:
+            with e:
+                raise _refusal(e.code, e.read()) from None
+        except urllib.error.URLError as e:
+            raise self._unreachable(e.reason) from None
+        except (http.client.HTTPException, OSError) as e:
+            raise self._unreachable(e) from None
+        return response
+
+    def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        """The decoded JSON answer to a request."""
+        with self.open(method, path, body, **kw) as response:
+            return json.loads(read(response) or b"null")
+
+    def ndjson(self, method: str, path: str, body: Any = None) -> Iterator[dict[str, Any]]:
+        """The JSON objects of a streamed NDJSON answer, as they arrive."""
+        with self.open(method, path, body) as response:
+            for line in lines(response):
+                if line.strip():
+                    yield json.loads(line)
+
+    def _unreachable(self, reason: object) -> CommandError:
+        return CommandError(
+            f"cannot reach the mrunner daemon at {self.url} ({reason}): {START_HINT},"
+            " or point --host / MRUNNER_HOST at it"
+        )
+
+
+def read(response: http.client.HTTPResponse) -> bytes:
+    """The whole body; a L{CommandError} if the daemon hangs up first."""
+    try:
+        return response.read()
+    except (http.client.HTTPException, OSError) as e:
+        raise CommandError(f"the daemon closed the connection mid-answer: {e!r}") from None
+
+
+def lines(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The body line by line as it arrives; a L{CommandError} if the daemon hangs up first."""
+    while True:
+        try:
+            line = response.readline()
+        except (http.client.HTTPException, OSError) as e:
+            raise CommandError(f"the daemon closed the connection mid-answer: {e!r}") from None
+        if not line:
+            return
+        yield line
+
+
+def _refusal(status: int, body: bytes) -> DaemonError:
+    """The daemon's OpenAI-shaped error C{{"error": {"message", "code"}}}, or its raw text."""
+    try:
+        error = json.loads(body)["error"]
+        return DaemonError(status, str(error["message"]), error.get("code"))
+    except (ValueError, KeyError, TypeError):
+        text = body.decode(errors="replace").strip() or http.client.responses.get(status, "")
+        return DaemonError(status, f"HTTP {status}: {text}", None)

@@ -1,0 +1,122 @@
+"""Commands on the daemon and its runners: run, ps, df, unload, status, logs, version, wait."""
+
+from __future__ import annotations
+
+import sys
+import time
+from argparse import Namespace
+from datetime import datetime
+from typing import Any
+
+import mrunner
+from mrunner.cli.chat import Chat, converse, flushing
+from mrunner.cli.client import lines
+from mrunner.cli.context import Context
+from mrunner.cli.errors import CommandError
+from mrunner.cli.output import duration, human_size, show_json, table
+
+
+def run(ctx: Context, args: Namespace) -> None:
+    """Answer C{args.prompt} (or piped input) and exit; with neither, chat until Ctrl-D."""
+    chat = Chat(ctx.daemon, ctx.err, args.model)
+    prompt = args.prompt
+    if prompt is None and not sys.stdin.isatty():
+        prompt = sys.stdin.read()
+    if prompt is None:
+        converse(chat, ctx.out, ctx.err)
+        return
+    chat.ask(prompt, flushing(ctx.out.file))
+    ctx.out.file.write("\n")
+
+
+def ps(ctx: Context, args: Namespace) -> None:
+    runners = ctx.daemon.call("GET", "/engines/ps")
+    if args.json:
+        show_json(ctx.out, runners)
+        return
+    now = time.time()
+    rows = [
+        [
+            runner["model_name"],
+            runner["model_id"].split(":", 1)[-1][:12],
+            runner["backend_name"],
+            runner["mode"],
+            state(runner),
+            human_size(runner["memory"]),
+            until(runner, now),
+        ]
+        for runner in runners
+    ]
+    table(ctx.out, ["model", "id", "backend", "mode", "state", "memory", "until"], rows)
+
+
+def state(runner: dict[str, Any]) -> str:
+    if runner["loading"]:
+        return "loading"
+    if runner["draining"]:
+        return "draining"
+    return f"serving {runner['in_use']}" if runner["in_use"] else "idle"
+
+
+def until(runner: dict[str, Any], now: float) -> str:
+    """When an idle runner will be unloaded, from its last use and keep-alive."""
+    if runner["keep_alive"] is None:
+        return "forever"
+    if runner["in_use"] or runner["loading"]:
+        return "in use"
+    left = datetime.fromisoformat(runner["last_used"]).timestamp() + runner["keep_alive"] - now
+    return f"in {duration(left)}" if left >= 1 else "now"
+
+
+def df(ctx: Context, args: Namespace) -> None:
+    usage = ctx.daemon.call("GET", "/engines/df")
+    if args.json:
+        show_json(ctx.out, usage)
+        return
+    rows = [["models", human_size(usage["models_disk_usage"])]]
+    rows += [[f"backend {name}", human_size(size)] for name, size in usage["backends_disk_usage"].items()]
+    table(ctx.out, ["type", "size"], rows)
+
+
+def unload(ctx: Context, args: Namespace) -> None:
+    result = ctx.daemon.call("POST", "/engines/unload", {"models": args.models, "all": args.all})
+    count = result["unloaded_runners"]
+    ctx.out.print(f"Unloaded {count} runner{'' if count == 1 else 's'}")
+
+
+def status(ctx: Context, args: Namespace) -> None:
+    statuses = ctx.daemon.call("GET", "/engines/status")
+    if args.json:
+        show_json(ctx.out, statuses)
+        return
+    ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
+    for backend, text in statuses.items():
+        ctx.out.print(f"{backend}: {text}", markup=False, highlight=False)
+
+
+def logs(ctx: Context, args: Namespace) -> None:
+    """Copy the daemon's tagged log lines to stdout; with C{--follow}, until Ctrl-C."""
+    out = ctx.out.file
+    with ctx.daemon.open("GET", "/logs?follow=true" if args.follow else "/logs") as response:
+        for line in lines(response):
+            out.write(line.decode("utf-8", errors="replace"))
+            out.flush()
+
+
+def version(ctx: Context, args: Namespace) -> None:
+    ctx.out.print(f"mrunner client {mrunner.__version__}", markup=False)
+    daemon = ctx.daemon.call("GET", "/version")
+    ctx.out.print(f"mrunner daemon {daemon['version']} at {ctx.daemon.url}", markup=False)
+
+
+def wait(ctx: Context, args: Namespace) -> None:
+    """Return once the daemon answers C{/health}, for scripts that start it."""
+    deadline = time.monotonic() + args.timeout
+    while True:
+        try:
+            ctx.daemon.call("GET", "/health")
+            return
+        except CommandError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

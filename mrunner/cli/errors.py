@@ -1,0 +1,30 @@
+"""Errors the command line reports, and what to do about them."""
+
+from __future__ import annotations
+
+START_HINT = "start it with `twistd -n mrunner` (or `make run` in a checkout)"
+
+
+class CommandError(Exception):
+    """A failure told in one line on stderr; the command exits with status 1."""
+
+
+class DaemonError(CommandError):
+    """The daemon refused: its HTTP status, its message and its error code."""
+
+    def __init__(self, status: int, message: str, code: str | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def explain(error: CommandError, command: str, model: str | None) -> str:
+    """The line to show for C{error} met by C{command} on C{model}, with the next step when there is one."""
+    if not isinstance(error, DaemonError):
+        return str(error)
+    if error.code == "model_not_found" and command != "pull" and model:
+        return f"model {model} is not here; get it with `mrunner pull {model}` (`mrunner ls` lists what is)"
+    if error.code == "model_has_several_tags" and model:
+        return f"{error.message.split(';')[0]}: `mrunner rm --force {model}` removes it under all of them"
+    return f"{error.message} (HTTP {error.status})"

@@ -1,0 +1,106 @@
+"""``mrunner [--host URL] COMMAND ...``: read the command line, run the command, exit 0, 1 or 2.
+
+0 is success, 1 an error (told on stderr with what to do about it), 2 a
+usage error; 130 when Ctrl-C interrupts a command, as shells expect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from rich.console import Console
+
+from mrunner.cli import engines, models
+from mrunner.cli.client import DEFAULT_HOST, Daemon
+from mrunner.cli.context import Context
+from mrunner.cli.errors import CommandError, explain
+
+PIPE_WIDTH = 10_000  # a listing written to a pipe or file is never wrapped
+Command = Callable[[Context, argparse.Namespace], None]
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="mrunner", description="Pull, run and manage local models through the mrunner daemon."
+    )
+    top.add_argument(
+        "--host",
+        default=os.environ.get("MRUNNER_HOST", DEFAULT_HOST),
+        help=f"the daemon's address (default: $MRUNNER_HOST, else {DEFAULT_HOST})",
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str, run: Command, summary: str, *aliases: str, json: bool = False
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, aliases=aliases, help=summary, description=summary)
+        sub.set_defaults(run=run)
+        if json:
+            sub.add_argument("--json", action="store_true", help="print JSON, for scripts")
+        return sub
+
+    command("pull", models.pull, "pull a model from a registry, one bar per layer").add_argument("model")
+    command("push", models.push, "push a model to the registry its name points at").add_argument("model")
+    run = command("run", engines.run, "answer PROMPT and exit; without one, chat until Ctrl-D")
+    run.add_argument("model")
+    run.add_argument("prompt", nargs="?", help="the question (default: piped input, else a chat)")
+    command("ls", models.ls, "list the models in the store", "list", json=True)
+    command("inspect", models.inspect, "show a model's details as JSON").add_argument("model")
+    rm = command("rm", models.rm, "remove a model from the store (and unload it)", "remove")
+    rm.add_argument("model")
+    rm.add_argument("--force", action="store_true", help="remove it under all of its tags")
+    tag = command("tag", models.tag, "give a model another name")
+    tag.add_argument("model", metavar="SOURCE")
+    tag.add_argument("target", metavar="TARGET")
+    command("ps", engines.ps, "list the running models", json=True)
+    command("df", engines.df, "show disk usage of models and backends", json=True)
+    unload = command("unload", engines.unload, "unload the named models' runners, or all of them")
+    unload.add_argument("models", nargs="*", metavar="MODEL")
+    unload.add_argument("--all", action="store_true", help="unload every runner")
+    command("status", engines.status, "is the daemon running, and its backends' install state", json=True)
+    command("logs", engines.logs, "show the daemon's and the runners' logs").add_argument(
+        "-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C"
+    )
+    package = command("package", models.package, "store a GGUF file as a model, with its license")
+    package.add_argument("model", metavar="NAME")
+    package.add_argument("--gguf", required=True, help="the GGUF file")
+    package.add_argument("--license", action="append", default=[], help="a license file (repeatable)")
+    package.add_argument("--context-size", type=_positive, help="the model's default context size")
+    package.add_argument("--push", action="store_true", help="push it to its registry afterwards")
+    command("version", engines.version, "show the client's and the daemon's versions")
+    command("wait", engines.wait, "wait until the daemon answers (for scripts)").add_argument(
+        "--timeout", type=float, default=60, help="seconds (default: 60)"
+    )
+    return top
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    top = parser()
+    args = top.parse_args(argv)
+    if args.command == "unload" and bool(args.models) == args.all:
+        top.error("unload needs model names or --all (not both)")
+    tty = sys.stdout.isatty()
+    out = Console(highlight=False, width=None if tty else PIPE_WIDTH)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        args.run(Context(Daemon(args.host), out, err), args)
+    except CommandError as e:
+        err.print(f"mrunner: {explain(e, args.command, getattr(args, 'model', None))}", markup=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        out.file.write("\n")
+        sys.exit(130)
+    except BrokenPipeError:  # `mrunner logs | head`: the reader is gone, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(0)

@@ -1,0 +1,104 @@
+"""Commands on the model store: pull, push, ls, inspect, rm, tag, package."""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from argparse import Namespace
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from mrunner.cli.client import model_path
+from mrunner.cli.context import Context
+from mrunner.cli.errors import CommandError
+from mrunner.cli.output import ago, show_json, table
+from mrunner.cli.package import TarStream, members
+from mrunner.cli.progress import layer_progress
+
+
+def pull(ctx: Context, args: Namespace) -> None:
+    show_transfer(ctx, "pull", ctx.daemon.ndjson("POST", "/models/create", {"from": args.model}))
+
+
+def push(ctx: Context, args: Namespace) -> None:
+    show_transfer(ctx, "push", ctx.daemon.ndjson("POST", model_path(args.model, "/push")))
+
+
+def show_transfer(ctx: Context, verb: str, events: Iterable[dict[str, Any]]) -> None:
+    """Show a pull's or push's NDJSON progress, one bar per layer, then its outcome."""
+    outcome = None
+    with layer_progress(ctx.out, verb) as bars:
+        for event in events:
+            layer = event.get("layer")
+            if event.get("type") == "progress" and isinstance(layer, dict):
+                bars.update(str(layer["id"]), int(layer["size"]), int(layer["current"]))
+            elif event.get("type") == "error":
+                raise CommandError(str(event.get("message")))
+            elif event.get("type") == "success":
+                outcome = str(event.get("message"))
+    if outcome is None:
+        raise CommandError(f"the daemon ended the {verb} without saying whether it succeeded")
+    ctx.out.print(outcome, markup=False, highlight=False)
+
+
+def ls(ctx: Context, args: Namespace) -> None:
+    models = ctx.daemon.call("GET", "/models")
+    if args.json:
+        show_json(ctx.out, models)
+        return
+    now = time.time()
+    rows = [
+        [
+            tag,
+            model["id"].split(":", 1)[-1][:12],
+            str(model["config"].get("size", "")),
+            str(model["config"].get("parameters", "")),
+            str(model["config"].get("quantization", "")),
+            ago(model["created"], now),
+        ]
+        for model in models
+        for tag in model["tags"] or ["<none>"]
+    ]
+    table(ctx.out, ["name", "id", "size", "parameters", "quantization", "created"], rows)
+
+
+def inspect(ctx: Context, args: Namespace) -> None:
+    show_json(ctx.out, ctx.daemon.call("GET", model_path(args.model)))
+
+
+def rm(ctx: Context, args: Namespace) -> None:
+    force = "?force=true" if args.force else ""
+    for change in ctx.daemon.call("DELETE", model_path(args.model) + force):
+        for what, name in change.items():
+            ctx.out.print(f"{what}: {name}", markup=False, highlight=False)
+
+
+def tag(ctx: Context, args: Namespace) -> None:
+    repo, tag = split_tag(args.target)
+    query = urllib.parse.urlencode({"repo": repo, "tag": tag})
+    ctx.out.print(ctx.daemon.call("POST", model_path(args.model, f"/tag?{query}"))["message"], markup=False)
+
+
+def split_tag(name: str) -> tuple[str, str]:
+    """C{host:5000/repo:v1} → C{("host:5000/repo", "v1")}; no tag means C{latest}."""
+    repo, colon, tag = name.rpartition(":")
+    if not colon or "/" in tag:
+        return name, "latest"
+    return repo, tag
+
+
+def package(ctx: Context, args: Namespace) -> None:
+    """Upload the GGUF (and licenses) as C{args.model}; push it too with C{--push}."""
+    stream = TarStream(members(Path(args.gguf), [Path(path) for path in args.license]))
+    query = {"name": args.model} | ({"context_size": args.context_size} if args.context_size else {})
+    with layer_progress(ctx.out, "package") as bars:
+        model = ctx.daemon.call(
+            "POST",
+            f"/models/load?{urllib.parse.urlencode(query)}",
+            data=stream.chunks(lambda sent: bars.update("upload", stream.length, sent)),
+            headers={"Content-Type": "application/x-tar", "Content-Length": str(stream.length)},
+        )
+    ctx.out.print(f"Packaged {args.gguf} as {', '.join(model['tags'])} ({model['id']})", markup=False)
+    if args.push:
+        push(ctx, args)

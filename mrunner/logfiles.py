@@ -1,0 +1,93 @@
+"""The daemon's log files: ``$MRUNNER_HOME/logs/daemon.log`` beside one log per runner.
+
+The daemon's own events are copied into ``daemon.log`` (whatever else twistd
+does with them), so ``GET /logs`` can show them with the runners' output; a
+L{LogTail} reads every ``*.log`` there and hands back new lines by source.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from twisted.application.service import Service
+from twisted.logger import ILogObserver, LogPublisher, globalLogPublisher, textFileLogObserver
+from twisted.python.logfile import LogFile
+
+DAEMON = "daemon"
+ROTATE_BYTES = 10_000_000
+KEEP_ROTATED = 3
+BACKLOG_BYTES = 1024 * 1024
+
+
+class DaemonLogFile(Service):
+    """Writes every log event of this process to C{directory}/daemon.log while running, rotated at 10 MB."""
+
+    def __init__(self, directory: Path, publisher: LogPublisher = globalLogPublisher) -> None:
+        self._directory = directory
+        self._publisher = publisher
+        self._file: LogFile | None = None
+        self._observer: ILogObserver | None = None
+
+    def startService(self) -> None:
+        self._directory.mkdir(parents=True, exist_ok=True)
+        self._file = LogFile(
+            f"{DAEMON}.log", str(self._directory), rotateLength=ROTATE_BYTES, maxRotatedFiles=KEEP_ROTATED
+        )
+        self._observer = textFileLogObserver(self._file)  # type: ignore[arg-type]  # LogFile takes str
+        self._publisher.addObserver(self._observer)
+        super().startService()
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._observer is not None and self._file is not None:
+            self._publisher.removeObserver(self._observer)
+            self._file.close()
+            self._observer = self._file = None
+
+
+class LogTail:
+    """Remembers how far each log file was read; L{read} returns the complete lines written since.
+
+    A file seen for the first time gives at most its last C{backlog} bytes; a
+    file that shrank (rotated or truncated) is read again from its start.
+    """
+
+    def __init__(self, directory: Path, backlog: int = BACKLOG_BYTES) -> None:
+        self._directory = directory
+        self._backlog = backlog
+        self._offsets: dict[Path, int] = {}
+
+    def read(self) -> list[tuple[str, str]]:
+        """New C{(source, line)} pairs: the daemon's first, then each runner's, by file name."""
+        lines: list[tuple[str, str]] = []
+        for path in self._files():
+            try:
+                lines.extend((path.stem, line) for line in self._new_lines(path))
+            except FileNotFoundError:  # removed or rotated between listing and reading
+                self._offsets.pop(path, None)
+        return lines
+
+    def _files(self) -> list[Path]:
+        try:
+            files = [path for path in self._directory.iterdir() if path.suffix == ".log"]
+        except FileNotFoundError:
+            return []
+        return sorted(files, key=lambda path: (path.stem != DAEMON, path.name))
+
+    def _new_lines(self, path: Path) -> list[str]:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            start = self._offsets.get(path)
+            first = start is None
+            if start is None:
+                start = max(0, size - self._backlog)
+            elif size < start:
+                start = 0
+            f.seek(start)
+            data = f.read(size - start)
+        if first and start > 0:  # the backlog began mid-line: start at the next one
+            cut = data.find(b"\n") + 1
+            data, start = data[cut:], start + cut
+        end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+        self._offsets[path] = start + end
+        return data[:end].decode("utf-8", errors="replace").splitlines()

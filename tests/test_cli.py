@@ -1,0 +1,369 @@
+"""The real ``mrunner`` command against a daemon each test starts, with the stand-in runner backend.
+
+These run real processes on the real reactor: the daemon in this process, the
+command as a child (through pipes, or a pseudo-terminal where a person would
+type), and Debian's docker-registry for pull and push. Each command takes
+well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+
+import mrunner
+from mrunner.store.store import ModelStore
+from tests.daemon import InProcessDaemon, eventually, free_port, lines, short_home, write_config
+from tests.ggufs import write_tiny_gguf
+from tests.registry_server import SKIP, RealRegistry
+
+MRUNNER = str(Path(sys.executable).with_name("mrunner"))
+TERMINAL = {"TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
+WAIT = 10.0  # seconds to wait for output that should come at once; only a broken command waits this long
+
+
+@attrs.frozen
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+class Child(ProcessProtocol):
+    """A running command: what it has printed so far, keys to type, and how it ended."""
+
+    def __init__(self) -> None:
+        self.output = ""
+        self.code: int | None = None
+        self.ended: Deferred[None] = Deferred()
+
+    def childDataReceived(self, fd: int, data: bytes) -> None:
+        self.output += data.decode(errors="replace")
+
+    def processEnded(self, reason: Failure) -> None:
+        self.code = reason.value.exitCode
+        self.ended.callback(None)
+
+    def type(self, keys: str) -> None:
+        assert self.transport is not None
+        self.transport.write(keys.encode())
+
+    async def shows(self, text: str, after: int = 0) -> int:
+        """Wait until C{text} appears after position C{after}; the position just past it."""
+        await eventually(lambda: text in self.output[after:], WAIT)
+        position = self.output.find(text, after)
+        if position < 0:
+            raise AssertionError(f"{text!r} never appeared; the command printed:\n{self.output}")
+        return position + len(text)
+
+
+class CLITestCase(TestCase):
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.home = short_home(self)
+        runner_args = ("--requests", str(self.home / "requests"), *self.runner_args())
+        self.daemon = InProcessDaemon(write_config(self.home, runner_args=runner_args))
+        self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
+        self.gguf = self.home / "tiny.gguf"
+        write_tiny_gguf(self.gguf, rows=4096)  # 256 KiB: several progress lines
+
+    def runner_args(self) -> tuple[str, ...]:
+        return ()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "MRUNNER_HOST": self.daemon.url, **extra}
+
+    async def mrunner(self, *args: str, stdin: bytes = b"") -> Ran:
+        out, err, code = await getProcessOutputAndValue(
+            MRUNNER, args, env=self.env(), reactor=reactor, stdinBytes=stdin
+        )
+        return Ran(code, out.decode(), err.decode())
+
+    async def ok(self, *args: str, stdin: bytes = b"") -> str:
+        """What C{mrunner ARGS} prints, after checking that it succeeded."""
+        ran = await self.mrunner(*args, stdin=stdin)
+        self.assertEqual(ran.code, 0, f"mrunner {' '.join(args)} failed: {ran.err}")
+        return ran.out
+
+    async def fails(self, *args: str) -> str:
+        """What C{mrunner ARGS} says on stderr, after checking that it failed with status 1."""
+        ran = await self.mrunner(*args)
+        self.assertEqual(ran.code, 1, ran)
+        return ran.err
+
+    def spawn(self, *args: str, terminal: bool = False) -> Child:
+        """Start C{mrunner ARGS}, on a pseudo-terminal if C{terminal}; the test waits for it to end."""
+        child = Child()
+        env = self.env(**TERMINAL) if terminal else self.env()
+        reactor.spawnProcess(child, MRUNNER, [MRUNNER, *args], env=env, usePTY=terminal)  # type: ignore[attr-defined]
+        return child
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The bodies the runner was sent, oldest first."""
+        return [json.loads(line) for line in (self.home / "requests").read_text().splitlines()]
+
+
+class DaemonCommandTests(CLITestCase):
+    async def test_status_and_version(self) -> None:
+        out = await self.ok("status")
+        self.assertIn(f"mrunner is running at {self.daemon.url}", out)
+        self.assertIn("test: Running", out)
+        self.assertTrue(json.loads(await self.ok("status", "--json"))["test"].startswith("Running"))
+        out = await self.ok("version")
+        self.assertIn(f"mrunner client {mrunner.__version__}", out)
+        self.assertIn(f"mrunner daemon {mrunner.__version__}", out)
+
+    async def test_no_daemon_says_how_to_start_one(self) -> None:
+        for args in (("status",), ("ls",), ("pull", "ai/smollm2"), ("run", "ai/smollm2", "hi")):
+            error = await self.fails("--host", f"127.0.0.1:{free_port()}", *args)
+            self.assertIn("cannot reach the mrunner daemon", error)
+            self.assertIn("twistd -n mrunner", error)
+
+    async def test_usage_errors_exit_2(self) -> None:
+        for args in [
+            (),
+            ("frobnicate",),
+            ("unload",),
+            ("unload", "tiny", "--all"),
+            ("package", "tiny"),
+            ("package", "--gguf", str(self.gguf), "--context-size", "0", "tiny"),
+        ]:
+            ran = await self.mrunner(*args)
+            self.assertEqual(ran.code, 2, args)
+            self.assertIn("usage: mrunner", ran.err)
+
+    async def test_run_ps_df_unload(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        self.assertEqual(await self.ok("run", "tiny", "What is 2+2?"), "tok0 tok1 tok2 \n")
+        self.assertEqual(self.requests()[-1]["messages"], [{"role": "user", "content": "What is 2+2?"}])
+        self.assertTrue(self.requests()[-1]["stream"])
+        await self.ok("run", "tiny", stdin=b"piped question")
+        self.assertEqual(self.requests()[-1]["messages"], [{"role": "user", "content": "piped question"}])
+
+        listing = (await self.ok("ps")).splitlines()
+        self.assertEqual(listing[0].split(), ["MODEL", "ID", "BACKEND", "MODE", "STATE", "MEMORY", "UNTIL"])
+        self.assertEqual(
+            listing[1].split()[:5], ["ai/tiny:latest", listing[1].split()[1], "test", "completion", "idle"]
+        )
+        self.assertRegex(listing[1], r"in \d+ minutes? *$")  # keep_alive 5m from the last answer
+        self.assertEqual(
+            [r["model_name"] for r in json.loads(await self.ok("ps", "--json"))], ["ai/tiny:latest"]
+        )
+        disk = await self.ok("df")
+        self.assertRegex(disk, r"models +25\d\.\d+ KiB")
+        self.assertIn("backend test", disk)
+        self.assertIn("models_disk_usage", json.loads(await self.ok("df", "--json")))
+
+        self.assertEqual(await self.ok("unload", "tiny"), "Unloaded 1 runner\n")
+        self.assertEqual(json.loads(await self.ok("ps", "--json")), [])
+        self.assertEqual(await self.ok("unload", "--all"), "Unloaded 0 runners\n")
+
+    async def test_missing_model_suggests_pull(self) -> None:
+        for args in (
+            ("run", "nothere", "hi"),
+            ("inspect", "nothere"),
+            ("rm", "nothere"),
+            ("push", "nothere"),
+        ):
+            self.assertIn("get it with `mrunner pull nothere`", await self.fails(*args), args)
+
+    async def test_logs(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        await self.ok("run", "tiny", "hi")
+        out = await self.ok("logs")
+        self.assertRegex(out, r"(?m)^\[daemon\] .*stored model sha256:")
+        self.assertRegex(out, r"(?m)^\[ai_tiny_latest-completion\] --- mrunner: .*runner_program\.py")
+
+        follow = self.spawn("logs", "--follow")
+        seen = await follow.shows("[daemon]")
+        await self.ok("unload", "--all")
+        await follow.shows("[ai_tiny_latest-completion] --- mrunner: runner ended", seen)
+        assert follow.transport is not None
+        follow.transport.signalProcess("INT")
+        await follow.ended
+        self.assertEqual(follow.code, 130)
+
+
+class ModelCommandTests(CLITestCase):
+    async def test_package_list_tag_remove(self) -> None:
+        license = self.home / "LICENSE"
+        license.write_text("Apache-2.0, more or less\n")
+        out = await self.ok(
+            "package", "--gguf", str(self.gguf), "--license", str(license), "--context-size", "1024", "tiny"
+        )
+        self.assertRegex(out, r"(?m)^package upload: .* \(100%\)$")
+        self.assertIn(f"Packaged {self.gguf} as ai/tiny:latest (sha256:", out)
+        stored = ModelStore(self.home, reactor).resolve("tiny")  # type: ignore[arg-type]
+        self.assertEqual(Path(stored.files["license"]).read_text(), license.read_text())
+        self.assertEqual(stored.config["context_size"], 1024)
+        self.assertEqual(Path(stored.gguf).read_bytes(), self.gguf.read_bytes())
+
+        listing = (await self.ok("ls")).splitlines()
+        self.assertEqual(listing[0].split(), ["NAME", "ID", "SIZE", "PARAMETERS", "QUANTIZATION", "CREATED"])
+        self.assertEqual(
+            listing[1].split()[:7], ["ai/tiny:latest", stored.short_id, "256.34", "KiB", "65.55", "K", "Q4_1"]
+        )
+        self.assertRegex(listing[1], r"(just now|\d+ seconds? ago) *$")
+        self.assertEqual(json.loads(await self.ok("inspect", "tiny"))["id"], stored.id)
+
+        self.assertIn("Model tagged successfully", await self.ok("tag", "tiny", "team/tiny:v2"))
+        [model] = json.loads(await self.ok("ls", "--json"))
+        self.assertEqual(sorted(model["tags"]), ["ai/tiny:latest", "team/tiny:v2"])
+        self.assertIn(
+            "`mrunner rm --force tiny` removes it under all of them", await self.fails("rm", "tiny")
+        )
+        self.assertEqual(
+            (await self.ok("rm", "--force", "tiny")).splitlines(),
+            ["Untagged: ai/tiny:latest", "Untagged: team/tiny:v2", f"Deleted: {stored.id}"],
+        )
+        self.assertEqual(json.loads(await self.ok("ls", "--json")), [])
+
+    async def test_package_refuses_what_is_not_a_model(self) -> None:
+        self.assertIn(
+            "not a valid GGUF file", await self.fails("package", "--gguf", str(self.home / "tap.conf"), "x")
+        )
+        self.assertIn("cannot read", await self.fails("package", "--gguf", str(self.home / "none.gguf"), "x"))
+
+
+class RegistryCommandTests(CLITestCase):
+    skip = SKIP
+
+    async def test_push_then_pull_with_progress(self) -> None:
+        registry = RealRegistry(self.home / "registry")
+        await registry.start()
+        self.addCleanup(lambda: ensureDeferred(registry.stop()))
+        name = f"{registry.host}/team/tiny:v1"
+        await self.daemon.import_model("tiny", self.gguf)
+        await self.ok("tag", "tiny", name)
+
+        out = await self.ok("push", name)
+        self.assertRegex(out, r"(?m)^push [0-9a-f]{12}: 256\.34 KiB of 256\.34 KiB \(100%\)$")
+        self.assertTrue(out.endswith(f"Model pushed successfully: {name}\n"), out)
+        await self.ok("rm", "--force", name)
+
+        out = await self.ok("pull", name)
+        self.assertNotIn("\x1b", out)  # plain lines through a pipe
+        progress = re.findall(r"(?m)^pull ([0-9a-f]{12}): .* of .* \((\d+)%\)$", out)
+        self.assertEqual(
+            {layer for layer, percent in progress if percent == "100"}, {layer for layer, _ in progress}
+        )
+        self.assertEqual(len({layer for layer, _ in progress}), 2)  # config and weights
+        self.assertTrue(out.endswith(f"Model pulled successfully: {name}\n"), out)
+        self.assertEqual([m["tags"] for m in json.loads(await self.ok("ls", "--json"))], [[name]])
+
+        await self.ok("rm", "--force", name)
+        terminal = self.spawn("pull", name, terminal=True)
+        await terminal.ended
+        self.assertEqual(terminal.code, 0, terminal.output)
+        self.assertIn("━", terminal.output)  # bars
+        self.assertIn("256.3/256.3 KiB", terminal.output)  # each layer's size and what is done
+        self.assertIn("\x1b[", terminal.output)  # drawn in place
+        self.assertIn(f"Model pulled successfully: {name}", terminal.output)
+
+        error = await self.fails("pull", f"{registry.host}/team/missing:v1")
+        self.assertIn(f"not found in registry {registry.host}", error)
+        self.assertNotIn("mrunner pull", error)
+
+
+class ChatTests(CLITestCase):
+    def runner_args(self) -> tuple[str, ...]:
+        # Each answer waits before its token i until the file gate<i> exists.
+        return ("--gate", str(self.home / "gate"))
+
+    def open_gate(self, *tokens: int) -> None:
+        for token in tokens:
+            (self.home / f"gate{token}").touch()
+
+    async def test_chat_keeps_the_conversation_ctrl_c_stops_ctrl_d_leaves(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        self.open_gate(0)
+        chat = self.spawn("run", "tiny", terminal=True)
+        seen = await chat.shows("Ctrl-D or /bye leaves.")
+        seen = await chat.shows("> ", seen)
+        chat.type("What is 2+2?\r")
+        seen = await chat.shows("tok0 ", seen)  # the answer now waits for gate1
+        chat.type("\x03")  # Ctrl-C
+        seen = await chat.shows("[stopped]", seen)
+        await eventually(lambda: "cancelled" in lines(self.home / "events"), WAIT)
+        self.assertEqual(lines(self.home / "events"), ["cancelled"])  # the runner stopped generating
+
+        self.open_gate(1, 2)
+        seen = await chat.shows("> ", seen)
+        chat.type("And 3+3?\r")
+        seen = await chat.shows("tok0 tok1 tok2 ", seen)
+        seen = await chat.shows("> ", seen)
+        chat.type("\x04")  # Ctrl-D
+        await chat.ended
+        self.assertEqual(chat.code, 0, chat.output)
+        self.assertEqual(
+            self.requests()[-1]["messages"],
+            [
+                {"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "tok0 "},
+                {"role": "user", "content": "And 3+3?"},
+            ],
+        )
+
+
+class InstallingDaemon(Resource):
+    """A daemon whose backend is still installing when the first chat request comes."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses = ["Installing: fetching", "Installing: compiling", "Running: b1"]
+        self.chats = 0
+
+    def render_GET(self, request: Request) -> bytes:
+        status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+        return json.dumps({"llama.cpp": status}).encode()
+
+    def render_POST(self, request: Request) -> bytes:
+        self.chats += 1
+        if self.chats == 1:
+            request.setResponseCode(503)
+            error = {
+                "message": "backend llama.cpp is not ready yet",
+                "type": "x",
+                "code": "backend_installing",
+            }
+            return json.dumps({"error": error}).encode()
+        chunk = {"choices": [{"index": 0, "delta": {"content": "four"}}]}
+        return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+class InstallProgressTests(TestCase):
+    timeout = 30
+
+    async def test_run_shows_the_install_then_answers(self) -> None:
+        daemon = InstallingDaemon()
+        port = reactor.listenTCP(0, Site(daemon), interface="127.0.0.1")  # type: ignore[attr-defined]
+        self.addCleanup(port.stopListening)
+        out, err, code = await getProcessOutputAndValue(
+            MRUNNER,
+            ("--host", f"127.0.0.1:{port.getHost().port}", "run", "ai/smollm2", "What is 2+2?"),
+            env=dict(os.environ),
+            reactor=reactor,
+        )
+        self.assertEqual((code, out), (0, b"four\n"), err)
+        self.assertEqual(
+            err.decode().splitlines(),
+            ["backend llama.cpp: Installing: fetching", "backend llama.cpp: Installing: compiling"],
+        )
+        self.assertEqual(daemon.chats, 2)

@@ -1,0 +1,153 @@
+"""Parts of the command line and of ``GET /logs`` that need no process: tar streams, plain progress,
+error hints, names, and following log files."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+from treq.testing import StubTreq
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from mrunner.api.logs import LogsAPI
+from mrunner.cli.errors import CommandError, DaemonError, explain
+from mrunner.cli.models import split_tag
+from mrunner.cli.output import ago, human_size
+from mrunner.cli.package import TarStream, members
+from mrunner.cli.progress import PlainLayers
+from mrunner.logfiles import LogTail
+from mrunner.store.package import read_package
+
+
+class PackageTests(SynchronousTestCase):
+    def test_the_stream_is_a_package_of_the_announced_length(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        gguf, license = directory / "w.gguf", directory / "LICENSE"
+        gguf.write_bytes(bytes(range(256)) * 5)  # not a multiple of the tar block
+        license.write_text("MIT\n")
+        stream = TarStream(members(gguf, [license]))
+        sent: list[int] = []
+        data = b"".join(stream.chunks(sent.append))
+        self.assertEqual(len(data), stream.length)
+        self.assertEqual(sent[-1], stream.length)
+        weights, licenses = read_package(io.BytesIO(data))
+        self.assertEqual((weights.read(), licenses), (gguf.read_bytes(), [b"MIT\n"]))
+
+    def test_a_missing_file_is_named(self) -> None:
+        error = self.assertRaises(CommandError, TarStream, members(Path("/nonexistent.gguf"), []))
+        self.assertIn("/nonexistent.gguf", str(error))
+
+
+class NameTests(SynchronousTestCase):
+    def test_split_tag(self) -> None:
+        self.assertEqual(split_tag("team/tiny:v1"), ("team/tiny", "v1"))
+        self.assertEqual(split_tag("host:5000/team/tiny"), ("host:5000/team/tiny", "latest"))
+        self.assertEqual(split_tag("host:5000/team/tiny:v2"), ("host:5000/team/tiny", "v2"))
+        self.assertEqual(split_tag("tiny"), ("tiny", "latest"))
+
+
+class OutputTests(SynchronousTestCase):
+    def test_plain_progress_is_a_few_lines_per_layer(self) -> None:
+        out = io.StringIO()
+        layers = PlainLayers(Console(file=out, width=200), "pull")
+        for current in range(0, 1001, 50):
+            layers.update("sha256:" + "ab" * 32, 1000, current)
+        layers.update("sha256:" + "cd" * 32, 7, 7)
+        self.assertEqual(
+            out.getvalue().splitlines(),
+            [
+                "pull abababababab: 0 B of 1000 B (0%)",
+                "pull abababababab: 250 B of 1000 B (25%)",
+                "pull abababababab: 500 B of 1000 B (50%)",
+                "pull abababababab: 750 B of 1000 B (75%)",
+                "pull abababababab: 1000 B of 1000 B (100%)",
+                "pull cdcdcdcdcdcd: 7 B of 7 B (100%)",
+            ],
+        )
+
+    def test_sizes_and_times(self) -> None:
+        self.assertEqual(
+            [human_size(n) for n in (0, 1023, 1536, 3 * 1024**3)], ["0 B", "1023 B", "1.50 KiB", "3.00 GiB"]
+        )
+        self.assertEqual(
+            [ago(100 - s, 100) for s in (0.5, 1, 120, 7200)],
+            ["just now", "1 second ago", "2 minutes ago", "2 hours ago"],
+        )
+
+    def test_error_hints(self) -> None:
+        missing = DaemonError(404, "model x not found locally", "model_not_found")
+        self.assertIn("`mrunner pull ai/x`", explain(missing, "run", "ai/x"))
+        remote = DaemonError(404, "model ai/x not found in registry r", "model_not_found")
+        self.assertEqual(explain(remote, "pull", "ai/x"), "model ai/x not found in registry r (HTTP 404)")
+        tags = DaemonError(409, "model x is tagged a, b; delete with force=true", "model_has_several_tags")
+        self.assertEqual(
+            explain(tags, "rm", "x"),
+            "model x is tagged a, b: `mrunner rm --force x` removes it under all of them",
+        )
+        self.assertEqual(explain(CommandError("plain"), "ls", None), "plain")
+
+
+class LogTailTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.dir = Path(self.mktemp())
+        self.dir.mkdir()
+
+    def append(self, name: str, text: str) -> None:
+        with (self.dir / name).open("a") as f:
+            f.write(text)
+
+    def test_daemon_first_then_runners_complete_lines_only(self) -> None:
+        self.append("b-completion.log", "runner says\npartial")
+        self.append("daemon.log", "daemon says\n")
+        self.append("daemon.log.1", "rotated, not shown\n")
+        tail = LogTail(self.dir)
+        self.assertEqual(tail.read(), [("daemon", "daemon says"), ("b-completion", "runner says")])
+        self.assertEqual(tail.read(), [])
+        self.append("b-completion.log", " line\n")
+        self.append("a-embedding.log", "new runner\n")
+        self.assertEqual(tail.read(), [("a-embedding", "new runner"), ("b-completion", "partial line")])
+
+    def test_backlog_starts_at_a_whole_line_and_rotation_starts_over(self) -> None:
+        self.append("daemon.log", "first line\nsecond line\n")
+        tail = LogTail(self.dir, backlog=15)
+        self.assertEqual(tail.read(), [("daemon", "second line")])
+        (self.dir / "daemon.log").write_text("after rotation\n")
+        self.assertEqual(tail.read(), [("daemon", "after rotation")])
+
+    def test_no_directory_yet(self) -> None:
+        self.assertEqual(LogTail(self.dir / "missing").read(), [])
+
+
+class LogsAPITests(SynchronousTestCase):
+    def test_lines_tagged_with_their_source(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        (directory / "daemon.log").write_text("started\n")
+        (directory / "m-completion.log").write_text("loading\nready\n")
+        http = StubTreq(LogsAPI(directory, Clock()).app.resource())
+        response = self.successResultOf(http.get("http://x/logs"))
+        self.assertEqual(response.headers.getRawHeaders("content-type"), ["text/plain; charset=utf-8"])
+        self.assertEqual(
+            self.successResultOf(response.text()),
+            "[daemon] started\n[m-completion] loading\n[m-completion] ready\n",
+        )
+
+    def test_follow_ends_when_the_daemon_stops(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        clock = Clock()
+        logs = LogsAPI(directory, clock)
+        logs.startService()
+        http = StubTreq(logs.app.resource())
+        response = self.successResultOf(http.get("http://x/logs?follow=true"))
+        body = response.text()
+        (directory / "daemon.log").write_text("later\n")
+        clock.advance(1)
+        self.assertNoResult(body)
+        logs.stopService()
+        http.flush()
+        self.assertEqual(self.successResultOf(body), "[daemon] later\n")
+        self.assertEqual(clock.getDelayedCalls(), [])
