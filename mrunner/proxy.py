@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.error import ConnectError
+from twisted.internet.error import ConnectError, ConnectingCancelledError
 from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
@@ -157,13 +157,19 @@ class Forwarder:
 
         llama-server closes a connection after a stream while announcing
         keep-alive, so a pooled connection can die under the next request
-        before the runner reads it: such a request is sent once more.
+        before the runner reads it: such a request is sent once more. A client
+        that went away meanwhile cancelled it, and that stays a cancellation,
+        which Klein expects, rather than an error logged with its traceback.
         """
         headers = forwarded_headers(request.requestHeaders)
         try:
             return await self._agent.request(request.method, url, headers, BytesBody(body))
+        except ConnectingCancelledError:
+            raise CancelledError() from None
         except (ResponseNeverReceived, RequestNotSent, RequestTransmissionFailed) as e:
-            if retry and request.channel is not None:
+            if request.channel is None:
+                raise CancelledError() from None
+            if retry:
                 return await self._send(request, url, body, retry=False)
             raise BadGateway(f"the runner closed the connection before answering: {e}") from None
         except ConnectError as e:

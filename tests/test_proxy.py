@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ConnectingCancelledError
 from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import ResponseNeverReceived
 from twisted.web.http import HTTPChannel, Request
+from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 
-from mrunner.proxy import start_event_stream
+from mrunner.proxy import Forwarder, start_event_stream
 
 
 @implementer(ITCPTransport)
@@ -41,3 +46,31 @@ class EventStreamTests(SynchronousTestCase):
         transport = StringTransport()
         start_event_stream(self.request(transport))
         self.assertIn(b"text/event-stream", transport.value())
+
+
+class CancelledAgent:
+    """An agent whose request, once cancelled, fails with C{error}, as Twisted's do at each stage."""
+
+    def __init__(self, error: Exception):
+        self._error = error
+
+    def request(
+        self, method: bytes, uri: bytes, headers: object = None, body: object = None
+    ) -> Deferred[None]:
+        return Deferred(lambda d: d.errback(self._error))
+
+
+class CancelTests(SynchronousTestCase):
+    def cancelled(self, error: Exception) -> None:
+        request = DummyRequest([b"v1", b"completions"])
+        request.method = b"POST"
+        forwarding = Forwarder(CancelledAgent(error)).forward(request, "/r.sock", b"/v1/completions", b"{}")
+        request.channel = None  # as the client's connectionLost leaves it
+        forwarding.cancel()
+        self.failureResultOf(forwarding, CancelledError)
+
+    def test_a_client_gone_while_connecting_is_a_cancellation(self) -> None:
+        self.cancelled(ConnectingCancelledError(None))
+
+    def test_a_client_gone_while_waiting_for_the_answer_is_a_cancellation(self) -> None:
+        self.cancelled(ResponseNeverReceived([Failure(CancelledError())]))
