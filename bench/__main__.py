@@ -38,8 +38,11 @@ MODELS = ("bench/tiny", "bench/tiny-b")
 TRICKLE_MODEL = "bench/trickle"
 
 
+BEGAN = time.monotonic()
+
+
 def progress(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
+    print(f"bench {time.monotonic() - BEGAN:4.0f}s: {message}", file=sys.stderr, flush=True)
 
 
 def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row]:
