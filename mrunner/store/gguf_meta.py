@@ -3,21 +3,22 @@
 This is what Docker Model Runner puts in a model's config blob, and what the
 scheduler's memory estimate starts from. Reading maps the file, so it is cheap
 in memory but does real I/O: call it off the reactor thread for large files.
+The ``gguf`` package is imported on the first read: it brings numpy, some
+14 MB resident that a daemon which never imports a model need not carry.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from gguf import GGUFReader, GGUFValueType, LlamaFileType
 
 from mrunner.errors import BadRequest
 
-# Arrays (the tokenizer's vocabulary, merges) are megabytes; the config blob keeps scalars.
-_SKIPPED = GGUFValueType.ARRAY
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 
 @attrs.frozen
@@ -56,11 +57,14 @@ def read(path: str | os.PathLike[str]) -> GGUFInfo:
 
 
 def _read(path: str | os.PathLike[str]) -> GGUFInfo:
+    from gguf import GGUFReader, GGUFValueType
+
     reader = GGUFReader(path)
+    # Arrays (the tokenizer's vocabulary, merges) are megabytes; the config blob keeps scalars.
     metadata = {
         field.name: str(field.contents())
         for field in reader.fields.values()
-        if field.types and field.types[0] != _SKIPPED and not field.name.startswith("GGUF.")
+        if field.types and field.types[0] != GGUFValueType.ARRAY and not field.name.startswith("GGUF.")
     }
     architecture = metadata.get("general.architecture", "unknown")
     context = metadata.get(f"{architecture}.context_length")
@@ -76,6 +80,8 @@ def _read(path: str | os.PathLike[str]) -> GGUFInfo:
 
 def _quantization(reader: GGUFReader, file_type: str | None) -> str:
     """The file type's name (``Q4_K_M``), else the tensor type most weights use."""
+    from gguf import LlamaFileType
+
     if file_type is not None:
         try:
             return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
