@@ -174,11 +174,15 @@ http {{
     fastcgi_temp_path {dir}/fastcgi;
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
+    # llama-server closes a connection after a stream while announcing keep-alive,
+    # so a request can meet a cached connection that is closing. mrunner sends such
+    # a request once more; nginx resends a POST only with non_idempotent and only to
+    # another server: the same socket, named twice. Idle connections are dropped
+    # before llama-server's own 5 s, as mrunner's pool drops them.
     upstream runner {{
-        server unix:{upstream};
+        server unix:{upstream} max_fails=0;
+        server unix:{upstream} max_fails=0;
         keepalive 32;
-        # Under llama-server's own 5 s, as mrunner's pool: nginx does not resend a POST
-        # whose idle connection the upstream closed as it was sent (a 502).
         keepalive_timeout 4s;
     }}
     server {{
@@ -187,6 +191,7 @@ http {{
             proxy_pass http://runner;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            proxy_next_upstream error timeout non_idempotent;
             proxy_buffering off;
             proxy_request_buffering off;
             proxy_read_timeout 600s;
