@@ -53,7 +53,7 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
     model = MODELS[0]
     with ExitStack() as running:
         progress(f"mrunner with {executable}")
-        conf = daemon.llama_conf(executable, settings.parallel)
+        conf = daemon.llama_conf(executable, settings.parallel, settings.threads)
         mrunner = running.enter_context(daemon.started(tmp / "home", conf, "llama.cpp"))
         for name, gguf in zip(MODELS, ggufs, strict=True):
             daemon.import_model(mrunner.url, name, gguf)

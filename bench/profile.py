@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import client, daemon, inputs, wrk
-from bench.settings import CHAT, chat
+from bench.settings import CHAT, Settings, chat
 from mrunner.tinymodel import write_tiny_llama
 
 MODEL = "bench/tiny"
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="mrp-", dir="/tmp"))
     write_tiny_llama(tmp / "tiny.gguf")
-    conf = daemon.llama_conf(inputs.llama_server(), parallel=4)
+    conf = daemon.llama_conf(inputs.llama_server(), Settings.parallel, Settings.threads)
     with daemon.started(tmp / "home", conf, "llama.cpp") as mrunner:
         daemon.import_model(mrunner.url, MODEL, tmp / "tiny.gguf")
         client.run(mrunner.url, CHAT, chat(MODEL, 1, stream=True))

@@ -19,6 +19,7 @@ class Settings:
     stream_tokens: int = 256
     load_rounds: int = 6
     parallel: int = 4
+    threads: int = 1
     soak_streams: int = 1000
     soak_seconds: float = 60.0
     soak_events: int = 10

@@ -3,7 +3,10 @@
 The first byte shows what a path adds before anything arrives; tokens per
 second what it costs per event; and the gaps between events whether it holds
 any back: a path that buffers delivers bursts, with near-zero gaps inside
-them and long ones between, so its 99th-percentile gap grows.
+them and long ones between, so its 99th-percentile gap grows. The CPU per
+event is the proxy's own for nginx and mrunner, and llama-server's (which
+generates the token) for direct: on two cores, what a proxy spends per event
+is taken from generation.
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ from bench.settings import CHAT, Settings, chat
 def measure(targets: Mapping[str, Target], model: str, settings: Settings) -> list[Row]:
     body = chat(model, settings.stream_tokens, stream=True)
 
-    def streams(_: str, target: Target) -> list[Exchange]:
-        return [client.run(target.url, CHAT, body) for _ in range(settings.streams_per_round)]
+    def streams(_: str, target: Target) -> tuple[list[Exchange], float]:
+        """A round's streams, and the CPU seconds the path's processes spent on them."""
+        cpu_before = target.cpu_seconds()
+        exchanges = [client.run(target.url, CHAT, body) for _ in range(settings.streams_per_round)]
+        return exchanges, target.cpu_seconds() - cpu_before
 
     for target in targets.values():
         client.run(target.url, CHAT, body)  # warm-up
-    samples = {
-        name: [e for batch in batches for e in batch]
-        for name, batches in interleave(targets, settings.rounds, streams).items()
+    rounds = interleave(targets, settings.rounds, streams)
+    samples = {name: [e for batch, _ in batches for e in batch] for name, batches in rounds.items()}
+    cpu_per_event = {
+        name: sum(cpu for _, cpu in batches) * 1e6 / sum(len(e.token_times) for e in samples[name])
+        for name, batches in rounds.items()
     }
     for name, exchanges in samples.items():
         for e in exchanges:
@@ -58,6 +66,7 @@ def measure(targets: Mapping[str, Target], model: str, settings: Settings) -> li
         Row(scenario, "total ms", per_path(lambda e: e.ms_after_sending(e.token_times[-1])), NO_GOAL),
         Row(scenario, "tokens/s", per_path(tokens_per_second), share("direct", 0.98)),
         Row(scenario, "p99 gap between events ms", gaps, over("direct", 1, "ms")),
+        Row(scenario, "CPU us per event", cpu_per_event, NO_GOAL),
     ]
 
 
