@@ -116,8 +116,9 @@ class Target:
     def cpu_seconds(self) -> float:
         return proc.cpu_seconds(self.pids)
 
-    def peak_rss_mib(self) -> float:
-        return sum(proc.memory_kib(pid, "VmHWM") for pid in self.pids) / 1024
+    def rss_mb(self, key: str = "VmRSS") -> float:
+        """Resident megabytes (10^6 bytes) now, or at their peak with C{key} VmHWM."""
+        return sum(proc.memory_kib(pid, key) for pid in self.pids) * 1024 / 1e6
 
 
 def replaced(argv: Sequence[str], flag: str, new: Sequence[str]) -> list[str]:

@@ -23,6 +23,8 @@ from bench.servers import Target
 from bench.settings import CHAT, Settings, chat
 
 RSS_GOAL_MB = 100
+#: Seconds between samples of the proxy's memory, to tell a plateau from a leak.
+SAMPLE_SECONDS = 10.0
 
 
 @dataclass
@@ -34,6 +36,7 @@ class Tally:
     errors: Counter[str] = field(default_factory=Counter)
     open: int = 0
     most_open: int = 0
+    rss_mb: list[float] = field(default_factory=list)
 
     def started(self) -> None:
         self.open += 1
@@ -47,7 +50,7 @@ class Tally:
             self.errors[exchange.failure.split(":")[0]] += 1
 
 
-async def _drive(url: str, body: dict[str, Any], settings: Settings) -> Tally:
+async def _drive(target: Target, body: dict[str, Any], settings: Settings) -> Tally:
     """C{settings.soak_streams} streams open at once (after a ramp), for C{settings.soak_seconds}."""
     tally = Tally()
     deadline = time.perf_counter() + settings.soak_seconds
@@ -56,9 +59,17 @@ async def _drive(url: str, body: dict[str, Any], settings: Settings) -> Tally:
         await asyncio.sleep(settings.soak_ramp * number / settings.soak_streams)
         while time.perf_counter() < deadline:
             tally.started()
-            tally.ended(await client.exchange(url, CHAT, body))
+            tally.ended(await client.exchange(target.url, CHAT, body))
 
+    async def sample() -> None:
+        while True:
+            tally.rss_mb.append(round(target.rss_mb(), 1))
+            await asyncio.sleep(SAMPLE_SECONDS)
+
+    sampling = asyncio.create_task(sample())
     await asyncio.gather(*(slot(n) for n in range(settings.soak_streams)))
+    sampling.cancel()
+    tally.rss_mb.append(round(target.rss_mb(), 1))
     return tally
 
 
@@ -68,11 +79,11 @@ def run(target: Target, model: str, settings: Settings) -> dict[str, Any]:
     body = chat(model, max_tokens=settings.soak_events, stream=True, test=test)
     client.run(target.url, CHAT, {**body, "test": {"events": 1}})  # loads mrunner's runner
     cpu_before = target.cpu_seconds()
-    tally = asyncio.run(_drive(target.url, body, settings))
+    tally = asyncio.run(_drive(target, body, settings))
     cpu = target.cpu_seconds() - cpu_before
     return {
         "errors": sum(tally.errors.values()),
-        "peak_rss_mb": target.peak_rss_mib() * 2**20 / 1e6,
+        "peak_rss_mb": target.rss_mb("VmHWM"),
         "cpu_s_per_1000_events": cpu * 1000 / max(tally.events, 1),
         "details": {
             "streams": tally.streams,
@@ -80,6 +91,7 @@ def run(target: Target, model: str, settings: Settings) -> dict[str, Any]:
             "most_open": tally.most_open,
             "errors_by_kind": dict(tally.errors),
             "cpu_s": cpu,
+            f"rss_mb_every_{SAMPLE_SECONDS:g}s": tally.rss_mb,
         },
     }
 
