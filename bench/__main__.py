@@ -15,6 +15,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -112,6 +113,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def stop_cleanly_on_signals() -> None:
+    """Ctrl-C and SIGTERM unwind the bench, so every process it started is stopped by its PID.
+
+    SIGINT is set even where the shell started the bench ignoring it (a background job).
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def raise_fd_limit() -> None:
     """Let this process and the servers it starts hold a thousand streams' sockets (a proxy, two each)."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -136,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     except inputs.MissingInput as e:
         progress(str(e))
         return 1
+    stop_cleanly_on_signals()
     raise_fd_limit()
     began = time.monotonic()
     # Short, because runner sockets live under it and UNIX socket paths are limited to 108 bytes.
@@ -145,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1
+    except KeyboardInterrupt:
+        progress(f"interrupted; every process stopped, logs kept in {tmp}")
+        return 130
     shutil.rmtree(tmp)
     rows.sort(key=lambda row: int(row.scenario.split()[0]))
     meta = {
