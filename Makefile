@@ -39,6 +39,8 @@ lint: install
 test: system-deps backend lint
 	$(PY) -m twisted.trial tests
 
+# Benchmarks (bench/README.md): Debian's wrk and nginx-light beside the venv and llama-server.
 bench: backend
-	@command -v nginx >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nginx; }
+	@command -v wrk >/dev/null && command -v nginx >/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q wrk nginx-light; }
 	$(PY) -m bench

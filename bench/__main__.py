@@ -1,17 +1,22 @@
-"""``python -m bench``: mrunner against ``llama-server`` direct and behind nginx, one target at a time.
+"""``python -m bench``: mrunner against ``llama-server`` direct and behind nginx, scenario by scenario.
 
-mrunner starts first: its runner's command line, read back from the kernel,
-is the one the direct ``llama-server`` then runs with (TCP instead of the UNIX
-socket), so the baseline mirrors mrunner by construction, and nginx proxies
-to that same direct ``llama-server``. All three then stay up, idle but for the
-one being measured: never two at once (see ``bench/workload.py``).
+mrunner starts first and loads a tiny generated model: its runner's command
+line, read back from the kernel, is the one the direct ``llama-server`` and
+nginx's upstream then run with, so the baselines mirror mrunner by
+construction. Each path has its own ``llama-server``; all stay up, idle but
+for the one being measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import platform
+import resource
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,44 +27,105 @@ from typing import Any
 
 import httpx2
 
-from bench import coldstart, daemon, inputs, report, servers
-from bench.workload import BadResponse, Settings, compare
+from bench import daemon, inputs, loading, report, servers, small, soak, streaming
+from bench.client import BadResponse
+from bench.report import Row
+from bench.settings import Settings
+from mrunner.tinymodel import write_tiny_llama
 
-#: Slots per runner, written into mrunner's tap.conf and so into the shared runner command line.
-PARALLEL = 4
 OUTPUT = Path(__file__).with_name("results-latest.json")
+#: The two tiny models mrunner serves (two, so the swap has something to swap).
+MODELS = ("bench/tiny", "bench/tiny-b")
+TRICKLE_MODEL = "bench/trickle"
+
+
+BEGAN = time.monotonic()
 
 
 def progress(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
+    print(f"bench {time.monotonic() - BEGAN:4.0f}s: {message}", file=sys.stderr, flush=True)
 
 
-def run(tmp: Path, executable: Path, gguf: Path, settings: Settings, parallel: int) -> dict[str, Any]:
-    """Start mrunner and time its cold start, then ``llama-server`` direct and nginx; compare all three."""
-    home = tmp / "home"
-    home.mkdir()
+def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row]:
+    """Scenarios 1, 2, 3, 4 and 6: everything that runs the real ``llama-server``."""
+    ggufs = [tmp / "tiny-a.gguf", tmp / "tiny-b.gguf"]
+    for seed, gguf in enumerate(ggufs):
+        write_tiny_llama(gguf, seed=seed)
+    model = MODELS[0]
     with ExitStack() as running:
         progress(f"mrunner with {executable}")
-        mrunner = running.enter_context(daemon.started(home, executable, parallel))
-        daemon.import_model(mrunner, settings.model, gguf)
-        mrunner_cold = coldstart.mrunner(mrunner, settings)
-        runner_argv = daemon.runner_argv(mrunner)
-        progress(f"llama-server direct: {' '.join(runner_argv)}")
-        direct_cold = coldstart.direct(runner_argv, tmp, settings)
-        direct = running.enter_context(servers.llama_server(runner_argv, tmp))
-        nginx = running.enter_context(servers.nginx(direct.port, tmp / "nginx"))
-        progress(f"measuring direct, nginx and mrunner in turn, {settings.rounds} rounds")
-        targets = compare({"direct": direct.url, "nginx": nginx, "mrunner": mrunner}, settings)
+        conf = daemon.llama_conf(executable, settings.parallel, settings.threads)
+        mrunner = running.enter_context(daemon.started(tmp / "home", conf, "llama.cpp"))
+        for name, gguf in zip(MODELS, ggufs, strict=True):
+            daemon.import_model(mrunner.url, name, gguf)
+        loading.first_token_ms(mrunner.url, model)
+        argv = daemon.runner_argv(mrunner.url)
+        progress(f"llama-server direct and behind nginx: {' '.join(argv)}")
+        direct = running.enter_context(servers.llama_server(argv, tmp, "direct"))
+        upstream = tmp / "upstream.sock"
+        upstream_argv = servers.replaced(argv, "--host", ["--host", str(upstream)])
+        running.enter_context(servers.on_socket(upstream_argv, upstream, tmp / "upstream.log"))
+        nginx = running.enter_context(servers.nginx(upstream, tmp / "nginx"))
+        targets = {"direct": direct, "nginx": nginx, "mrunner": mrunner}
+        progress(f"1 and 6: small chats through wrk, {settings.rounds} rounds")
+        rows = small.measure(targets, model, settings, tmp)
+        progress(f"2: streams, {settings.rounds} rounds")
+        rows += streaming.measure(targets, model, settings)
+        progress(f"3: cold loads, {settings.load_rounds} rounds")
+        rows.append(loading.cold(mrunner, argv, model, settings, tmp))
+        progress(f"4: swaps, {settings.load_rounds} rounds")
+        argv_b = servers.replaced(argv, "--model", ["--model", str(ggufs[1])])
+        rows.append(loading.swap(mrunner, [argv, argv_b], MODELS, settings, tmp))
+    return rows
+
+
+def many_streams(tmp: Path, settings: Settings) -> list[Row]:
+    """Scenario 5: its own mrunner, whose runner is the trickling stand-in, then nginx in front of one."""
+    results = {}
+    command = servers.trickle_argv("{socket}", "{alias}")
+    conf = daemon.trickle_conf(command, settings.soak_streams)
+    progress(f"5: {settings.soak_streams} streams for {settings.soak_seconds:g}s through mrunner")
+    with daemon.started(tmp / "trickle-home", conf, "trickle") as mrunner:
+        daemon.import_model(mrunner.url, TRICKLE_MODEL, tmp / "tiny-a.gguf")
+        results["mrunner"] = soak.run(mrunner, TRICKLE_MODEL, settings)
+    progress(f"5: {settings.soak_streams} streams for {settings.soak_seconds:g}s through nginx")
+    upstream = tmp / "trickle.sock"
+    argv = servers.trickle_argv(str(upstream), TRICKLE_MODEL)
+    with (
+        servers.on_socket(argv, upstream, tmp / "trickle.log"),
+        servers.nginx(upstream, tmp / "nginx-5") as nginx,
+    ):
+        results["nginx"] = soak.run(nginx, TRICKLE_MODEL, settings)
+    return soak.rows(results, settings)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on, for the README and for comparing runs."""
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr.strip()
     return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "llama_server": str(executable),
-        "model": str(gguf),
-        "runner_argv": runner_argv,
-        "settings": {**dataclasses.asdict(settings), "parallel": parallel},
-        "targets": targets,
-        "ratios": report.ratios(targets),
-        "cold_start": report.cold_start(direct_cold, mrunner_cold),
+        "cpu": names[0] if names else platform.processor(),
+        "cores": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "nginx": nginx,
     }
+
+
+def stop_cleanly_on_signals() -> None:
+    """Ctrl-C and SIGTERM unwind the bench, so every process it started is stopped by its PID.
+
+    SIGINT is set even where the shell started the bench ignoring it (a background job).
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def raise_fd_limit() -> None:
+    """Let this process and the servers it starts hold a thousand streams' sockets (a proxy, two each)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -68,7 +134,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(
             f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default
         )
-    parser.add_argument("--parallel", type=int, default=PARALLEL, help="runner slots (llama-server -np)")
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 
@@ -77,22 +142,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     try:
-        executable, gguf = inputs.llama_server(), inputs.smollm2()
+        executable = inputs.llama_server()
     except inputs.MissingInput as e:
         progress(str(e))
         return 1
+    stop_cleanly_on_signals()
+    raise_fd_limit()
     began = time.monotonic()
     # Short, because runner sockets live under it and UNIX socket paths are limited to 108 bytes.
     tmp = Path(tempfile.mkdtemp(prefix="mrb-", dir="/tmp"))
     try:
-        results = run(tmp, executable, gguf, settings, args.parallel)
+        rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1
+    except KeyboardInterrupt:
+        progress(f"interrupted; every process stopped, logs kept in {tmp}")
+        return 130
     shutil.rmtree(tmp)
-    print(report.table(results))
-    report.write_json(results, args.output)
-    progress(f"done in {time.monotonic() - began:.0f}s; results in {args.output}")
+    rows.sort(key=lambda row: int(row.scenario.split()[0]))
+    meta = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "llama_server": str(executable),
+        "settings": dataclasses.asdict(settings),
+        "seconds": round(time.monotonic() - began),
+    }
+    print(report.table(rows))
+    report.write_json(meta, rows, args.output)
+    progress(f"done in {meta['seconds']}s; results in {args.output}")
     return 0
 
 

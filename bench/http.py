@@ -1,8 +1,8 @@
-"""The one way the bench makes HTTP clients, so every target and every check is reached alike.
+"""The one way the bench makes HTTP clients for control calls: readiness, imports, unloads.
 
 ``httpx2`` is the HTTP client already in the venv (the ``openai`` client's own).
 Clients keep connections alive and ignore proxy variables: every target is on
-loopback and must be reached directly.
+loopback or a UNIX socket and must be reached directly.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import httpx2
 
 
-def client(timeout: float) -> httpx2.Client:
-    """A keep-alive client for one thread; C{timeout} bounds each connect, read and write."""
-    return httpx2.Client(timeout=timeout, trust_env=False)
+def client(timeout: float, uds: str | None = None) -> httpx2.Client:
+    """A keep-alive client, over the UNIX socket C{uds} if given; C{timeout} bounds each step."""
+    transport = httpx2.HTTPTransport(uds=uds) if uds else None
+    return httpx2.Client(timeout=timeout, trust_env=False, transport=transport)

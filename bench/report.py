@@ -1,63 +1,113 @@
-"""Ratios against the baselines, printed as a compact table and written as JSON."""
+"""One table for every scenario: each path's figure, mrunner's ratios to the baselines, the goal, met or not.
+
+The same rows are written as JSON, so a run can be compared with the next.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("direct", "nginx", "mrunner")
-#: Each ratio is the first target's number over the second's.
-RATIOS = (("mrunner", "direct"), ("nginx", "direct"), ("mrunner", "nginx"))
-#: (key, label, which way is better): a ratio alone does not say whether above 1 is good.
-METRICS = (
-    ("latency_p50_ms", "latency p50 ms", "lower"),
-    ("latency_p95_ms", "latency p95 ms", "lower"),
-    ("throughput_rps", "throughput req/s", "higher"),
-    ("ttft_ms", "stream TTFT ms", "lower"),
-    ("tokens_per_s", "stream tokens/s", "higher"),
-)
+PATHS = ("direct", "nginx", "mrunner")
+#: mrunner's figure over each baseline's.
+RATIOS = ("direct", "nginx")
 
 
-def ratios(targets: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """C{{"mrunner/direct": {metric: ratio}}} and so on, for every metric in the table."""
-    return {f"{a}/{b}": {key: targets[a][key] / targets[b][key] for key, _, _ in METRICS} for a, b in RATIOS}
+@dataclass(frozen=True)
+class Goal:
+    """What mrunner's figure must be, in words and as a test of the row's figures (None: no goal set)."""
+
+    text: str
+    test: Callable[[Mapping[str, float]], bool] | None = None
 
 
-def cold_start(direct: dict[str, float], mrunner: dict[str, float]) -> dict[str, float]:
-    """mrunner's first request on an unloaded model against starting ``llama-server`` by hand."""
-    first_token = mrunner["request_to_first_token_s"]
-    return {
-        "direct_spawn_to_healthy_s": direct["spawn_to_healthy_s"],
-        "direct_spawn_to_first_token_s": direct["spawn_to_first_token_s"],
-        "mrunner_request_to_first_token_s": first_token,
-        "mrunner/direct_first_token": first_token / direct["spawn_to_first_token_s"],
-        "mrunner/direct_healthy": first_token / direct["spawn_to_healthy_s"],
-    }
+NO_GOAL = Goal("(none set)")
 
 
-def table(results: dict[str, Any]) -> str:
-    """The steady-state numbers, their ratios, and the cold start, for a terminal."""
-    names = [f"{a}/{b}" for a, b in RATIOS]
-    header = f"{'':24}" + "".join(f"{t:>10}" for t in TARGETS) + "".join(f"{n:>16}" for n in names)
+def over(reference: str, allowance: float, unit: str) -> Goal:
+    """mrunner at most C{allowance} above C{reference}."""
+    return Goal(f"<= {reference} + {allowance:g} {unit}", lambda v: v["mrunner"] <= v[reference] + allowance)
+
+
+def share(reference: str, fraction: float) -> Goal:
+    """mrunner at least C{fraction} of C{reference}."""
+    return Goal(f">= {fraction:.0%} of {reference}", lambda v: v["mrunner"] >= fraction * v[reference])
+
+
+def at_most(limit: float, unit: str = "") -> Goal:
+    return Goal(f"<= {limit:g} {unit}".rstrip(), lambda v: v["mrunner"] <= limit)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One figure of one scenario, for each path that has it (nginx cannot load a model, say)."""
+
+    scenario: str
+    target: str
+    values: dict[str, float]
+    goal: Goal = NO_GOAL
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def ratio(self, reference: str) -> float | None:
+        if "mrunner" not in self.values or not self.values.get(reference):
+            return None
+        return self.values["mrunner"] / self.values[reference]
+
+    def met(self) -> bool | None:
+        return None if self.goal.test is None else self.goal.test(self.values)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "target": self.target,
+            "values": self.values,
+            "ratios": {f"mrunner/{r}": self.ratio(r) for r in RATIOS},
+            "goal": self.goal.text,
+            "met": self.met(),
+            **({"details": self.details} if self.details else {}),
+        }
+
+
+def number(value: float | None) -> str:
+    """A figure with the digits that matter at its size."""
+    if value is None:
+        return "-"
+    if value == 0 or abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def table(rows: list[Row]) -> str:
+    """The rows, aligned for a terminal, a scenario's name on its first row only."""
+    header = ["scenario", "target", *PATHS, *(f"m/{r}" for r in RATIOS), "goal", "met"]
     lines = [header]
-    for key, label, better in METRICS:
-        row = f"{f'{label} ({better})':24}"
-        row += "".join(f"{results['targets'][t][key]:>10.1f}" for t in TARGETS)
-        row += "".join(f"{results['ratios'][n][key]:>15.2f}x" for n in names)
-        lines.append(row)
-    cold = results["cold_start"]
-    lines += [
-        "",
-        f"cold start, median of {results['settings']['cold_starts']}:",
-        f"  llama-server direct: spawn -> healthy {cold['direct_spawn_to_healthy_s']:.2f}s, "
-        f"spawn -> first token {cold['direct_spawn_to_first_token_s']:.2f}s",
-        f"  mrunner: first request -> first token {cold['mrunner_request_to_first_token_s']:.2f}s = "
-        f"{cold['mrunner/direct_first_token']:.2f}x direct spawn -> first token, "
-        f"{cold['mrunner/direct_healthy']:.2f}x spawn -> healthy",
-    ]
-    return "\n".join(lines)
+    previous = None
+    for row in rows:
+        met = row.met()
+        lines.append(
+            [
+                row.scenario if row.scenario != previous else "",
+                row.target,
+                *(number(row.values.get(path)) for path in PATHS),
+                *(number(row.ratio(r)) for r in RATIOS),
+                row.goal.text,
+                "-" if met is None else ("yes" if met else "NO"),
+            ]
+        )
+        previous = row.scenario
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
 
 
-def write_json(results: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(results, indent=2) + "\n")
+def write_json(meta: dict[str, Any], rows: list[Row], path: Path) -> None:
+    path.write_text(json.dumps({**meta, "rows": [row.as_json() for row in rows]}, indent=2) + "\n")

@@ -1,14 +1,17 @@
-"""Processes under test, each a context manager that stops it by its PID on the way out.
+"""Processes under test, each stopped by its PID when its block ends, whatever ended it.
 
-Every process listens on a free loopback port, logs into the run's temporary
-directory, and is waited for by polling a URL, so a failed start ends the
-bench with the tail of that log instead of a hang.
+Every process logs into the run's temporary directory and is waited for by
+polling a URL, so a failed start ends the bench with the tail of that log
+instead of a hang.
 """
 
 from __future__ import annotations
 
+import os
+import pwd
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -17,16 +20,18 @@ from pathlib import Path
 
 import httpx2
 
-from bench import http
+from bench import http, proc
 
 LOOPBACK = "127.0.0.1"
 #: Seconds a server may take to answer its readiness URL.
 START_TIMEOUT = 120.0
 #: Seconds a server has to exit after SIGTERM before SIGKILL (mrunner itself grants runners 10 s).
 STOP_TIMEOUT = 30.0
-#: Seconds between readiness polls: fine enough to time a start of about a second.
-POLL_INTERVAL = 0.01
+#: Seconds between readiness polls: fine enough to time a start of some 50 ms.
+POLL_INTERVAL = 0.002
 TAIL_LINES = 15
+#: The stand-in runner of the tests: streams N events, one every so often, as asked in the request.
+TRICKLE_PROGRAM = Path(__file__).parents[1] / "tests" / "runner_program.py"
 
 
 class ServerFailed(Exception):
@@ -45,98 +50,141 @@ def tail(log: Path) -> str:
     return "\n".join(["", *(f"    {line}" for line in lines)])
 
 
+class Process:
+    """A child whose output goes to a log; L{stop} ends it (SIGTERM, then SIGKILL) and times that."""
+
+    def __init__(self, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None):
+        self.log = log
+        with log.open("ab") as out:
+            self.spawned_at = time.perf_counter()
+            self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+        self.pid = self.popen.pid
+
+    def stop(self) -> float:
+        """Seconds from SIGTERM until the process was reaped; 0 if it had already exited."""
+        if self.popen.poll() is not None:
+            return 0.0
+        began = time.perf_counter()
+        self.popen.terminate()
+        try:
+            self.popen.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        return time.perf_counter() - began
+
+    def wait_ready(
+        self,
+        url: str,
+        ready: Callable[[httpx2.Response], bool] = lambda response: response.status_code == 200,
+        uds: str | None = None,
+    ) -> float:
+        """Poll GET C{url} (over the UNIX socket C{uds} if given) until C{ready}; the time it first was."""
+        deadline = time.perf_counter() + START_TIMEOUT
+        with http.client(timeout=5.0, uds=uds) as client:
+            while True:
+                if self.popen.poll() is not None:
+                    code = self.popen.returncode
+                    raise ServerFailed(f"{self.log.stem} exited with {code}:{tail(self.log)}")
+                try:
+                    if ready(client.get(url)):
+                        return time.perf_counter()
+                except httpx2.TransportError:
+                    pass  # not listening yet
+                if time.perf_counter() > deadline:
+                    raise ServerFailed(f"{url} not ready after {START_TIMEOUT:.0f}s:{tail(self.log)}")
+                time.sleep(POLL_INTERVAL)
+
+
 @contextmanager
-def running(
-    argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Start C{argv} with its output in C{log}; SIGTERM it (then SIGKILL) when the block ends."""
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+def running(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> Iterator[Process]:
+    """C{argv} running for the length of the block."""
+    process = Process(argv, log, env)
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def wait_ready(
-    url: str,
-    process: subprocess.Popen[bytes],
-    log: Path,
-    ready: Callable[[httpx2.Response], bool] = lambda response: response.status_code == 200,
-) -> float:
-    """Poll GET C{url} until C{ready}; the C{perf_counter} time it first was."""
-    deadline = time.perf_counter() + START_TIMEOUT
-    with http.client(timeout=5.0) as client:
-        while True:
-            if process.poll() is not None:
-                raise ServerFailed(f"{log.stem} exited with {process.returncode}:{tail(log)}")
-            try:
-                if ready(client.get(url)):
-                    return time.perf_counter()
-            except httpx2.TransportError:
-                pass  # not listening yet
-            if time.perf_counter() > deadline:
-                raise ServerFailed(f"{url} not ready after {START_TIMEOUT:.0f}s:{tail(log)}")
-            time.sleep(POLL_INTERVAL)
-
-
-def on_tcp(runner_argv: Sequence[str], port: int) -> list[str]:
-    """A runner's command line with its UNIX socket C{--host} swapped for a loopback port."""
-    argv = list(runner_argv)
-    if "--host" not in argv:
-        raise ServerFailed(f"mrunner's runner has no --host to replace: {' '.join(argv)}")
-    host = argv.index("--host") + 1
-    argv[host : host + 1] = [LOOPBACK, "--port", str(port)]
-    return argv
+        process.stop()
 
 
 @dataclass(frozen=True)
-class Direct:
-    """A ``llama-server`` started here: its base URL and when it was spawned and became healthy."""
+class Target:
+    """A path as the client sees it: the base URL, and the processes whose CPU and memory it costs."""
 
-    port: int
-    spawned_at: float
-    healthy_at: float
+    url: str
+    pids: tuple[int, ...]
 
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+    def cpu_seconds(self) -> float:
+        return proc.cpu_seconds(self.pids)
+
+    def rss_mb(self, key: str = "VmRSS") -> float:
+        """Resident megabytes (10^6 bytes) now, or at their peak with C{key} VmHWM."""
+        return sum(proc.memory_kib(pid, key) for pid in self.pids) * 1024 / 1e6
+
+
+def replaced(argv: Sequence[str], flag: str, new: Sequence[str]) -> list[str]:
+    """C{argv} with C{flag} and its value swapped for C{new}: another socket, port or model."""
+    argv = list(argv)
+    if flag not in argv:
+        raise ServerFailed(f"mrunner's runner has no {flag} to replace: {' '.join(argv)}")
+    at = argv.index(flag)
+    argv[at : at + 2] = new
+    return argv
+
+
+def on_tcp(runner_argv: Sequence[str], port: int) -> list[str]:
+    return replaced(runner_argv, "--host", ["--host", LOOPBACK, "--port", str(port)])
 
 
 @contextmanager
-def llama_server(runner_argv: Sequence[str], directory: Path) -> Iterator[Direct]:
-    """``llama-server`` with mrunner's runner arguments, on a free loopback port."""
+def llama_server(runner_argv: Sequence[str], directory: Path, name: str) -> Iterator[Target]:
+    """``llama-server`` with mrunner's runner arguments on a loopback port, the client's direct path."""
     port = free_port()
-    log = directory / "llama-server.log"
-    spawned_at = time.perf_counter()
-    with running(on_tcp(runner_argv, port), log) as process:
-        healthy_at = wait_ready(f"http://{LOOPBACK}:{port}/health", process, log)
-        yield Direct(port, spawned_at, healthy_at)
+    url = f"http://{LOOPBACK}:{port}"
+    with running(on_tcp(runner_argv, port), directory / f"{name}.log") as process:
+        process.wait_ready(f"{url}/health")
+        yield Target(url, (process.pid,))
+
+
+@contextmanager
+def on_socket(argv: Sequence[str], path: Path, log: Path) -> Iterator[Process]:
+    """A server that listens on the UNIX socket C{path}, once its C{/health} says 200."""
+    with running(argv, log) as process:
+        process.wait_ready("http://runner/health", uds=str(path))
+        yield process
+
+
+def trickle_argv(socket: str, alias: str) -> list[str]:
+    """The stand-in runner on the UNIX socket C{socket}; mrunner's command backend gets placeholders."""
+    return [sys.executable, str(TRICKLE_PROGRAM), "--socket", socket, "--alias", alias]
 
 
 NGINX_CONF = """\
 # Generated by python -m bench: nginx as the reference streaming reverse proxy.
-# One worker, as mrunner serves from one reactor thread.
+# One worker, as mrunner serves from one reactor thread, and an access log, as
+# mrunner keeps one; workers run as the bench's user, who owns the upstream's socket.
+user {user};
 worker_processes 1;
+worker_rlimit_nofile 8192;
 pid {dir}/nginx.pid;
 error_log {dir}/nginx-error.log warn;
-events {{ worker_connections 1024; }}
+events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    access_log {dir}/access.log;
     client_body_temp_path {dir}/body;
     proxy_temp_path {dir}/proxy;
     fastcgi_temp_path {dir}/fastcgi;
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
+    # llama-server closes a connection after a stream while announcing keep-alive,
+    # so a request can meet a cached connection that is closing. mrunner sends such
+    # a request once more; nginx resends a POST only with non_idempotent and only to
+    # another server: the same socket, named twice. Idle connections are dropped
+    # before llama-server's own 5 s, as mrunner's pool drops them.
     upstream runner {{
-        server {host}:{upstream};
+        server unix:{upstream} max_fails=0;
+        server unix:{upstream} max_fails=0;
         keepalive 32;
+        keepalive_timeout 4s;
     }}
     server {{
         listen {host}:{port};
@@ -144,6 +192,7 @@ http {{
             proxy_pass http://runner;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            proxy_next_upstream error timeout non_idempotent;
             proxy_buffering off;
             proxy_request_buffering off;
             proxy_read_timeout 600s;
@@ -155,15 +204,15 @@ http {{
 
 
 @contextmanager
-def nginx(upstream: int, directory: Path) -> Iterator[str]:
-    """nginx on a free port, proxying to C{upstream} without buffering; its base URL."""
+def nginx(upstream: Path, directory: Path) -> Iterator[Target]:
+    """nginx on a free port, proxying to the UNIX socket C{upstream} without buffering."""
     directory.mkdir()
     port = free_port()
     conf = directory / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=directory, host=LOOPBACK, upstream=upstream, port=port))
+    user = pwd.getpwuid(os.getuid()).pw_name
+    conf.write_text(NGINX_CONF.format(user=user, dir=directory, host=LOOPBACK, upstream=upstream, port=port))
     argv = ["nginx", "-p", str(directory), "-c", str(conf), "-e", str(directory / "nginx-error.log")]
-    log = directory / "nginx.log"
-    with running([*argv, "-g", "daemon off;"], log) as process:
+    with running([*argv, "-g", "daemon off;"], directory / "nginx.log") as process:
         url = f"http://{LOOPBACK}:{port}"
-        wait_ready(f"{url}/health", process, log)
-        yield url
+        process.wait_ready(f"{url}/health")
+        yield Target(url, (process.pid, *proc.children(process.pid)))

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IConsumer, IPushProducer
+from twisted.internet.error import ConnectError, ConnectingCancelledError
+from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -145,7 +145,10 @@ class Forwarder:
             request.responseHeaders.setRawHeaders(name, values)
         if response.length is not UNKNOWN_LENGTH:
             request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
-        relay = _Relay(request, is_event_stream(response.headers))
+        events = is_event_stream(response.headers)
+        if events:
+            start_event_stream(request)
+        relay = _Relay(request, events)
         response.deliverBody(relay)
         await relay.done
 
@@ -154,13 +157,19 @@ class Forwarder:
 
         llama-server closes a connection after a stream while announcing
         keep-alive, so a pooled connection can die under the next request
-        before the runner reads it: such a request is sent once more.
+        before the runner reads it: such a request is sent once more. A client
+        that went away meanwhile cancelled it, and that stays a cancellation,
+        which Klein expects, rather than an error logged with its traceback.
         """
         headers = forwarded_headers(request.requestHeaders)
         try:
             return await self._agent.request(request.method, url, headers, BytesBody(body))
+        except ConnectingCancelledError:
+            raise CancelledError() from None
         except (ResponseNeverReceived, RequestNotSent, RequestTransmissionFailed) as e:
-            if retry and request.channel is not None:
+            if request.channel is None:
+                raise CancelledError() from None
+            if retry:
                 return await self._send(request, url, body, retry=False)
             raise BadGateway(f"the runner closed the connection before answering: {e}") from None
         except ConnectError as e:
@@ -170,6 +179,19 @@ class Forwarder:
 def is_event_stream(headers: Headers) -> bool:
     content_type = headers.getRawHeaders(b"content-type", [b""])[0]
     return content_type.split(b";")[0].strip().lower() == b"text/event-stream"
+
+
+def start_event_stream(request: Request) -> None:
+    """Send the headers now, as the runner did, and every event as soon as it is written.
+
+    Twisted holds the headers until the first body write, which for a stream is
+    the first token; and Nagle's algorithm may hold a small event back until
+    the client acknowledges the one before (nginx sets TCP_NODELAY likewise).
+    """
+    transport = request.channel.transport if request.channel is not None else None
+    if ITCPTransport.providedBy(transport):
+        transport.setTcpNoDelay(True)
+    request.write(b"")
 
 
 class _Relay(Protocol):

@@ -16,9 +16,9 @@ from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
+from mrunner.tinymodel import write_tiny_llama, write_tiny_reranker
 from tests.daemon import InProcessDaemon, http, short_home, sleep
 from tests.test_llamacpp_real import cached_llama_server
-from tests.tinymodel import write_tiny_llama, write_tiny_reranker
 
 TINY = "ai/tiny:latest"
 

@@ -23,8 +23,8 @@ from mrunner.backends.llamacpp import LlamaCppBackend, cached_executable
 from mrunner.config import Config
 from mrunner.store import gguf_meta
 from mrunner.store.model import Model
+from mrunner.tinymodel import write_tiny_llama, write_tiny_reranker
 from tests.daemon import short_home, unix_client
-from tests.tinymodel import write_tiny_llama, write_tiny_reranker
 
 MODEL = "ai/tiny:latest"
 

@@ -16,9 +16,9 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.task import LoopingCall
 
+from mrunner.tinymodel import write_tiny_llama
 from tests.daemon import http
 from tests.test_llamacpp_e2e import LlamaCppTestCase, smollm2
-from tests.tinymodel import write_tiny_llama
 
 A, B = "ai/tiny-a", "ai/tiny-b"
 ONE_TINY_MODEL = 'memory_budget = "40MiB"'

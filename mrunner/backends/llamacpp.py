@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from gguf import PoolingType
 from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -256,6 +255,8 @@ class LlamaCppBackend:
 
 def can_rerank(model: Model) -> bool:
     """Only rank pooling has a classification head: llama-server scores any other model with noise."""
+    from gguf import PoolingType  # on first use, as in gguf_meta: gguf brings numpy
+
     metadata = model.config.get("gguf") or {}
     architecture = model.config.get("architecture") or metadata.get("general.architecture")
     return str(metadata.get(f"{architecture}.pooling_type")) == str(int(PoolingType.RANK))

@@ -1,23 +1,28 @@
 """What a GGUF file says about itself: architecture, parameter count, quantization, context.
 
 This is what Docker Model Runner puts in a model's config blob, and what the
-scheduler's memory estimate starts from. Reading maps the file, so it is cheap
-in memory but does real I/O: call it off the reactor thread for large files.
+scheduler's memory estimate starts from. A file is read by a child interpreter
+(``python -m mrunner.store.gguf_meta FILE`` prints it as JSON): the ``gguf``
+package brings numpy, some 20 MB that would stay resident in the daemon for
+good after its first import, for a read of a few hundred milliseconds. Reading
+maps the file and waits for that child: call it off the reactor thread.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from gguf import GGUFReader, GGUFValueType, LlamaFileType
 
 from mrunner.errors import BadRequest
 
-# Arrays (the tokenizer's vocabulary, merges) are megabytes; the config blob keeps scalars.
-_SKIPPED = GGUFValueType.ARRAY
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 
 @attrs.frozen
@@ -45,22 +50,28 @@ class GGUFInfo:
 
 
 def read(path: str | os.PathLike[str]) -> GGUFInfo:
-    """Read C{path}'s header and tensor table.
+    """Read C{path}'s header and tensor table in a child interpreter.
 
     @raise BadRequest: the file is not a GGUF file.
     """
-    try:
-        return _read(path)
-    except Exception as e:  # a malformed file fails in numpy, struct or enum lookups alike
-        raise BadRequest(f"not a valid GGUF file: {e}", code="invalid_gguf") from None
+    child = subprocess.run(
+        [sys.executable, "-m", __name__, os.fspath(path)], capture_output=True, text=True, check=False
+    )
+    if child.returncode != 0:
+        why = child.stderr.strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
+        raise BadRequest(f"not a valid GGUF file: {why[0]}", code="invalid_gguf")
+    return GGUFInfo(**json.loads(child.stdout))
 
 
 def _read(path: str | os.PathLike[str]) -> GGUFInfo:
+    from gguf import GGUFReader, GGUFValueType
+
     reader = GGUFReader(path)
+    # Arrays (the tokenizer's vocabulary, merges) are megabytes; the config blob keeps scalars.
     metadata = {
         field.name: str(field.contents())
         for field in reader.fields.values()
-        if field.types and field.types[0] != _SKIPPED and not field.name.startswith("GGUF.")
+        if field.types and field.types[0] != GGUFValueType.ARRAY and not field.name.startswith("GGUF.")
     }
     architecture = metadata.get("general.architecture", "unknown")
     context = metadata.get(f"{architecture}.context_length")
@@ -76,6 +87,8 @@ def _read(path: str | os.PathLike[str]) -> GGUFInfo:
 
 def _quantization(reader: GGUFReader, file_type: str | None) -> str:
     """The file type's name (``Q4_K_M``), else the tensor type most weights use."""
+    from gguf import LlamaFileType
+
     if file_type is not None:
         try:
             return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
@@ -104,3 +117,18 @@ def format_size(size: int) -> str:
             return f"{value:.2f} {unit}" if unit != "B" else f"{size} B"
         value /= 1024
     return f"{value:.2f} TiB"
+
+
+def main(path: str) -> int:
+    """Print C{path}'s L{GGUFInfo} as JSON, or why it is not a GGUF file."""
+    try:
+        info = _read(path)
+    except Exception as e:  # a malformed file fails in numpy, struct or enum lookups alike
+        print(e, file=sys.stderr)
+        return 1
+    print(json.dumps(attrs.asdict(info)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
