@@ -98,10 +98,10 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
         reactor,
     )
     logs = LogsAPI(config.home / "logs", reactor)
-    groups = [
+    groups = [  # the inference routes first: every token's request is matched against them
+        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
         ServiceAPI(models, metrics.registry),
         logs,
-        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
         AdminAPI(scheduler, store, backends, config.max_request_bytes),
     ]
     return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool))

@@ -179,6 +179,9 @@ class Loader:
                 code="queue_full",
                 retry_after=1.0,
             )
+        runner = self.runners.get(request.key)
+        if not self._queue and runner is not None and self._has_room(request.key):
+            return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
         self._queue.append(waiter)
         self._pump()
@@ -207,13 +210,11 @@ class Loader:
 
     def keep_alive(self, match: Callable[[RunnerKey], bool], seconds: float) -> None:
         """Give the runners that C{match} a new keep-alive, counted from now if they are idle."""
-        for runner in self.runners.values():
+        for runner in list(self.runners.values()):
             if match(runner.key):
                 runner.keep_alive = seconds
-                if runner.expiry is not None:
-                    runner.expiry.cancel()
-                    runner.expiry = None
-        self._pump()
+                _cancel_expiry(runner)
+                self._sync_expiry(runner)
 
     def close(self) -> Deferred[None]:
         """Refuse new work, fail the queue, stop every runner; fire when all have exited."""
@@ -245,12 +246,22 @@ class Loader:
         self._queue.remove(waiter)
         self._pump()
 
+    def _lease(self, runner: Runner, request: LoadRequest) -> Lease:
+        runner.in_use += 1
+        if request.sets_keep_alive:
+            runner.keep_alive = request.keep_alive
+        self._sync_expiry(runner)
+        return Lease(runner, self)
+
     def _release(self, runner: Runner) -> None:
         runner.in_use -= 1
         if runner.in_use == 0:
             runner.finished_at = self._clock.seconds()
             runner.measured = runner.process.rss() or runner.measured
-        self._pump()
+        if self._queue or runner.state is not State.READY:
+            self._pump()
+        else:
+            self._sync_expiry(runner)  # with no one waiting, the plan would decide nothing
 
     def _pump(self) -> None:
         """Carry out what the policy decides, until it decides nothing new.
@@ -278,10 +289,7 @@ class Loader:
             runner = self.runners.get(waiter.key)
             if waiter in self._queue and runner is not None and runner.in_use < runner.parallel:
                 self._queue.remove(waiter)
-                runner.in_use += 1
-                if waiter.request.sets_keep_alive:
-                    runner.keep_alive = waiter.request.keep_alive
-                waiter.deferred.callback(Lease(runner, self))
+                waiter.deferred.callback(self._lease(runner, waiter.request))
         for key in decision.evict:
             victim = self.runners.get(key)
             if victim is not None and victim.in_use == 0:
@@ -297,20 +305,17 @@ class Loader:
                 self._load(waiter.request)
         for key in policy.drained(self.runners):
             self._stop(self.runners[key])
-        self._sync_expiry()
+        for runner in list(self.runners.values()):
+            self._sync_expiry(runner)
 
-    def _sync_expiry(self) -> None:
-        idle = set(policy.idle(self.runners))
-        for key, runner in list(self.runners.items()):
-            keep_alive = runner.keep_alive
-            if key not in idle:
-                if runner.expiry is not None:
-                    runner.expiry.cancel()
-                    runner.expiry = None
-            elif keep_alive == 0:
-                self._stop(runner)
-            elif runner.expiry is None and keep_alive > 0:
-                runner.expiry = self._clock.callLater(keep_alive, self._expire, runner)
+    def _sync_expiry(self, runner: Runner) -> None:
+        """Start C{runner}'s keep-alive clock if it is idle, else stop it; keep-alive 0 stops it now."""
+        if runner.state is not State.READY or runner.in_use:
+            _cancel_expiry(runner)
+        elif runner.keep_alive == 0:
+            self._stop(runner)
+        elif runner.expiry is None and runner.keep_alive > 0:
+            runner.expiry = self._clock.callLater(runner.keep_alive, self._expire, runner)
 
     def _expire(self, runner: Runner) -> None:
         runner.expiry = None
@@ -381,12 +386,16 @@ class Loader:
     def _forget(self, runner: Runner) -> None:
         if self.runners.get(runner.key) is runner:
             del self.runners[runner.key]
-        if runner.expiry is not None:
-            runner.expiry.cancel()
-            runner.expiry = None
+        _cancel_expiry(runner)
 
     def _stop(self, runner: Runner) -> None:
         self._forget(runner)
         if runner.alive and runner not in self._stopping:
             self._stopping.add(runner)
             runner.process.stop()
+
+
+def _cancel_expiry(runner: Runner) -> None:
+    if runner.expiry is not None:
+        runner.expiry.cancel()
+        runner.expiry = None

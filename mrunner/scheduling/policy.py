@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
 
@@ -169,11 +169,6 @@ def _victims(
 def drained(runners: Mapping[K, RunnerView]) -> list[K]:
     """Draining runners whose last request has finished: stop them now."""
     return [key for key, r in runners.items() if r.state is State.DRAINING and r.in_use == 0]
-
-
-def idle(runners: Mapping[K, RunnerView]) -> Iterable[K]:
-    """Ready runners serving nobody: their keep-alive clock runs."""
-    return (key for key, r in runners.items() if r.state is State.READY and r.in_use == 0)
 
 
 def next_backoff(previous: float | None) -> float:
