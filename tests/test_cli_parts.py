@@ -12,12 +12,14 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api.logs import LogsAPI
+from mrunner.cli.engines import state
 from mrunner.cli.errors import CommandError, DaemonError, explain
 from mrunner.cli.models import split_tag
-from mrunner.cli.output import ago, human_size
+from mrunner.cli.output import ago
 from mrunner.cli.package import TarStream, members
 from mrunner.cli.progress import PlainLayers
 from mrunner.logfiles import LogTail
+from mrunner.sizes import format_size
 from mrunner.store.package import read_package
 
 
@@ -68,9 +70,20 @@ class OutputTests(SynchronousTestCase):
             ],
         )
 
+    def test_runner_states(self) -> None:
+        self.assertEqual(
+            [
+                state({"state": "loading", "in_use": 0}),
+                state({"state": "draining", "in_use": 2}),
+                state({"state": "ready", "in_use": 0}),
+                state({"state": "ready", "in_use": 3}),
+            ],
+            ["loading", "draining", "idle", "serving 3"],
+        )
+
     def test_sizes_and_times(self) -> None:
         self.assertEqual(
-            [human_size(n) for n in (0, 1023, 1536, 3 * 1024**3)], ["0 B", "1023 B", "1.50 KiB", "3.00 GiB"]
+            [format_size(n) for n in (0, 1023, 1536, 3 * 1024**3)], ["0 B", "1023 B", "1.50 KiB", "3.00 GiB"]
         )
         self.assertEqual(
             [ago(100 - s, 100) for s in (0.5, 1, 120, 7200)],

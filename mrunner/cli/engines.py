@@ -13,7 +13,8 @@ from mrunner.cli.chat import Chat, converse, flushing
 from mrunner.cli.client import lines
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError
-from mrunner.cli.output import duration, human_size, show_json, table
+from mrunner.cli.output import duration, show_json, table
+from mrunner.sizes import format_size
 
 
 def run(ctx: Context, args: Namespace) -> None:
@@ -42,7 +43,7 @@ def ps(ctx: Context, args: Namespace) -> None:
             runner["backend_name"],
             runner["mode"],
             state(runner),
-            human_size(runner["memory"]),
+            format_size(runner["memory"]),
             until(runner, now),
         ]
         for runner in runners
@@ -51,10 +52,9 @@ def ps(ctx: Context, args: Namespace) -> None:
 
 
 def state(runner: dict[str, Any]) -> str:
-    if runner["loading"]:
-        return "loading"
-    if runner["draining"]:
-        return "draining"
+    """Loading or draining; a ready runner is idle or serving so many requests."""
+    if runner["state"] != "ready":
+        return str(runner["state"])
     return f"serving {runner['in_use']}" if runner["in_use"] else "idle"
 
 
@@ -73,8 +73,8 @@ def df(ctx: Context, args: Namespace) -> None:
     if args.json:
         show_json(ctx.out, usage)
         return
-    rows = [["models", human_size(usage["models_disk_usage"])]]
-    rows += [[f"backend {name}", human_size(size)] for name, size in usage["backends_disk_usage"].items()]
+    rows = [["models", format_size(usage["models_disk_usage"])]]
+    rows += [[f"backend {name}", format_size(size)] for name, size in usage["backends_disk_usage"].items()]
     table(ctx.out, ["type", "size"], rows)
 
 

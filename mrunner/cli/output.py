@@ -10,17 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 DURATIONS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
-
-
-def human_size(size: float) -> str:
-    """C{1.50 MiB}; bytes below a KiB are counted exactly."""
-    for unit in UNITS:
-        if abs(size) < 1024 or unit == UNITS[-1]:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def duration(seconds: float) -> str:

@@ -21,7 +21,7 @@ from rich.progress import (
 )
 
 from mrunner.cli.client import Daemon
-from mrunner.cli.output import human_size
+from mrunner.sizes import format_size
 
 PLAIN_STEPS = 4  # a plain line at each quarter of a layer
 INSTALL_POLL_SECONDS = 0.5
@@ -92,7 +92,7 @@ class PlainLayers(LayerProgress):
         self._shown[layer] = step
         percent = 100 if current >= size else current * 100 // max(size, 1)
         self._console.print(
-            f"{self._verb} {layer_label(layer)}: {human_size(current)} of {human_size(size)} ({percent}%)",
+            f"{self._verb} {layer_label(layer)}: {format_size(current)} of {format_size(size)} ({percent}%)",
             markup=False,
             highlight=False,
         )

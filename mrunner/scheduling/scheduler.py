@@ -23,6 +23,7 @@ from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import NEVER, Lease, Loader, LoadRequest, Runner, RunnerKey, RunnerProcess
 from mrunner.scheduling.policy import Limits, State
+from mrunner.sizes import format_size
 from mrunner.store.model import Model
 
 StartRunner = Callable[[Command, str, Path, str], RunnerProcess]
@@ -103,8 +104,8 @@ class Scheduler:
         budget = self._config.scheduler.memory_budget
         if budget and memory > budget:
             raise Unprocessable(
-                f"model {model.name} needs about {gib(memory)} of memory but the whole memory budget"
-                f" is {gib(budget)}; raise [scheduler] memory_budget or use a smaller context size",
+                f"model {model.name} needs about {format_size(memory)} of memory but the whole memory budget"
+                f" is {format_size(budget)}; raise [scheduler] memory_budget or use a smaller context size",
                 code="model_too_large",
             )
         request = LoadRequest(
@@ -247,10 +248,6 @@ def _describe(runner: Runner) -> dict[str, Any]:
 
 def _timestamp(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat()
-
-
-def gib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB"
 
 
 def _file_safe(name: str) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mrunner.errors import BadRequest
+from mrunner.sizes import format_size
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -107,16 +108,6 @@ def format_parameters(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.2f} {unit}"
     return str(count)
-
-
-def format_size(size: int) -> str:
-    """``256.35 MiB`` — as Docker Model Runner shows a file size."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.2f} {unit}" if unit != "B" else f"{size} B"
-        value /= 1024
-    return f"{value:.2f} TiB"
 
 
 def main(path: str) -> int:
