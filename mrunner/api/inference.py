@@ -10,7 +10,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import json_object, keep_alive, model_name, read_body
+from mrunner.api.requests import read_body, target
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.interfaces import IModelStore
 from mrunner.metrics import Metrics
@@ -73,8 +73,8 @@ class InferenceAPI:
         self._measure(request, mode)
         name = self._scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
-        payload = json_object(body)
-        lease = await self._scheduler.acquire(name, model_name(payload), mode, keep_alive(payload))
+        model, keep_alive = target(body)
+        lease = await self._scheduler.acquire(name, model, mode, keep_alive)
         try:
             if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
                 return json_body(request, {"status": "loaded", "model": lease.runner.request.model.name})

@@ -42,6 +42,16 @@ def model_name(payload: dict[str, Any]) -> str:
     return name.strip()
 
 
+def target(body: bytes) -> tuple[str, float | None]:
+    """The model an inference request names, and its C{keep_alive}.
+
+    The decoded body is dropped here: a stream can last minutes, and its
+    request already holds the body once as bytes for the runner.
+    """
+    payload = json_object(body)
+    return model_name(payload), keep_alive(payload)
+
+
 def keep_alive(payload: dict[str, Any]) -> float | None:
     """Ollama's C{keep_alive}: seconds to keep the runner after this request, any negative for ever."""
     value = payload.get("keep_alive")
