@@ -153,5 +153,7 @@ class AdminAPI:
     @app.route("/engines/_configure", methods=["GET"], endpoint="configuration_default")
     @app.route("/engines/<backend>/_configure", methods=["GET"])
     def configuration(self, request: IRequest, backend: str | None = None) -> bytes:
-        name = model_name({"model": query(request, "model")})
+        name = query(request, "model")
+        if not name:
+            raise BadRequest("name a model: GET /engines/_configure?model=NAME", code="model_required")
         return json_body(request, self._scheduler.configuration(backend, name))
