@@ -233,6 +233,16 @@ class ModelCommandTests(CLITestCase):
         )
         self.assertEqual(json.loads(await self.ok("ls", "--json")), [])
 
+    async def test_pull_offline_keeps_the_copy_in_the_store(self) -> None:
+        unreachable = f"127.0.0.1:{free_port()}/ai/tiny:latest"  # nothing listens there
+        await self.ok("package", "--gguf", str(self.gguf), "tiny")
+        await self.ok("tag", "tiny", unreachable)
+        ran = await self.mrunner("pull", unreachable)
+        self.assertEqual(ran.code, 0, ran)
+        self.assertIn("is unreachable", ran.err)
+        self.assertIn("is in the store already; using that copy", ran.out)
+        self.assertIn("is unreachable", await self.fails("pull", unreachable.replace("tiny", "other")))
+
     async def test_package_refuses_what_is_not_a_model(self) -> None:
         self.assertIn(
             "not a valid GGUF file", await self.fails("package", "--gguf", str(self.home / "tap.conf"), "x")

@@ -70,6 +70,16 @@ class Daemon:
                 if line.strip():
                     yield json.loads(line)
 
+    def has(self, path: str) -> bool:
+        """Whether C{GET path} finds something (a 404 says no; other refusals are errors)."""
+        try:
+            self.call("GET", path)
+        except DaemonError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
     def _unreachable(self, reason: object) -> CommandError:
         return CommandError(
             f"cannot reach the mrunner daemon at {self.url} ({reason}): {START_HINT},"

@@ -11,14 +11,21 @@ from typing import Any
 
 from mrunner.cli.client import model_path
 from mrunner.cli.context import Context
-from mrunner.cli.errors import CommandError
+from mrunner.cli.errors import CommandError, DaemonError
 from mrunner.cli.output import ago, show_json, table
 from mrunner.cli.package import TarStream, members
 from mrunner.cli.progress import layer_progress
 
 
 def pull(ctx: Context, args: Namespace) -> None:
-    show_transfer(ctx, "pull", ctx.daemon.ndjson("POST", "/models/create", {"from": args.model}))
+    """Pull C{args.model}; offline, a model already in the store is kept and used, with a warning."""
+    try:
+        show_transfer(ctx, "pull", ctx.daemon.ndjson("POST", "/models/create", {"from": args.model}))
+    except DaemonError as e:
+        if e.code != "registry_unreachable" or not ctx.daemon.has(model_path(args.model)):
+            raise
+        ctx.err.print(f"mrunner: {e.message}", markup=False, highlight=False)
+        ctx.out.print(f"{args.model} is in the store already; using that copy", markup=False, highlight=False)
 
 
 def push(ctx: Context, args: Namespace) -> None:

@@ -41,8 +41,13 @@ class Unauthorized(MrunnerError):
     code = "registry_unauthorized"
 
 
-def registry_error(message: str) -> BadGateway:
-    return BadGateway(message, code="registry_error")
+def registry_error(message: str, code: str = "registry_error") -> BadGateway:
+    return BadGateway(message, code=code)
+
+
+def unreachable(what: str, error: Exception) -> BadGateway:
+    """No answer at all (DNS, connection): distinct, so a client can fall back on its local copy."""
+    return registry_error(f"{what} is unreachable: {_reason(error)}", code="registry_unreachable")
 
 
 @attrs.frozen
@@ -163,7 +168,7 @@ class RegistryClient:
                 method, url, headers=sent, data=body() if body else None, unbuffered=True
             )
         except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
-            raise registry_error(f"registry {repo.host} is unreachable: {_reason(e)}") from None
+            raise unreachable(f"registry {repo.host}", e) from None
         return response
 
     async def _authenticate(self, repo: Repository, scope: str, challenge: str) -> None:
@@ -193,7 +198,7 @@ class RegistryClient:
             )
             data = await response.content()
         except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
-            raise registry_error(f"token service {realm} is unreachable: {_reason(e)}") from None
+            raise unreachable(f"token service {realm}", e) from None
         if response.code in (401, 403):
             raise Unauthorized(f"token service {realm} refused the credentials for {repo.host}")
         try:
