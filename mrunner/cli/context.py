@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
+from typing import Any
+
 import attrs
 from rich.console import Console
 
 from mrunner.cli.client import Daemon
+from mrunner.cli.output import show_json
 
 
 @attrs.frozen
@@ -15,3 +19,11 @@ class Context:
     daemon: Daemon
     out: Console
     err: Console
+
+    def listing(self, path: str, args: Namespace) -> Any:
+        """C{GET path}: printed as JSON and None with C{--json}, else returned for a table."""
+        value = self.daemon.call("GET", path)
+        if args.json:
+            show_json(self.out, value)
+            return None
+        return value

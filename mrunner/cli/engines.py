@@ -13,7 +13,7 @@ from mrunner.cli.chat import Chat, converse, flushing
 from mrunner.cli.client import lines
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError
-from mrunner.cli.output import duration, show_json, table
+from mrunner.cli.output import duration, table
 from mrunner.sizes import format_size
 
 
@@ -31,9 +31,8 @@ def run(ctx: Context, args: Namespace) -> None:
 
 
 def ps(ctx: Context, args: Namespace) -> None:
-    runners = ctx.daemon.call("GET", "/engines/ps")
-    if args.json:
-        show_json(ctx.out, runners)
+    runners = ctx.listing("/engines/ps", args)
+    if runners is None:
         return
     now = time.time()
     rows = [
@@ -59,19 +58,18 @@ def state(runner: dict[str, Any]) -> str:
 
 
 def until(runner: dict[str, Any], now: float) -> str:
-    """When an idle runner will be unloaded, from its last use and keep-alive."""
+    """When the runner will be unloaded: never, once idle, or in so long."""
     if runner["keep_alive"] is None:
         return "forever"
-    if runner["in_use"] or runner["loading"]:
+    if runner["expires_at"] is None:
         return "in use"
-    left = datetime.fromisoformat(runner["last_used"]).timestamp() + runner["keep_alive"] - now
+    left = datetime.fromisoformat(runner["expires_at"]).timestamp() - now
     return f"in {duration(left)}" if left >= 1 else "now"
 
 
 def df(ctx: Context, args: Namespace) -> None:
-    usage = ctx.daemon.call("GET", "/engines/df")
-    if args.json:
-        show_json(ctx.out, usage)
+    usage = ctx.listing("/engines/df", args)
+    if usage is None:
         return
     rows = [["models", format_size(usage["models_disk_usage"])]]
     rows += [[f"backend {name}", format_size(size)] for name, size in usage["backends_disk_usage"].items()]
@@ -85,9 +83,8 @@ def unload(ctx: Context, args: Namespace) -> None:
 
 
 def status(ctx: Context, args: Namespace) -> None:
-    statuses = ctx.daemon.call("GET", "/engines/status")
-    if args.json:
-        show_json(ctx.out, statuses)
+    statuses = ctx.listing("/engines/status", args)
+    if statuses is None:
         return
     ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
     for backend, text in statuses.items():

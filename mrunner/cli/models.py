@@ -50,9 +50,8 @@ def show_transfer(ctx: Context, verb: str, events: Iterable[dict[str, Any]]) -> 
 
 
 def ls(ctx: Context, args: Namespace) -> None:
-    models = ctx.daemon.call("GET", "/models")
-    if args.json:
-        show_json(ctx.out, models)
+    models = ctx.listing("/models", args)
+    if models is None:
         return
     now = time.time()
     rows = [
