@@ -216,6 +216,15 @@ class LoaderTests(SynchronousTestCase):
         self.clock.advance(1)
         self.assertEqual(self.spawn.processes[0].stops, 1)
 
+    def test_a_runner_that_exits_while_serving_gets_no_keep_alive(self) -> None:
+        d = self.loader.acquire(request())
+        self.ready()
+        lease = self.lease(d)
+        self.spawn.processes[0].exit()
+        lease.release()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.loader.runners, {})
+
     def test_exited_runner_is_evicted_and_reloaded(self) -> None:
         d = self.loader.acquire(request())
         self.ready()

@@ -258,10 +258,11 @@ class Loader:
         if runner.in_use == 0:
             runner.finished_at = self._clock.seconds()
             runner.measured = runner.process.rss() or runner.measured
-        if self._queue or runner.state is not State.READY:
-            self._pump()
-        else:
+        current = self.runners.get(runner.key) is runner  # not if it exited while serving
+        if current and runner.state is State.READY and not self._queue:
             self._sync_expiry(runner)  # with no one waiting, the plan would decide nothing
+        else:
+            self._pump()
 
     def _pump(self) -> None:
         """Carry out what the policy decides, until it decides nothing new.
