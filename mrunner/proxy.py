@@ -10,6 +10,7 @@ llama-server stops generating), and nothing is buffered.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
@@ -55,6 +56,9 @@ HOP_BY_HOP = frozenset(
 # Drop pooled connections before llama-server's own 5 s keep-alive does, so a
 # POST never races a server-side close.
 POOL_IDLE_SECONDS = 4
+# Runner sockets are <run_dir>/<name>.sock; requests name them as http://<name>/. The
+# names are spelled with os.path: pathlib interns every part, per request.
+SOCKET_SUFFIX = ".sock"
 
 
 @implementer(IAgentEndpointFactory)
@@ -63,10 +67,11 @@ class RunnerEndpoints:
 
     def __init__(self, reactor: object, run_dir: Path):
         self._reactor = reactor
-        self._run_dir = run_dir
+        self._run_dir = str(run_dir)
 
     def endpointForURI(self, uri: URI) -> UNIXClientEndpoint:
-        return UNIXClientEndpoint(self._reactor, str(self._run_dir / f"{uri.host.decode()}.sock"))
+        socket = os.path.join(self._run_dir, uri.host.decode() + SOCKET_SUFFIX)
+        return UNIXClientEndpoint(self._reactor, socket)
 
 
 def connection_pool(reactor: object, per_host: int) -> HTTPConnectionPool:
@@ -84,7 +89,7 @@ def runner_agent(reactor: object, run_dir: Path, pool: HTTPConnectionPool) -> Ag
 
 def runner_url(socket: str, path: bytes) -> bytes:
     """The URL that reaches C{path} on the runner listening on C{socket}."""
-    return b"http://" + Path(socket).stem.encode() + path
+    return b"http://" + os.path.basename(socket).removesuffix(SOCKET_SUFFIX).encode() + path
 
 
 @implementer(IBodyProducer)
@@ -131,14 +136,12 @@ class Forwarder:
     def __init__(self, agent: Agent):
         self._agent = agent
 
-    def forward(self, request: Request, socket: str, path: bytes, body: bytes) -> Deferred[None]:
-        """Relay C{request} (whose body is C{body}) to the runner; fires when the answer is sent.
+    async def forward(self, request: Request, socket: str, path: bytes, body: bytes) -> None:
+        """Relay C{request} (whose body is C{body}) to the runner; returns when the answer is sent.
 
-        Cancelling it (Klein does, when the client disconnects) aborts the upstream connection.
+        Cancelling the Deferred that awaits it (Klein does, when the client
+        disconnects) aborts the upstream connection.
         """
-        return Deferred.fromCoroutine(self._forward(request, socket, path, body))
-
-    async def _forward(self, request: Request, socket: str, path: bytes, body: bytes) -> None:
         response = await self._send(request, runner_url(socket, path), body)
         request.setResponseCode(response.code, response.phrase)
         for name, values in forwarded_headers(response.headers).getAllRawHeaders():

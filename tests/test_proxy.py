@@ -64,7 +64,8 @@ class CancelTests(SynchronousTestCase):
     def cancelled(self, error: Exception) -> None:
         request = DummyRequest([b"v1", b"completions"])
         request.method = b"POST"
-        forwarding = Forwarder(CancelledAgent(error)).forward(request, "/r.sock", b"/v1/completions", b"{}")
+        forwarder = Forwarder(CancelledAgent(error))
+        forwarding = Deferred.fromCoroutine(forwarder.forward(request, "/r.sock", b"/v1/completions", b"{}"))
         request.channel = None  # as the client's connectionLost leaves it
         forwarding.cancel()
         self.failureResultOf(forwarding, CancelledError)
