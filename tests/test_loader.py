@@ -9,7 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
-from mrunner.scheduling.loader import Lease, Loader, LoadRequest, RunnerKey
+from mrunner.scheduling.loader import MEASURE_EVERY, Lease, Loader, LoadRequest, RunnerKey
 from mrunner.scheduling.policy import Limits, State
 from tests.fakes import FakeSpawner, model
 
@@ -337,6 +337,9 @@ class MemoryBudgetTests(SynchronousTestCase):
         lease = self.hold("a", 2)
         self.spawn.processes[0].resident = 9
         lease.release()
+        self.assertEqual(lease.runner.memory, 2, "measured when ready, and not again within a second")
+        self.clock.advance(MEASURE_EVERY)
+        self.successResultOf(self.loader.acquire(request("a", memory=2))).release()
         self.assertEqual(lease.runner.memory, 9)
         self.loader.acquire(request("b", memory=2))
         self.assertEqual(self.spawn.processes[0].stops, 1, "a really uses 9 of 10: it makes room")

@@ -23,6 +23,8 @@ from mrunner.scheduling.policy import Limits, State
 from mrunner.store.model import Model
 
 NEVER = -1.0
+#: Seconds between two readings of a runner's resident memory, which is read from /proc when it goes idle.
+MEASURE_EVERY = 1.0
 
 
 @attrs.frozen
@@ -75,6 +77,7 @@ class Runner:
     expiry: IDelayedCall | None = None
     alive: bool = True
     measured: int = 0
+    measured_at: float = -MEASURE_EVERY
     keep_alive: float = attrs.field()
 
     @keep_alive.default
@@ -97,7 +100,9 @@ class Runner:
     def memory(self) -> int:
         """What the budget counts: the estimate, or the measured resident memory once larger.
 
-        Measured when the runner is ready and whenever it goes idle. The
+        Measured when the runner is ready and when it goes idle, at most
+        once every L{MEASURE_EVERY} seconds (a busy runner goes idle after
+        each request). The
         estimate stays the floor: resident memory counts only pages touched
         so far, and buffers llama-server has allocated but not yet used are
         touched by the first long prompt.
@@ -257,12 +262,17 @@ class Loader:
         runner.in_use -= 1
         if runner.in_use == 0:
             runner.finished_at = self._clock.seconds()
-            runner.measured = runner.process.rss() or runner.measured
+            if runner.finished_at - runner.measured_at >= MEASURE_EVERY:
+                self._measure(runner)
         current = self.runners.get(runner.key) is runner  # not if it exited while serving
         if current and runner.state is State.READY and not self._queue:
             self._sync_expiry(runner)  # with no one waiting, the plan would decide nothing
         else:
             self._pump()
+
+    def _measure(self, runner: Runner) -> None:
+        runner.measured = runner.process.rss() or runner.measured
+        runner.measured_at = self._clock.seconds()
 
     def _pump(self) -> None:
         """Carry out what the policy decides, until it decides nothing new.
@@ -345,7 +355,7 @@ class Loader:
         self._backoff.pop(runner.key, None)
         runner.state = State.READY
         runner.finished_at = self._clock.seconds()
-        runner.measured = runner.process.rss() or 0
+        self._measure(runner)
         self._pump()
 
     def _load_failed(self, reason: Failure, runner: Runner) -> None:
