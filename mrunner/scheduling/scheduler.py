@@ -20,6 +20,7 @@ from mrunner.backends.base import Command, RunnerSettings
 from mrunner.config import Config
 from mrunner.errors import Conflict, NotFound, Unprocessable
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
+from mrunner.proxy import SOCKET_SUFFIX
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import NEVER, Lease, Loader, LoadRequest, Runner, RunnerKey, RunnerProcess
 from mrunner.scheduling.policy import Limits, State
@@ -135,7 +136,7 @@ class Scheduler:
 
     def _spawn(self, key: RunnerKey, model: Model, settings: RunnerSettings) -> RunnerProcess:
         name = next(self._names)
-        socket = str(self.run_dir / f"{name}.sock")
+        socket = str(self.run_dir / (name + SOCKET_SUFFIX))  # where the proxy looks for it
         command = self._backends[key.backend].command(model, key.mode, socket, settings)
         label = f"{model.name} ({key.mode})"
         log_path = self._config.home / "logs" / f"{_file_safe(model.name)}-{key.mode}.log"
