@@ -10,8 +10,7 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import json_object, model_name, query, read_body
-from mrunner.config import ConfigError, parse_duration
+from mrunner.api.requests import json_object, keep_alive, model_name, query, read_body
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore
 from mrunner.scheduling.scheduler import ModelSettings, Scheduler
@@ -80,15 +79,10 @@ def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
     if context_size is not None and (not isinstance(context_size, int) or context_size <= 0):
         raise BadRequest("context-size must be a positive integer")
     flags = field("runtime_flags") or field("raw_runtime_flags")
-    keep_alive = field("keep_alive")
-    try:
-        seconds = None if keep_alive is None else parse_duration(keep_alive, "keep_alive")
-    except ConfigError as e:
-        raise BadRequest(str(e)) from None
     return ModelSettings(
         context_size=context_size,
         flags=None if flags is None else runtime_flags(flags),
-        keep_alive=seconds,
+        keep_alive=keep_alive(field("keep_alive")),
     )
 
 

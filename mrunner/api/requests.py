@@ -49,12 +49,11 @@ def target(body: bytes) -> tuple[str, float | None]:
     request already holds the body once as bytes for the runner.
     """
     payload = json_object(body)
-    return model_name(payload), keep_alive(payload)
+    return model_name(payload), keep_alive(payload.get("keep_alive"))
 
 
-def keep_alive(payload: dict[str, Any]) -> float | None:
-    """Ollama's C{keep_alive}: seconds to keep the runner after this request, any negative for ever."""
-    value = payload.get("keep_alive")
+def keep_alive(value: object) -> float | None:
+    """Ollama's C{keep_alive} (``"5m"``, seconds, ``0``): seconds, -1 for any negative (for ever)."""
     if value is None:
         return None
     try:
