@@ -108,7 +108,7 @@ class DaemonTestCase(TestCase):
         return gate, events
 
     def runner_pids(self) -> list[int]:
-        return [runner["pid"] for runner in self.daemon.scheduler.running()]
+        return [runner.pid for runner in self.daemon.scheduler.snapshot()]
 
     def chat(self, **body: Any) -> dict[str, Any]:
         return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}

@@ -39,6 +39,9 @@ class LoaderTests(SynchronousTestCase):
     def lease(self, d) -> Lease:
         return self.successResultOf(d)
 
+    def state(self, name: str) -> State:
+        return self.loader.runners[request(name).key].state
+
     def test_concurrent_requests_share_one_load(self) -> None:
         self.loader = Loader(self.clock, self.spawn, Limits(2), max_queue=20)
         waiting = [self.loader.acquire(request(parallel=20)) for _ in range(20)]
@@ -47,7 +50,8 @@ class LoaderTests(SynchronousTestCase):
             self.assertNoResult(d)
         self.ready()
         leases = [self.lease(d) for d in waiting]
-        self.assertEqual({id(lease.runner) for lease in leases}, {id(leases[0].runner)})
+        self.assertEqual({lease.socket for lease in leases}, {"/run/r0.sock"})
+        self.assertEqual(self.loader.runners[request().key].in_use, 20)
 
     def test_parallel_slots(self) -> None:
         first, second, third = (self.loader.acquire(request(parallel=2)) for _ in range(3))
@@ -106,8 +110,8 @@ class LoaderTests(SynchronousTestCase):
         waiting = self.loader.acquire(request("c"))
         self.assertNoResult(waiting)
         self.assertEqual([p.stops for p in self.spawn.processes], [0, 0])
-        self.assertEqual(leases[0].runner.state, State.DRAINING, "a, the older, makes room for c")
-        self.assertEqual(leases[1].runner.state, State.READY)
+        self.assertEqual(self.state("a"), State.DRAINING, "a, the older, makes room for c")
+        self.assertEqual(self.state("b"), State.READY)
         leases[1].release()
         self.assertEqual(self.spawn.processes[1].stops, 0, "b is idle but a is already making room")
         leases[0].release()
@@ -152,7 +156,7 @@ class LoaderTests(SynchronousTestCase):
         self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=2)
         self.loader.acquire(request())
         self.loader.acquire(request())
-        error = self.assertRaises(Unavailable, self.loader.acquire, request())
+        error = self.failureResultOf(self.loader.acquire(request()), Unavailable).value
         self.assertEqual(error.code, "queue_full")
         self.assertIsNotNone(error.retry_after)
 
@@ -245,7 +249,7 @@ class LoaderTests(SynchronousTestCase):
             self.assertEqual(self.failureResultOf(d, RunnerFailed).value.message, "boom: stderr tail")
         delays = []
         for expected in (1, 2, 4):
-            error = self.assertRaises(Unavailable, self.loader.acquire, request())
+            error = self.failureResultOf(self.loader.acquire(request()), Unavailable).value
             self.assertAlmostEqual(error.retry_after, expected)
             delays.append(error.retry_after)
             self.clock.advance(expected)
@@ -275,7 +279,7 @@ class LoaderTests(SynchronousTestCase):
         lease = self.lease(d)
         self.successResultOf(self.loader.unload(lambda key: True))
         self.assertEqual(self.spawn.processes[0].stops, 0)
-        self.assertEqual(lease.runner.state, State.DRAINING)
+        self.assertEqual(self.state("a"), State.DRAINING)
         waiting = self.loader.acquire(request())
         lease.release()
         self.assertEqual(self.spawn.processes[0].stops, 1)
@@ -292,7 +296,7 @@ class LoaderTests(SynchronousTestCase):
         self.successResultOf(closed)
         self.failureResultOf(loading)
         self.assertEqual([p.stops for p in self.spawn.processes], [1, 1])
-        self.assertRaises(Unavailable, self.loader.acquire, request("a"))
+        self.failureResultOf(self.loader.acquire(request("a")), Unavailable)
 
 
 class MemoryBudgetTests(SynchronousTestCase):
@@ -335,12 +339,13 @@ class MemoryBudgetTests(SynchronousTestCase):
 
     def test_measured_memory_counts_when_larger(self) -> None:
         lease = self.hold("a", 2)
+        runner = self.loader.runners[request("a").key]
         self.spawn.processes[0].resident = 9
         lease.release()
-        self.assertEqual(lease.runner.memory, 2, "measured when ready, and not again within a second")
+        self.assertEqual(runner.memory, 2, "measured when ready, and not again within a second")
         self.clock.advance(MEASURE_EVERY)
         self.successResultOf(self.loader.acquire(request("a", memory=2))).release()
-        self.assertEqual(lease.runner.memory, 9)
+        self.assertEqual(runner.memory, 9)
         self.loader.acquire(request("b", memory=2))
         self.assertEqual(self.spawn.processes[0].stops, 1, "a really uses 9 of 10: it makes room")
 

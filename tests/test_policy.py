@@ -18,12 +18,14 @@ class Runner:
     parallel: int = 1
     finished_at: float = 0.0
     memory: int = 0
+    pinned: bool = False
 
 
 @attrs.frozen
 class Waiter:
     key: str
     memory: int = 0
+    pinned: bool = False
 
 
 def ready(memory: int, finished_at: float = 0.0, in_use: int = 0, parallel: int = 1) -> Runner:

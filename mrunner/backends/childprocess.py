@@ -54,7 +54,7 @@ class _Collector(ProcessProtocol):
         self.argv = argv
         self._on_line = on_line
         self._partial = {1: b"", 2: b""}
-        self._tail: deque[str] = deque(maxlen=keep)
+        self.tail: deque[str] = deque(maxlen=keep)
         self.exit: Exit | None = None
         self.observers: list[Deferred[Exit]] = []
 
@@ -65,7 +65,7 @@ class _Collector(ProcessProtocol):
 
     def _line(self, raw: bytes) -> None:
         line = raw.decode("utf-8", "replace").rstrip("\r")
-        self._tail.append(line)
+        self.tail.append(line)
         self._on_line(line)
 
     def processEnded(self, reason: Failure) -> None:
@@ -73,7 +73,7 @@ class _Collector(ProcessProtocol):
             if rest:
                 self._line(rest)
         status: Any = reason.value  # ProcessDone or ProcessTerminated
-        self.exit = Exit(self.argv, status.exitCode, status.signal, tuple(self._tail))
+        self.exit = Exit(self.argv, status.exitCode, status.signal, tuple(self.tail))
         observers, self.observers = self.observers, []
         for observer in observers:
             observer.callback(self.exit)
@@ -89,6 +89,7 @@ class Child:
         self._reactor = reactor
         self._collector = collector
         self._transport = transport
+        self._killing = False
 
     @property
     def pid(self) -> int | None:
@@ -110,15 +111,22 @@ class Child:
         self._collector.observers.append(observer)
         return observer
 
+    def tail(self) -> tuple[str, ...]:
+        """The last lines of its output so far."""
+        return tuple(self._collector.tail)
+
     def _cancel(self, observer: Deferred[Exit]) -> None:
         self._collector.observers.remove(observer)
         self.kill()
 
-    def kill(self) -> None:
-        """SIGTERM now, SIGKILL if it is still there after L{KILL_GRACE} seconds."""
+    def kill(self, grace: float = KILL_GRACE) -> None:
+        """SIGTERM now, SIGKILL if it is still there after C{grace} seconds; once, however often called."""
+        if self._killing or self._collector.exit is not None:
+            return
+        self._killing = True
         if self._signal("TERM"):
             self.log.info("stopping {argv[0]} (pid {pid})", argv=self.argv, pid=self.pid)
-            escalation = self._reactor.callLater(KILL_GRACE, self._signal, "KILL")
+            escalation = self._reactor.callLater(grace, self._signal, "KILL")
             self.ended().addCallback(lambda _: escalation.active() and escalation.cancel())
 
     def _signal(self, name: str) -> bool:
