@@ -47,7 +47,7 @@ class APITests(SynchronousTestCase):
         )
         metrics = Metrics(self.scheduler)
         groups = [
-            ServiceAPI(NoModelsAPI(), metrics.registry),
+            ServiceAPI(NoModelsAPI(), metrics.registry, self.scheduler),
             InferenceAPI(self.scheduler, self.store, Forwarder(None), metrics, self.clock, max_request_bytes),
             AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
         ]
@@ -304,6 +304,7 @@ class APITests(SynchronousTestCase):
                 "context_size": 512,
                 "runtime_flags": [],
                 "keep_alive": 300,
+                "pinned": False,
             },
         )
         self.assertError(self.request("GET", f"{url}?model=nothing"), 404)

@@ -191,7 +191,7 @@ class Loader:
         if backoff is not None and self._clock.seconds() < backoff.until:
             return fail(
                 Unavailable(
-                    f"model {request.model.name} failed to load recently; try again in a few seconds",
+                    f"model {request.model.name} failed to load recently; retrying is paused, try again soon",
                     code="load_backoff",
                     retry_after=backoff.until - self._clock.seconds(),
                 )
