@@ -357,3 +357,40 @@ class MemoryBudgetTests(SynchronousTestCase):
         held.release()
         loaded = [key.model[-1] for key in self.spawn.keys]
         self.assertEqual(loaded, ["a", "b", "c"], "a made room for both, 8 + 1 of 10, in order")
+
+
+class PinTests(SynchronousTestCase):
+    """A pinned runner never expires and is never stopped for room; it still counts."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.spawn = FakeSpawner()
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=4)
+
+    def load(self, req: LoadRequest) -> None:
+        d = self.loader.acquire(req)
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(d).release()
+
+    def test_never_expires_until_unpinned(self) -> None:
+        self.load(attrs.evolve(request(keep_alive=10), pinned=True))
+        self.clock.advance(10**6)
+        self.assertEqual(self.spawn.processes[0].stops, 0)
+        self.loader.pin(lambda key: True, False)
+        self.clock.advance(10)
+        self.assertEqual(self.spawn.processes[0].stops, 1, "its keep-alive runs again from now")
+
+    def test_never_evicted(self) -> None:
+        self.load(attrs.evolve(request("a"), pinned=True))
+        waiting = self.loader.acquire(request("b"))
+        self.assertNoResult(waiting)
+        self.assertEqual([p.stops for p in self.spawn.processes], [0], "b waits: the only slot is pinned")
+        self.successResultOf(self.loader.unload(lambda key: True))
+        self.assertEqual(self.spawn.processes[0].stops, 1, "an explicit unload still stops it")
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(waiting)
+
+    def test_fits(self) -> None:
+        self.assertTrue(self.loader.fits(0))
+        self.load(request("a"))
+        self.assertFalse(self.loader.fits(0), "no slot left")

@@ -227,7 +227,7 @@ class RunnerProcess:
             if exit.code is not None
             else f"was killed by signal {exit.signal}"
         )
-        self._write(f"--- mrunner: runner {how}")
+        self._write(f"--- mrunner: runner ended: {how}")
         if self._output is not None:
             self._output.close()
             self._output = None
