@@ -64,11 +64,12 @@ class Child(ProcessProtocol):
 
     async def shows(self, text: str, after: int = 0) -> int:
         """Wait until C{text} appears after position C{after}; the position just past it."""
-        await eventually(lambda: text in self.output[after:], WAIT)
-        position = self.output.find(text, after)
-        if position < 0:
-            raise AssertionError(f"{text!r} never appeared; the command printed:\n{self.output}")
-        return position + len(text)
+        await eventually(
+            lambda: text in self.output[after:],
+            WAIT,
+            what=lambda: f"{text!r} to appear; the command printed:\n{self.output}",
+        )
+        return self.output.find(text, after) + len(text)
 
 
 class CLITestCase(TestCase):

@@ -103,6 +103,7 @@ class RunnerProcessTests(SynchronousTestCase):
     def test_ready_when_healthy(self) -> None:
         transport = self.start()
         _, executable, args, env = self.reactor.spawned[0]
+        self.assertEqual(executable, args[0])
         self.assertEqual(list(args[-3:]), ["/opt/llama-server", "--port", "0"])
         self.assertEqual(env, {"PATH": "/usr/bin", "HOME": "/home/u", "LC_ALL": "C", "EXTRA": "1"})
         pid_file = Home.pid_file(self.socket)
@@ -144,7 +145,8 @@ class RunnerProcessTests(SynchronousTestCase):
         error = self.failureResultOf(self.runner.ready, RunnerFailed).value
         self.assertEqual(
             error.message,
-            "runner ai/m (completion) exited with code 1 before it was ready; its last output:\nerror: bad magic",
+            "runner ai/m (completion) exited with code 1 before it was ready;"
+            " its last output:\nerror: bad magic",
         )
         self.successResultOf(self.runner.ended)
         self.assertFalse(Home.pid_file(self.socket).exists())
