@@ -166,3 +166,7 @@ class SchedulerTests(SynchronousTestCase):
         self.assertTrue(scheduler.snapshot()[0].pinned)
         self.assertEqual(scheduler.preloads(), [])
         self.assertEqual(Preload("x").state, PreloadState.WAITING)
+
+    def test_unload_of_a_name_that_is_no_model_unloads_nothing(self) -> None:
+        scheduler = self.make()
+        self.assertEqual(self.successResultOf(scheduler.unload(None, ["Not A Name!", "ai/gone"], False)), 0)

@@ -16,7 +16,7 @@ from zope.interface import implementer
 
 from mrunner.backends.base import COMPLETION, Command, RunnerSettings
 from mrunner.config import Config
-from mrunner.errors import Conflict, MrunnerError, NotFound, Unprocessable
+from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unprocessable
 from mrunner.home import Home
 from mrunner.interfaces import IBackend, ILease, IModelStore, IReloadable, IRunnerProcess, IScheduler
 from mrunner.scheduling.installer import Installer, InstallStatus
@@ -276,7 +276,7 @@ class Scheduler:
     def _model_id(self, name: str) -> str:
         try:
             return self._store.resolve(name).id
-        except NotFound:
+        except (NotFound, BadRequest):  # matches no runner: nothing to unload
             return name
 
     def configuration(self, backend: str | None, model: str) -> dict[str, Any]:
