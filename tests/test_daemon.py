@@ -231,7 +231,8 @@ class TwistdTests(TestCase):
 
     timeout = 60
 
-    async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
+    async def start(self) -> tuple[Path, Path, Any, Any]:
+        """``twistd`` on a UNIX socket, with the tiny model imported: its home, config, process, client."""
         home = short_home(self)
         config = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
         process = spawn_twistd(config, home)
@@ -243,6 +244,10 @@ class TwistdTests(TestCase):
         with gguf.open("rb") as f:
             response = await client.post("http://d/models/load", params={"name": MODEL}, data=f)
             await response.content()
+        return home, config, process, client
+
+    async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
+        home, _, process, client = await self.start()
         response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": []})
         self.assertEqual(response.code, 200)
         await response.content()
@@ -252,17 +257,7 @@ class TwistdTests(TestCase):
         await eventually(lambda: not alive(runner_pid), 1, what=lambda: "the runner to die with its daemon")
 
     async def test_sighup_reloads_pins_and_preloads(self) -> None:
-        home = short_home(self)
-        config = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
-        process = spawn_twistd(config, home)
-        self.addCleanup(lambda: ensureDeferred(stop_twistd(process)))
-        client = unix_client(str(home / "api.sock"))
-        await eventually(lambda: (home / "api.sock").exists(), 10)
-        gguf = home / "tiny.gguf"
-        write_tiny_gguf(gguf)
-        with gguf.open("rb") as f:
-            response = await client.post("http://d/models/load", params={"name": MODEL}, data=f)
-            await response.content()
+        _, config, process, client = await self.start()
         config.write_text(
             config.read_text().replace(
                 "[backends.test]",

@@ -46,6 +46,14 @@ class SchedulerTests(SynchronousTestCase):
     def ready(self) -> None:
         self.spawn.processes[-1].ready.callback(None)
 
+    def load_a(self) -> None:
+        """Start, install, and load model a (then idle)."""
+        self.scheduler.start()
+        self.install()
+        d = self.scheduler.acquire(None, "a", COMPLETION)
+        self.ready()
+        self.successResultOf(d).release()
+
     def states(self) -> dict[str, PreloadState]:
         return {preload.model: preload.state for preload in self.scheduler.preloads()}
 
@@ -99,11 +107,7 @@ class SchedulerTests(SynchronousTestCase):
 
     def test_pinned_from_the_file(self) -> None:
         scheduler = self.make(settings={A: ModelConfig(pinned=True)})
-        scheduler.start()
-        self.install()
-        d = scheduler.acquire(None, "a", COMPLETION)
-        self.ready()
-        self.successResultOf(d).release()
+        self.load_a()
         self.clock.advance(10**6)
         (runner,) = scheduler.snapshot()
         self.assertTrue(runner.pinned)
@@ -112,11 +116,7 @@ class SchedulerTests(SynchronousTestCase):
 
     def test_pin_and_unpin_with_configure(self) -> None:
         scheduler = self.make()
-        scheduler.start()
-        self.install()
-        d = scheduler.acquire(None, "a", COMPLETION)
-        self.ready()
-        self.successResultOf(d).release()
+        self.load_a()
         self.assertTrue(self.successResultOf(scheduler.configure(None, "a", ModelSettings(pinned=True))))
         self.clock.advance(10**6)
         self.assertTrue(scheduler.snapshot()[0].pinned)
@@ -126,11 +126,7 @@ class SchedulerTests(SynchronousTestCase):
 
     def test_reload(self) -> None:
         scheduler = self.make()
-        scheduler.start()
-        self.install()
-        d = scheduler.acquire(None, "a", COMPLETION)
-        self.ready()
-        self.successResultOf(d).release()
+        self.load_a()
         self.assertFalse(scheduler.snapshot()[0].stale)
         new = attrs.evolve(
             self.config,
@@ -154,11 +150,7 @@ class SchedulerTests(SynchronousTestCase):
 
     def test_reload_pins_at_once(self) -> None:
         scheduler = self.make()
-        scheduler.start()
-        self.install()
-        d = scheduler.acquire(None, "a", COMPLETION)
-        self.ready()
-        self.successResultOf(d).release()
+        self.load_a()
         scheduler.reconfigure(
             attrs.evolve(self.config, models=ModelsConfig(settings={A: ModelConfig(pinned=True)}))
         )

@@ -236,17 +236,18 @@ class Loader:
 
     def keep_alive(self, match: Callable[[RunnerKey], bool], seconds: float) -> None:
         """Give the runners that C{match} a new keep-alive, counted from now if they are idle."""
-        for runner in list(self.runners.values()):
-            if match(runner.key):
-                runner.keep_alive = seconds
-                _cancel_expiry(runner)
-                self._sync_expiry(runner)
+        self._retime(match, keep_alive=seconds)
 
     def pin(self, match: Callable[[RunnerKey], bool], pinned: bool) -> None:
         """Pin the runners that C{match} (no expiry, no eviction), or let them go again."""
+        self._retime(match, pinned=pinned)
+
+    def _retime(self, match: Callable[[RunnerKey], bool], **changes: Any) -> None:
+        """Change what decides the expiry of the runners that C{match}, and restart their clocks."""
         for runner in list(self.runners.values()):
             if match(runner.key):
-                runner.pinned = pinned
+                for name, value in changes.items():
+                    setattr(runner, name, value)
                 _cancel_expiry(runner)
                 self._sync_expiry(runner)
 
