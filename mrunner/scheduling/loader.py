@@ -69,7 +69,6 @@ class Runner:
     measured: int = 0
     measured_at: float = -MEASURE_EVERY
     keep_alive: float = attrs.field()
-
     pinned: bool = attrs.field()
 
     @keep_alive.default
