@@ -8,6 +8,7 @@ after it never races a process that is still writing.
 from __future__ import annotations
 
 import os
+import shutil
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from twisted.python.failure import Failure
 
 #: How long a child may take to exit after SIGTERM before it gets SIGKILL.
 KILL_GRACE = 5.0
+SETPRIV = shutil.which("setpriv")
 
 
 @attrs.frozen
@@ -144,15 +146,19 @@ def spawn(
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], object] = lambda line: None,
     keep: int = 40,
+    die_with_parent: bool = False,
 ) -> Child:
     """Start C{argv}; a program name without a slash is looked up on C{PATH}.
 
     C{env} ``None`` inherits the daemon's environment. C{on_line} sees every
     line of stdout and stderr as it arrives; the last C{keep} lines are kept
-    for the L{Exit}.
+    for the L{Exit}. With C{die_with_parent}, C{setpriv --pdeathsig KILL}
+    makes the kernel kill the child when the daemon dies, even by SIGKILL.
     """
     argv = tuple(argv)
     collector = _Collector(argv, on_line, keep)
+    if die_with_parent and SETPRIV is not None:
+        argv = (SETPRIV, "--pdeathsig", "KILL", "--", *argv)
     transport = reactor.spawnProcess(collector, argv[0], argv, env=None if env is None else dict(env))
     return Child(reactor, collector, transport)
 

@@ -11,7 +11,6 @@ SIGKILL; it gets a minimal environment, not the daemon's.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 from collections.abc import Callable, Mapping
 from contextlib import suppress
@@ -36,19 +35,12 @@ from mrunner.proxy import runner_url
 POLL_FIRST = 0.02
 POLL_MAX = 0.25
 TAIL_LINES = 20
-SETPRIV = shutil.which("setpriv")
 #: What a runner keeps of the daemon's environment: enough to find its libraries, devices and locale.
 KEPT_VARIABLES = frozenset(("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "USER"))
 KEPT_PREFIXES = ("LC_", "CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_", "GGML_", "VK_")
 
 #: Is the runner on this socket answering? Never fails: False while it is not listening yet.
 Probe = Callable[[str], Deferred[bool]]
-
-
-def with_death_signal(command: Command) -> list[str]:
-    """The argv that makes the kernel kill the runner when its parent dies."""
-    argv = [command.executable, *command.args]
-    return argv if SETPRIV is None else [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
 def runner_environment(
@@ -126,7 +118,7 @@ class RunnerProcess:
             defaultMode=PRIVATE_FILE,
             maxRotatedFiles=self._options.log_keep,
         )
-        argv = with_death_signal(self._command)
+        argv = [self._command.executable, *self._command.args]
         self.log.info("starting runner {label}: {argv}", label=self._label, argv=" ".join(argv))
         self._write(f"--- mrunner: {' '.join(argv)}")
         self._child = childprocess.spawn(
@@ -135,6 +127,7 @@ class RunnerProcess:
             env=runner_environment(self._command.env, self._environ),
             on_line=self._line,
             keep=TAIL_LINES,
+            die_with_parent=True,
         )
         self.pid = self._child.pid
         write_private(Home.pid_file(self.socket), str(self.pid))
