@@ -230,3 +230,25 @@ class HomeTests(SynchronousTestCase):
         os.chmod(home.run, 0o755)
         home.prepare()
         self.assertEqual(stat.S_IMODE(home.run.stat().st_mode), 0o700, "tightened again at start")
+
+
+class FailedSpawnTests(SynchronousTestCase):
+    def test_a_spawn_that_fails_leaves_no_log_open(self) -> None:
+        class Refusing(ProcessReactor):
+            def spawnProcess(self, *args: Any, **kw: Any) -> Any:
+                raise OSError(2, "No such file or directory")
+
+        home = Home(Path(self.mktemp()))
+        home.prepare()
+        runner = RunnerProcess(
+            Refusing(),
+            lambda s: succeed(False),
+            Command("/nope", ()),
+            home.socket("r"),
+            home.runner_log("m", "c"),
+            "m",
+            OPTIONS,
+        )
+        self.assertRaises(OSError, runner.start)
+        self.assertIsNone(runner._output)
+        self.assertEqual(runner.rss(), None)

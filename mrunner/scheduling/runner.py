@@ -121,16 +121,24 @@ class RunnerProcess:
         argv = [self._command.executable, *self._command.args]
         self.log.info("starting runner {label}: {argv}", label=self._label, argv=" ".join(argv))
         self._write(f"--- mrunner: {' '.join(argv)}")
-        self._child = childprocess.spawn(
-            self._reactor,
-            argv,
-            env=runner_environment(self._command.env, self._environ),
-            on_line=self._line,
-            keep=TAIL_LINES,
-            die_with_parent=True,
-        )
+        try:
+            self._child = childprocess.spawn(
+                self._reactor,
+                argv,
+                env=runner_environment(self._command.env, self._environ),
+                on_line=self._line,
+                keep=TAIL_LINES,
+                die_with_parent=True,
+            )
+        except BaseException:
+            self._output.close()  # the loader reports the error; no log file is left open
+            self._output = None
+            raise
         self.pid = self._child.pid
-        write_private(Home.pid_file(self.socket), str(self.pid))
+        try:
+            write_private(Home.pid_file(self.socket), str(self.pid))
+        except OSError as e:  # only the clean-up after a crash reads it, and pdeathsig does most of that
+            self.log.warn("no pid file for runner {label}: {error}", label=self._label, error=e.strerror)
         self._deadline = self._reactor.callLater(self._options.load_timeout, self._timed_out)
         self._poll(POLL_FIRST)
         self._child.ended().addCallback(self._ended)
