@@ -10,7 +10,7 @@ from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
-from mrunner.errors import NotFound
+from mrunner.errors import NotFound, RunnerFailed
 from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
 
@@ -36,6 +36,9 @@ class FakeProcess:
             self.exit()
 
     def exit(self) -> None:
+        """The process ends; like a real one, it fails C{ready} first if it never got there."""
+        if not self.ready.called:
+            self.ready.errback(RunnerFailed("the runner exited before it was ready"))
         if not self.ended.called:
             self.ended.callback(None)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -394,3 +396,55 @@ class PinTests(SynchronousTestCase):
         self.assertTrue(self.loader.fits(0))
         self.load(request("a"))
         self.assertFalse(self.loader.fits(0), "no slot left")
+
+
+ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["acquire", "ready", "fail", "exit", "release", "unload", "pin", "tick"]),
+        st.integers(0, 3),
+    ),
+    max_size=40,
+)
+
+
+class LifecyclePropertyTests(SynchronousTestCase):
+    """In any order of events, the loader makes only the lifecycle's moves and its records agree."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(ACTIONS)
+    def test_any_sequence(self, actions: list[tuple[str, int]]) -> None:
+        clock = Clock()
+        spawn = FakeSpawner()
+        loader = Loader(clock, spawn, Limits(2, memory_budget=10), max_queue=4)
+        leases: list[Lease] = []
+        for action, n in actions:
+            name = "abcd"[n]
+            process = spawn.processes[n % len(spawn.processes)] if spawn.processes else None
+            if action == "acquire":
+                d = loader.acquire(request(name, keep_alive=n, memory=4, parallel=2))
+                d.addCallbacks(leases.append, lambda failure: None)
+            elif action == "ready" and process is not None and not process.ready.called:
+                process.ready.callback(None)
+            elif action == "fail" and process is not None and not process.ready.called:
+                process.ready.errback(RunnerFailed("no"))
+            elif action == "exit" and process is not None:
+                process.exit()
+            elif action == "release" and leases:
+                leases.pop(n % len(leases)).release()
+            elif action == "unload":
+                model = request(name).key.model
+                loader.unload(lambda key, model=model: key.model == model)
+            elif action == "pin":
+                loader.pin(lambda key: True, n % 2 == 0)
+            elif action == "tick":
+                clock.advance(n)
+            for key, runner in loader.runners.items():
+                self.assertEqual(runner.key, key)
+                self.assertIn(runner.state, (State.LOADING, State.READY, State.DRAINING))
+            for runner in loader._stopping:
+                self.assertIs(runner.state, State.STOPPING)
+            self.assertLessEqual(len(loader.runners) + len(loader._stopping), 2)
+        for lease in leases:
+            lease.release()
+        self.successResultOf(loader.close())
+        self.assertEqual((loader.runners, loader._stopping), ({}, set()))

@@ -401,8 +401,8 @@ class Loader:
             error=reason.getErrorMessage(),
             delay=delay,
         )
+        self._fail_waiters(key, reason)  # first: stopping it must not start a load for them
         self._stop(runner)
-        self._fail_waiters(key, reason)
         self._pump()
 
     def _fail_waiters(self, key: RunnerKey, reason: Failure) -> None:
