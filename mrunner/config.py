@@ -121,6 +121,29 @@ class RegistryConfig:
 
 
 @attrs.frozen
+class RecordsConfig:
+    """``[records]``: the request records C{GET /engines/requests} shows."""
+
+    enabled: bool = True
+    per_model: int = 50
+    max_bytes: int = attrs.field(default=32 * 1024 * 1024, metadata={"parse": parse_size})
+    max_body: int = attrs.field(default=256 * 1024, metadata={"parse": parse_size})
+
+
+def _log_format(value: object, key: str) -> str:
+    if value not in ("text", "json"):
+        raise ConfigError(f"{key}: expected 'text' or 'json', got {value!r}")
+    return str(value)
+
+
+@attrs.frozen
+class LogConfig:
+    """``[log]``: how the daemon writes its own log (logs/daemon.log)."""
+
+    format: str = attrs.field(default="text", metadata={"parse": _log_format})
+
+
+@attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
     home: Path = attrs.field(factory=lambda: Path("~/.mrunner").expanduser())
@@ -131,6 +154,8 @@ class Config:
     registry: RegistryConfig = RegistryConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     models: ModelsConfig = ModelsConfig()
+    records: RecordsConfig = RecordsConfig()
+    log: LogConfig = LogConfig()
 
     def backend(self, name: str) -> Mapping[str, Any]:
         """The ``[backends."name"]`` table, empty when absent."""
@@ -193,6 +218,8 @@ def _config(table: Mapping[str, Any]) -> Config:
         "scheduler": SchedulerConfig,
         "runner": RunnerConfig,
         "registry": RegistryConfig,
+        "records": RecordsConfig,
+        "log": LogConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

@@ -94,6 +94,25 @@ class ILease(Interface):
         """Give the slot back (idempotent): call it when the answer has ended, however it ended."""
 
 
+class ILoaderEvents(Interface):
+    """What happens to runners, told as it happens (metrics count it); C{model} is the model's name.
+
+    C{key} is the runner's L{mrunner.scheduling.loader.RunnerKey}: backend, model digest, mode.
+    """
+
+    def loaded(key: Any, model: str, seconds: float) -> None:
+        """A runner became ready C{seconds} after it was started."""
+
+    def load_failed(key: Any, model: str) -> None:
+        """A runner could not be started or never became ready."""
+
+    def evicted(key: Any, model: str, reason: str) -> None:
+        """A runner was told to go: C{idle}, C{memory} (room for another), C{unload} or C{crash}."""
+
+    def exited(key: Any, model: str, cause: str) -> None:
+        """A runner's process ended: C{stopped} (asked to), C{crashed} or C{failed} (while loading)."""
+
+
 class IReloadable(Interface):
     """A part whose settings a reloaded C{tap.conf} changes without a restart."""
 
@@ -129,6 +148,9 @@ class IScheduler(Interface):
 
     def snapshot() -> list[RunnerSnapshot]:
         """The runners as they are now, as frozen values."""
+
+    def memory_budget() -> int:
+        """Bytes the runners may use together; 0 for no budget."""
 
     def queued() -> int:
         """How many requests wait for a runner."""

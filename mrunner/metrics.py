@@ -1,4 +1,7 @@
-"""Prometheus metrics: the scheduler's state read at scrape time, and request counts."""
+"""Prometheus metrics: the scheduler's state read at scrape time, what happened to runners, request counts.
+
+C{GET /metrics} adds each ready runner's own metrics (L{mrunner.runner_metrics}).
+"""
 
 from __future__ import annotations
 
@@ -7,58 +10,137 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from zope.interface import implementer
 
-from mrunner.interfaces import IScheduler
+from mrunner.interfaces import ILoaderEvents, IScheduler
+from mrunner.scheduling.loader import RunnerKey
+
+RUNNER_LABELS = ["backend", "model", "mode"]
+# From a request that finds its runner ready (well under a millisecond) to one that waits minutes.
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
 class SchedulerCollector(Collector):
-    """Runners by state, their memory, and the wait queue, as they are at scrape time."""
+    """Runners by state, their memory against the budget, and the wait queue, as they are at scrape time."""
 
     def __init__(self, scheduler: IScheduler):
         self._scheduler = scheduler
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         runners = GaugeMetricFamily(
-            "mrunner_runners",
-            "Runner processes by model, mode and state.",
-            labels=["backend", "model", "mode", "state"],
+            "mrunner_runners", "Runner processes by model, mode and state.", labels=[*RUNNER_LABELS, "state"]
         )
         in_use = GaugeMetricFamily(
-            "mrunner_runner_requests_in_flight",
-            "Requests a runner is serving.",
-            labels=["backend", "model", "mode"],
+            "mrunner_runner_requests_in_flight", "Requests a runner is serving.", labels=RUNNER_LABELS
         )
         memory = GaugeMetricFamily(
             "mrunner_runner_memory_bytes",
-            "Resident memory of a runner process.",
-            labels=["backend", "model", "mode"],
+            "What the budget counts for a runner: its estimate, or its measured memory once larger.",
+            labels=RUNNER_LABELS,
+        )
+        estimate = GaugeMetricFamily(
+            "mrunner_runner_memory_estimate_bytes",
+            "A runner's memory need as estimated from its model's GGUF before it started.",
+            labels=RUNNER_LABELS,
+        )
+        measured = GaugeMetricFamily(
+            "mrunner_runner_memory_measured_bytes",
+            "A runner process's resident memory, read from /proc.",
+            labels=RUNNER_LABELS,
         )
         for runner in self._scheduler.snapshot():
             labels = [runner.backend, runner.model_name, runner.mode]
             runners.add_metric([*labels, runner.state.value], 1)
             in_use.add_metric(labels, runner.in_use)
             memory.add_metric(labels, runner.memory)
+            estimate.add_metric(labels, runner.memory_estimate)
+            if runner.memory_measured is not None:
+                measured.add_metric(labels, runner.memory_measured)
         queue = GaugeMetricFamily("mrunner_queue_waiting", "Requests waiting for a runner.")
         queue.add_metric([], self._scheduler.queued())
-        yield from (runners, in_use, memory, queue)
+        budget = GaugeMetricFamily(
+            "mrunner_memory_budget_bytes", "Memory the runners may use together; 0 means no budget."
+        )
+        budget.add_metric([], self._scheduler.memory_budget())
+        yield from (runners, in_use, memory, estimate, measured, queue, budget)
 
 
+@implementer(ILoaderEvents)
 class Metrics:
-    """One registry per daemon, so tests and several daemons never share counters."""
+    """One registry per daemon, so tests and several daemons never share counters.
 
-    def __init__(self, scheduler: IScheduler):
+    As the loader's L{ILoaderEvents} it counts loads, evictions and exits;
+    L{watch} adds the scheduler's state, read at scrape time.
+    """
+
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(SchedulerCollector(scheduler))
+        registry = self.registry
         self.requests = Counter(
             "mrunner_requests",
             "Inference requests by mode and HTTP status.",
             ["mode", "status"],
-            registry=self.registry,
+            registry=registry,
         )
         self.seconds = Histogram(
             "mrunner_request_seconds",
             "Time from request to the end of the answer.",
             ["mode"],
-            registry=self.registry,
+            registry=registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )
+        self.queue_wait = Histogram(
+            "mrunner_queue_wait_seconds",
+            "Time a request waited for a runner slot, loading included.",
+            ["model"],
+            registry=registry,
+            buckets=WAIT_BUCKETS,
+        )
+        self.load_seconds = Histogram(
+            "mrunner_load_seconds",
+            "Time from starting a runner to its first healthy answer.",
+            ["model"],
+            registry=registry,
+            buckets=LOAD_BUCKETS,
+        )
+        self.load_failures = Counter(
+            "mrunner_load_failures",
+            "Runners that could not start or never became ready.",
+            RUNNER_LABELS,
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "mrunner_evictions",
+            "Runners told to go, by reason: idle (keep-alive), memory (room for another), unload, crash.",
+            [*RUNNER_LABELS, "reason"],
+            registry=registry,
+        )
+        self.exits = Counter(
+            "mrunner_runner_exits",
+            "Runner processes that ended, by cause: stopped (asked to), crashed, failed (while loading).",
+            [*RUNNER_LABELS, "cause"],
+            registry=registry,
+        )
+        self.pulled = Counter("mrunner_pulled_bytes", "Bytes downloaded from registries.", registry=registry)
+        self.pushed = Counter("mrunner_pushed_bytes", "Bytes uploaded to registries.", registry=registry)
+
+    def watch(self, scheduler: IScheduler) -> None:
+        """Report C{scheduler}'s runners, queue and budget at each scrape."""
+        self.registry.register(SchedulerCollector(scheduler))
+
+    def moved(self, mode: str, count: int) -> None:
+        """A pull or push (C{mode}) moved C{count} bytes."""
+        (self.pulled if mode == "pull" else self.pushed).inc(count)
+
+    def loaded(self, key: RunnerKey, model: str, seconds: float) -> None:
+        self.load_seconds.labels(model).observe(seconds)
+
+    def load_failed(self, key: RunnerKey, model: str) -> None:
+        self.load_failures.labels(key.backend, model, key.mode).inc()
+
+    def evicted(self, key: RunnerKey, model: str, reason: str) -> None:
+        self.evictions.labels(key.backend, model, key.mode, reason).inc()
+
+    def exited(self, key: RunnerKey, model: str, cause: str) -> None:
+        self.exits.labels(key.backend, model, key.mode, cause).inc()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Protocol as Interface
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint
@@ -128,6 +129,16 @@ def forwarded_headers(headers: Headers) -> Headers:
     return kept
 
 
+class Observer(Interface):
+    """Sees an answer as it is relayed (a request record): it must be cheap, it runs for every chunk."""
+
+    def start(self, chunked: bool) -> None:
+        """The answer's head is in; C{chunked} when C{write} will see the chunks' framing too."""
+
+    def write(self, data: bytes) -> None:
+        """C{data} went to the client."""
+
+
 class Forwarder:
     """Sends requests to runners through one persistent C{Agent}."""
 
@@ -136,11 +147,14 @@ class Forwarder:
     def __init__(self, agent: Agent):
         self._agent = agent
 
-    async def forward(self, request: Request, socket: str, path: bytes, body: bytes) -> None:
+    async def forward(
+        self, request: Request, socket: str, path: bytes, body: bytes, observer: Observer | None = None
+    ) -> None:
         """Relay C{request} (whose body is C{body}) to the runner; returns when the answer is sent.
 
         Cancelling the Deferred that awaits it (Klein does, when the client
-        disconnects) aborts the upstream connection.
+        disconnects) aborts the upstream connection. An C{observer} sees the
+        answer's body as it goes to the client.
         """
         response = await self._send(request, runner_url(socket, path), body)
         request.setResponseCode(response.code, response.phrase)
@@ -151,7 +165,9 @@ class Forwarder:
         events = is_event_stream(response.headers)
         if events:
             start_event_stream(request)
-        relay = _Relay(request, events)
+        if observer is not None:
+            observer.start(chunked=False)
+        relay = _Relay(request, events, observer)
         response.deliverBody(relay)
         await relay.done
 
@@ -200,9 +216,10 @@ def start_event_stream(request: Request) -> None:
 class _Relay(Protocol):
     """Writes a runner's response body to the client as it arrives, with backpressure."""
 
-    def __init__(self, request: Request, events: bool):
+    def __init__(self, request: Request, events: bool, observer: Observer | None):
         self._request = request
         self._events = events
+        self._observer = observer
         self._aborted = False
         self.done: Deferred[None] = Deferred(lambda d: self.abort())
 
@@ -212,6 +229,8 @@ class _Relay(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         self._request.write(data)
+        if self._observer is not None:
+            self._observer.write(data)
 
     def abort(self) -> None:
         """The client went away: close the runner connection now."""

@@ -19,17 +19,20 @@ from twisted.web.server import Site
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
 from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.history import RecordsAPI
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
+from mrunner.api.records import Records
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
 from mrunner.interfaces import IBackend, IReloadable
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, connection_pool, runner_agent
+from mrunner.proxy import Forwarder, RunnerEndpoints, connection_pool, runner_agent
 from mrunner.reload import Reloader, ReloadOnHangup
+from mrunner.runner_metrics import RunnerScraper
 from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
@@ -75,6 +78,7 @@ class Parts:
     root: Routes
     scheduler: Scheduler
     logs: LogsAPI
+    history: RecordsAPI
     pools: tuple[HTTPConnectionPool, ...]
     reloader: Reloader
 
@@ -94,13 +98,25 @@ def make_parts(
         log_max_bytes=config.runner.log_max_bytes,
         log_keep=config.runner.log_keep,
     )
+    metrics = Metrics()
     scheduler = Scheduler(
-        reactor, config, backends, store, partial(start_runner, reactor, health_probe(agent), options), home
+        reactor,
+        config,
+        backends,
+        store,
+        partial(start_runner, reactor, health_probe(agent), options),
+        home,
+        events=metrics,
+    )
+    metrics.watch(scheduler)
+    # Scrapes get their own connections, none kept: the proxy's pool is for requests.
+    scrape_pool = HTTPConnectionPool(reactor, persistent=False)
+    scraper = RunnerScraper(
+        Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, home.run), scrape_pool), reactor
     )
     # What a reload reconfigures: the front door's trust settings join this list.
     reloadable: Sequence[IReloadable] = [scheduler]
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
-    metrics = Metrics(scheduler)
     registry_pool = HTTPConnectionPool(reactor)
     registry = RegistryClient(config.registry, reactor, HTTPClient(Agent(reactor, pool=registry_pool)))
     models = ModelsAPI(
@@ -109,15 +125,25 @@ def make_parts(
         Puller(store, registry, config.registry.max_pulls),
         Pusher(store, registry, reactor),
         reactor,
+        metrics.moved,
     )
     logs = LogsAPI(home.logs, reactor)
+    records = (
+        Records(config.records.per_model, config.records.max_bytes, config.records.max_body, reactor.seconds)
+        if config.records.enabled
+        else None
+    )
+    history = RecordsAPI(records)
     groups = [  # the inference routes first: every token's request is matched against them
-        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
-        ServiceAPI(models, metrics.registry, scheduler),
+        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes, records),
+        ServiceAPI(models, metrics.registry, scheduler, scraper),
         logs,
+        history,
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
-    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool), reloader)
+    return Parts(
+        Routes(groups), scheduler, logs, history, (runner_pool, registry_pool, scrape_pool), reloader
+    )
 
 
 def make_service(
@@ -131,6 +157,7 @@ def make_service(
         service
     )
     parts.logs.setServiceParent(service)
+    parts.history.setServiceParent(service)
     # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
     # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
     site = Site(parts.root, parsePOSTFormSubmission=False)

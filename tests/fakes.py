@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import attrs
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
@@ -122,3 +123,13 @@ class FakeBackend:
 
     def uninstall(self) -> Deferred[None]:
         return succeed(None)
+
+
+@implementer(IAgent)
+class UnreachableRunners:
+    """An agent for runner sockets that no runner answers on: the scrape of C{/metrics} skips them."""
+
+    def request(
+        self, method: bytes, uri: bytes, headers: Any = None, bodyProducer: Any = None
+    ) -> Deferred[Any]:
+        return fail(ConnectionRefusedError(uri.decode()))

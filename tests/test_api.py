@@ -19,8 +19,9 @@ from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import BadRequest, RunnerFailed
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, forwarded_headers
+from mrunner.runner_metrics import RunnerScraper
 from mrunner.scheduling.scheduler import Scheduler
-from tests.fakes import FakeBackend, FakeSpawner, FakeStore, model
+from tests.fakes import FakeBackend, FakeSpawner, FakeStore, UnreachableRunners, model
 
 BASE = "http://mrunner"
 CHAT = f"{BASE}/engines/v1/chat/completions"
@@ -42,12 +43,19 @@ class APITests(SynchronousTestCase):
 
     def make(self, scheduler_config: SchedulerConfig, max_request_bytes: int = 1000) -> None:
         config = attrs.evolve(Config(), scheduler=scheduler_config, max_request_bytes=max_request_bytes)
+        metrics = Metrics()
         self.scheduler = Scheduler(
-            self.clock, config, {"llama.cpp": self.backend}, self.store, self.spawn.start_runner
+            self.clock,
+            config,
+            {"llama.cpp": self.backend},
+            self.store,
+            self.spawn.start_runner,
+            events=metrics,
         )
-        metrics = Metrics(self.scheduler)
+        metrics.watch(self.scheduler)
+        scraper = RunnerScraper(UnreachableRunners(), self.clock)
         groups = [
-            ServiceAPI(NoModelsAPI(), metrics.registry, self.scheduler),
+            ServiceAPI(NoModelsAPI(), metrics.registry, self.scheduler, scraper),
             InferenceAPI(self.scheduler, self.store, Forwarder(None), metrics, self.clock, max_request_bytes),
             AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
         ]

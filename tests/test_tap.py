@@ -85,6 +85,6 @@ class OptionsTests(SynchronousTestCase):
         self.assertTrue(IServiceCollection.providedBy(service))
         self.assertEqual(
             [type(child).__name__ for child in service],
-            ["DaemonLogFile", "SchedulerService", "LogsAPI", "StreamServerEndpointService"],
+            ["DaemonLogFile", "SchedulerService", "LogsAPI", "RecordsAPI", "StreamServerEndpointService"],
         )
         self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})

@@ -15,6 +15,7 @@ import mrunner
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.views import install_ready, preload_json
 from mrunner.interfaces import IScheduler
+from mrunner.runner_metrics import RunnerScraper
 
 
 class ServiceAPI:
@@ -23,10 +24,13 @@ class ServiceAPI:
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(self, models: Any, metrics: CollectorRegistry, scheduler: IScheduler):
+    def __init__(
+        self, models: Any, metrics: CollectorRegistry, scheduler: IScheduler, scraper: RunnerScraper
+    ):
         self._models = models
         self._metrics = metrics
         self._scheduler = scheduler
+        self._scraper = scraper
 
     @app.route("/", methods=["GET"])
     def root(self, request: IRequest) -> bytes:
@@ -55,9 +59,11 @@ class ServiceAPI:
         return json_body(request, {"version": mrunner.__version__})
 
     @app.route("/metrics", methods=["GET"])
-    def metrics(self, request: IRequest) -> bytes:
+    async def metrics(self, request: IRequest) -> bytes:
+        """The daemon's metrics, then those of every ready runner that answers in time."""
+        runners = await self._scraper.scrape(self._scheduler.snapshot())
         request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
-        return generate_latest(self._metrics)
+        return generate_latest(self._metrics) + generate_latest(runners)
 
     @app.route("/models", branch=True)
     def models(self, request: IRequest) -> IResource:

@@ -10,6 +10,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.records import Record, Records, record_key
 from mrunner.api.requests import read_body, target
 from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
@@ -52,6 +53,7 @@ class InferenceAPI:
         metrics: Metrics,
         clock: IReactorTime,
         max_request_bytes: int,
+        records: Records | None = None,
     ):
         self._scheduler = scheduler
         self._store = store
@@ -59,6 +61,7 @@ class InferenceAPI:
         self._metrics = metrics
         self._clock = clock
         self._max_request_bytes = max_request_bytes
+        self._records = records
 
     def _measure(self, request: Request, mode: str) -> None:
         started = self._clock.seconds()
@@ -69,16 +72,33 @@ class InferenceAPI:
 
         request.notifyFinish().addBoth(finished)
 
+    def _record(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
+        """A record of this request, kept once its answer ends; None with records off."""
+        if self._records is None:
+            return None
+        records = self._records
+        record = records.start(
+            record_key(model), mode, request.method, request.path, request.requestHeaders, body
+        )
+        request.notifyFinish().addBoth(lambda result: records.end(record, request.code, result is None))
+        return record
+
     async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes) -> Any:
         self._measure(request, mode)
+        started = self._clock.seconds()
         name = self._scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
         model, keep_alive = target(body)
+        record = self._record(request, model, mode, body)
         lease = await self._scheduler.acquire(name, model, mode, keep_alive)
+        leased = self._clock.seconds()
+        self._metrics.queue_wait.labels(lease.model).observe(leased - started)
+        if record is not None:
+            record.queued = leased
         try:
             if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
                 return json_body(request, {"status": "loaded", "model": lease.model})
-            await self._forwarder.forward(request, lease.socket, path, body)
+            await self._forwarder.forward(request, lease.socket, path, body, record)
         finally:
             lease.release()
         return None

@@ -80,8 +80,11 @@ class ModelsAPI:
         puller: Puller,
         pusher: Pusher,
         clock: IReactorTime,
+        moved: Callable[[str, int], None] = lambda mode, count: None,
     ) -> None:
+        """C{moved(mode, bytes)} is told what each pull or push moved over the network."""
         self._store = store
+        self._moved = moved
         self._scheduler = scheduler
         self._puller = puller
         self._pusher = pusher
@@ -168,6 +171,8 @@ class ModelsAPI:
             progress.error(e.message)
         else:
             progress.success(done)
+        finally:
+            self._moved(mode, progress.bytes)
         return b""
 
 

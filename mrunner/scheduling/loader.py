@@ -19,7 +19,7 @@ from zope.interface import implementer
 
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
-from mrunner.interfaces import ILease, IRunnerProcess
+from mrunner.interfaces import ILease, ILoaderEvents, IRunnerProcess
 from mrunner.scheduling import policy
 from mrunner.scheduling.lifecycle import Lifecycle, State
 from mrunner.scheduling.policy import Limits
@@ -68,6 +68,8 @@ class Runner:
     expiry: IDelayedCall | None = None
     measured: int = 0
     measured_at: float = -MEASURE_EVERY
+    started: float = 0.0
+    failed: bool = False  # it never became ready
     keep_alive: float = attrs.field()
     pinned: bool = attrs.field()
 
@@ -94,6 +96,10 @@ class Runner:
     @property
     def socket(self) -> str:
         return self.process.socket
+
+    @property
+    def model_name(self) -> str:
+        return self.request.model.name
 
     @property
     def memory(self) -> int:
@@ -140,6 +146,23 @@ class Lease:
             self._release(runner)
 
 
+@implementer(ILoaderEvents)
+class NoEvents:
+    """Tells no one: a loader without metrics."""
+
+    def loaded(self, key: RunnerKey, model: str, seconds: float) -> None:
+        pass
+
+    def load_failed(self, key: RunnerKey, model: str) -> None:
+        pass
+
+    def evicted(self, key: RunnerKey, model: str, reason: str) -> None:
+        pass
+
+    def exited(self, key: RunnerKey, model: str, cause: str) -> None:
+        pass
+
+
 @attrs.define
 class _Backoff:
     delay: float
@@ -151,8 +174,16 @@ class Loader:
 
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, spawn: Spawn, limits: Limits, max_queue: int):
+    def __init__(
+        self,
+        clock: IReactorTime,
+        spawn: Spawn,
+        limits: Limits,
+        max_queue: int,
+        events: ILoaderEvents | None = None,
+    ):
         self._clock = clock
+        self._events: ILoaderEvents = events or NoEvents()
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -226,9 +257,11 @@ class Loader:
         for runner in [r for r in self.runners.values() if match(r.key)]:
             if runner.in_use:
                 if runner.state is State.READY:
+                    self._evicted(runner, "unload")
                     runner.lifecycle.drain()
             else:
                 ended.append(self._when_ended(runner))
+                self._evicted(runner, "unload")
                 self._stop(runner)
         self._pump()
         return DeferredList(ended)
@@ -331,11 +364,13 @@ class Loader:
             victim = self.runners.get(key)
             if victim is not None and victim.in_use == 0:
                 self.log.info("evicting idle runner {key} to make room", key=key)
+                self._evicted(victim, "memory")
                 self._stop(victim)
         for key in decision.drain:
             runner = self.runners.get(key)
             if runner is not None and runner.state is State.READY:
                 self.log.info("draining busy runner {key} to make room", key=key)
+                self._evicted(runner, "memory")
                 runner.lifecycle.drain()
         for waiter in decision.load:
             if waiter.key not in self.runners:
@@ -353,6 +388,7 @@ class Loader:
         if runner.state is not State.READY or runner.in_use or runner.pinned:
             _cancel_expiry(runner)
         elif runner.keep_alive == 0:
+            self._evicted(runner, "idle")
             self._stop(runner)
         elif runner.expiry is None and runner.keep_alive > 0:
             runner.expiry = self._clock.callLater(runner.keep_alive, self._expire, runner)
@@ -360,6 +396,7 @@ class Loader:
     def _expire(self, runner: Runner) -> None:
         runner.expiry = None
         self.log.info("runner {key} idle for its keep-alive; stopping", key=runner.key)
+        self._evicted(runner, "idle")
         self._stop(runner)
         self._pump()
 
@@ -368,13 +405,15 @@ class Loader:
         try:
             process = self._spawn(request.key, request.model, request.settings)
         except MrunnerError as e:
+            self._events.load_failed(request.key, request.model.name)
             self._fail_waiters(request.key, Failure(e))  # e.g. a model the backend cannot serve
             return
         except Exception as e:
+            self._events.load_failed(request.key, request.model.name)
             error = RunnerFailed(f"mrunner could not start a runner for {request.model.name}: {e}")
             self._fail_waiters(request.key, Failure(error))
             return
-        runner = Runner(request, process)
+        runner = Runner(request, process, started=self._clock.seconds())
         self.runners[request.key] = runner
         process.ready.addCallbacks(
             self._loaded, self._load_failed, callbackArgs=(runner,), errbackArgs=(runner,)
@@ -385,6 +424,7 @@ class Loader:
         self._backoff.pop(runner.key, None)
         runner.lifecycle.ready()
         runner.finished_at = self._clock.seconds()
+        self._events.loaded(runner.key, runner.model_name, runner.finished_at - runner.started)
         self._measure(runner)
         self._pump()
 
@@ -392,6 +432,8 @@ class Loader:
         if runner.state is not State.LOADING:
             return  # stopped on purpose; its waiters stay queued for the next load
         key = runner.key
+        runner.failed = True
+        self._events.load_failed(key, runner.model_name)
         previous = self._backoff.get(key)
         delay = policy.next_backoff(previous.delay if previous else None)
         self._backoff[key] = _Backoff(delay, self._clock.seconds() + delay)
@@ -412,8 +454,12 @@ class Loader:
 
     def _exited(self, result: object, runner: Runner) -> None:
         """A runner's process is gone, stopped or crashed: it no longer exists."""
-        if runner.lifecycle.end() in (State.READY, State.DRAINING):
+        previous = runner.lifecycle.end()
+        if previous in (State.READY, State.DRAINING):
             self.log.warn("runner {key} exited unexpectedly; evicted", key=runner.key)
+            if previous is State.READY:  # a draining one was counted when it began to drain
+                self._evicted(runner, "crash")
+        self._events.exited(runner.key, runner.model_name, _exit_cause(runner, previous))
         self._forget(runner)
         self._stopping.discard(runner)
         if not self.runners and not self._stopping:
@@ -422,6 +468,9 @@ class Loader:
                 d.callback(None)
         if not self._closed:
             self._pump()
+
+    def _evicted(self, runner: Runner, reason: str) -> None:
+        self._events.evicted(runner.key, runner.model_name, reason)
 
     def _forget(self, runner: Runner) -> None:
         if self.runners.get(runner.key) is runner:
@@ -435,6 +484,13 @@ class Loader:
             runner.lifecycle.stop()
             self._stopping.add(runner)
             runner.process.stop()
+
+
+def _exit_cause(runner: Runner, previous: State) -> str:
+    """C{failed} if it never became ready, C{stopped} if asked to stop, else C{crashed}."""
+    if runner.failed or previous is State.LOADING:
+        return "failed"
+    return "stopped" if previous is State.STOPPING else "crashed"
 
 
 def _cancel_expiry(runner: Runner) -> None:

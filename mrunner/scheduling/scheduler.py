@@ -18,7 +18,15 @@ from mrunner.backends.base import COMPLETION, Command, RunnerSettings
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unprocessable
 from mrunner.home import Home
-from mrunner.interfaces import IBackend, ILease, IModelStore, IReloadable, IRunnerProcess, IScheduler
+from mrunner.interfaces import (
+    IBackend,
+    ILease,
+    ILoaderEvents,
+    IModelStore,
+    IReloadable,
+    IRunnerProcess,
+    IScheduler,
+)
 from mrunner.scheduling.installer import Installer, InstallStatus
 from mrunner.scheduling.loader import Loader, LoadRequest, Runner, RunnerKey
 from mrunner.scheduling.policy import Limits
@@ -59,6 +67,7 @@ class Scheduler:
         store: IModelStore,
         start_runner: StartRunner,
         home: Home | None = None,
+        events: ILoaderEvents | None = None,
     ):
         self._config = config
         self._backends = backends
@@ -66,7 +75,7 @@ class Scheduler:
         self._start_runner = start_runner
         self.home = home or Home(config.home)
         self.installer = Installer(backends, clock)
-        self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue)
+        self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue, events)
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
         self._preloads: dict[str, Preload] = {}
@@ -86,6 +95,9 @@ class Scheduler:
 
     def queued(self) -> int:
         return self.loader.queued
+
+    def memory_budget(self) -> int:
+        return self._config.scheduler.memory_budget
 
     def start(self) -> None:
         """Install the default backend now, the others on first use; then load the preloads."""

@@ -25,6 +25,7 @@ class Progress:
         self._clock = clock
         self.mode = mode
         self.total = 0
+        self.bytes = 0  # moved over the network, for the daemon's metrics
         self._last: dict[str, tuple[float, int]] = {}
 
     def update(self, layer: str, size: int, current: int) -> None:
@@ -43,6 +44,10 @@ class Progress:
                 "mode": self.mode,
             }
         )
+
+    def moved(self, count: int) -> None:
+        """C{count} more bytes went over the network (a blob already here moves none)."""
+        self.bytes += count
 
     def success(self, message: str) -> None:
         self._emit({"type": "success", "message": message, "mode": self.mode})

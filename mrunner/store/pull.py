@@ -131,6 +131,7 @@ class Puller:
             if writer.offset + len(data) > blob.size:
                 raise DigestMismatch(f"more than the {blob.size} bytes the manifest announced")
             writer.write(data)
+            progress.moved(len(data))
             progress.update(blob.digest, blob.size, writer.offset)
 
         await treq.collect(response, write)

@@ -63,6 +63,7 @@ class Pusher:
                     source,
                     self._cooperator,
                     lambda sent: progress.update(blob.digest, blob.size, sent),
+                    progress.moved,
                 )
 
             await self._client.upload_blob(repo, blob.digest, body)
@@ -71,23 +72,34 @@ class Pusher:
 class _CountingProducer(FileBodyProducer):
     """A file body that reports how many bytes it has sent."""
 
-    def __init__(self, source: BinaryIO, cooperator: Cooperator, sent: Callable[[int], None]):
+    def __init__(
+        self,
+        source: BinaryIO,
+        cooperator: Cooperator,
+        sent: Callable[[int], None],
+        moved: Callable[[int], None],
+    ):
         super().__init__(source, cooperator=cooperator)
         self._sent = sent
+        self._moved = moved
 
     def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        return super().startProducing(_Counting(consumer, self._sent))
+        return super().startProducing(_Counting(consumer, self._sent, self._moved))
 
 
 @implementer(IConsumer)
 class _Counting:
-    def __init__(self, consumer: IConsumer, sent: Callable[[int], None]) -> None:
+    def __init__(
+        self, consumer: IConsumer, sent: Callable[[int], None], moved: Callable[[int], None]
+    ) -> None:
         self._consumer = consumer
         self._report = sent
+        self._moved = moved
         self._count = 0
 
     def write(self, data: bytes) -> None:
         self._consumer.write(data)
+        self._moved(len(data))
         self._count += len(data)
         self._report(self._count)
 
