@@ -61,7 +61,7 @@ class Home:
 
     def runner_log(self, model: str, mode: str) -> Path:
         """One log per model and mode, across restarts of its runner."""
-        return self.logs / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', model)}-{mode}{LOG_SUFFIX}"
+        return self.logs / f"{log_name(model)}-{mode}{LOG_SUFFIX}"
 
     def runner_files(self) -> Iterator[tuple[Path, Path]]:
         """C{(pid file, socket)} of every runner the files in C{run/} name."""
@@ -70,6 +70,11 @@ class Home:
 
     def sockets(self) -> Iterator[Path]:
         return self.run.glob("*" + SOCKET_SUFFIX)
+
+
+def log_name(model: str) -> str:
+    """How C{model} starts the names of its runners' logs: C{ai/smollm2:latest} is C{ai_smollm2_latest}."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", model)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -7,10 +7,19 @@ L{LogTail} reads every ``*.log`` there and hands back new lines by source.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from twisted.application.service import Service
-from twisted.logger import ILogObserver, LogPublisher, globalLogPublisher, textFileLogObserver
+from twisted.logger import (
+    ILogObserver,
+    LogPublisher,
+    eventFromJSON,
+    formatEventAsClassicLogText,
+    globalLogPublisher,
+    jsonFileLogObserver,
+    textFileLogObserver,
+)
 from twisted.python.logfile import LogFile
 
 from mrunner.home import PRIVATE_FILE, Home
@@ -25,10 +34,12 @@ class DaemonLogFile(Service):
     """Writes every log event of this process to C{home.logs}/daemon.log while running, rotated at 10 MB.
 
     The first service to start: it makes the home (owner-only) before anything writes there.
+    With C{json}, each event is one JSON text (twisted.logger's format, for log shippers).
     """
 
-    def __init__(self, home: Home, publisher: LogPublisher = globalLogPublisher) -> None:
+    def __init__(self, home: Home, publisher: LogPublisher = globalLogPublisher, json: bool = False) -> None:
         self._home = home
+        self._json = json
         self._directory = home.logs
         self._publisher = publisher
         self._file: LogFile | None = None
@@ -43,7 +54,8 @@ class DaemonLogFile(Service):
             maxRotatedFiles=KEEP_ROTATED,
             defaultMode=PRIVATE_FILE,
         )
-        self._observer = textFileLogObserver(self._file)  # type: ignore[arg-type]  # LogFile takes str
+        observe = jsonFileLogObserver if self._json else textFileLogObserver
+        self._observer = observe(self._file)  # type: ignore[arg-type]  # LogFile takes str
         self._publisher.addObserver(self._observer)
         super().startService()
 
@@ -62,9 +74,16 @@ class LogTail:
     file that shrank (rotated or truncated) is read again from its start.
     """
 
-    def __init__(self, directory: Path, backlog: int = BACKLOG_BYTES) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        backlog: int = BACKLOG_BYTES,
+        sources: Callable[[str], bool] = lambda name: True,
+    ) -> None:
+        """Read the logs whose source (file name without C{.log}) C{sources} accepts."""
         self._directory = directory
         self._backlog = backlog
+        self._sources = sources
         self._offsets: dict[Path, int] = {}
 
     def read(self) -> list[tuple[str, str]]:
@@ -72,14 +91,18 @@ class LogTail:
         lines: list[tuple[str, str]] = []
         for path in self._files():
             try:
-                lines.extend((path.stem, line) for line in self._new_lines(path))
+                lines.extend((path.stem, readable(line)) for line in self._new_lines(path))
             except FileNotFoundError:  # removed or rotated between listing and reading
                 self._offsets.pop(path, None)
         return lines
 
     def _files(self) -> list[Path]:
         try:
-            files = [path for path in self._directory.iterdir() if path.suffix == ".log"]
+            files = [
+                path
+                for path in self._directory.iterdir()
+                if path.suffix == ".log" and self._sources(path.stem)
+            ]
         except FileNotFoundError:
             return []
         return sorted(files, key=lambda path: (path.stem != DAEMON, path.name))
@@ -101,3 +124,14 @@ class LogTail:
         end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
         self._offsets[path] = start + end
         return data[:end].decode("utf-8", errors="replace").splitlines()
+
+
+def readable(line: str) -> str:
+    """A line of the log as text: a JSON event (C{[log] format = "json"}) as the text log would show it."""
+    if not line.startswith("\x1e"):
+        return line
+    try:
+        text = formatEventAsClassicLogText(eventFromJSON(line[1:]))
+    except ValueError:
+        return line
+    return (text or line).rstrip("\n")

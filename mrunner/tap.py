@@ -152,7 +152,7 @@ def make_service(
     """The service tree: the daemon's log file, the scheduler, log follows, then the HTTP server."""
     parts = make_parts(config, reactor, read_config)
     service = MultiService()
-    DaemonLogFile(parts.scheduler.home).setServiceParent(service)
+    DaemonLogFile(parts.scheduler.home, json=config.log.format == "json").setServiceParent(service)
     SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
         service
     )

@@ -1,13 +1,15 @@
-"""``GET /logs[?follow=true]``: the daemon's log and every runner's, each line tagged with its source.
+"""``GET /logs[?source=MODEL|daemon][&follow=true]``: the daemon's log and every runner's, by source.
 
 Lines read ``[source] text``, where the source is ``daemon`` or the runner
-log's name (model and mode). With ``follow=true`` the response stays open
-and new lines are sent as the files grow, until the client hangs up or the
-daemon stops.
+log's name (model and mode). ``source`` keeps one model's runners' logs (any
+spelling of its name), or the daemon's. With ``follow=true`` the response
+stays open and new lines are sent as the files grow, until the client hangs
+up or the daemon stops.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from klein import Klein
@@ -18,8 +20,11 @@ from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors
-from mrunner.api.requests import flag
-from mrunner.logfiles import LogTail
+from mrunner.api.records import record_key
+from mrunner.api.requests import flag, query
+from mrunner.errors import NotFound
+from mrunner.home import log_name
+from mrunner.logfiles import DAEMON, LogTail
 
 POLL_SECONDS = 0.25
 
@@ -38,13 +43,26 @@ class LogsAPI(Service):
     @app.route("/logs", methods=["GET"])
     def logs(self, request: IRequest) -> bytes | Deferred[bytes]:
         follow = flag(request, "follow")
+        tail = LogTail(self._directory, sources=self._sources(query(request, "source")))
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-        tail = LogTail(self._directory)
         _send(request, tail)
         if not follow:
             return b""
         request.write(b"")  # headers now: the client knows it is following
         return self._follow(request, tail)
+
+    def _sources(self, source: str | None) -> Callable[[str], bool]:
+        """Which logs C{?source=} names: every log, the daemon's, or those of one model's runners."""
+        if not source:
+            return lambda name: True
+        if source == DAEMON:
+            return lambda name: name == DAEMON
+        prefixes = tuple(f"{log_name(name)}-" for name in {source, record_key(source)})
+        names = [path.stem for path in self._directory.glob("*.log")]
+        if not any(name.startswith(prefixes) for name in names):
+            known = ", ".join(sorted({DAEMON, *names}))
+            raise NotFound(f"no log has the source {source!r}; sources: {known}", code="log_not_found")
+        return lambda name: name.startswith(prefixes)
 
     def _follow(self, request: IRequest, tail: LogTail) -> Deferred[bytes]:
         loop = LoopingCall(_send, request, tail)

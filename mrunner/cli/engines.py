@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+import urllib.parse
 from argparse import Namespace
 from datetime import datetime
 from typing import Any
@@ -126,12 +128,64 @@ def status(ctx: Context, args: Namespace) -> None:
 
 
 def logs(ctx: Context, args: Namespace) -> None:
-    """Copy the daemon's tagged log lines to stdout; with C{--follow}, until Ctrl-C."""
+    """Copy the tagged log lines (all, or one model's runners') to stdout; with C{--follow}, until Ctrl-C."""
     out = ctx.out.file
-    with ctx.daemon.open("GET", "/logs?follow=true" if args.follow else "/logs") as response:
+    query = {"source": args.model} if args.model else {}
+    if args.follow:
+        query["follow"] = "true"
+    with ctx.daemon.open("GET", "/logs" + _query(query)) as response:
         for line in lines(response):
             out.write(line.decode("utf-8", errors="replace"))
             out.flush()
+
+
+def requests(ctx: Context, args: Namespace) -> None:
+    """The recorded requests, newest first, as a table or JSON; with C{--follow}, each as it ends."""
+    query = {"model": args.model} if args.model else {}
+    if not args.follow:
+        records = ctx.listing("/engines/requests" + _query(query), args)
+        if records is not None:
+            table(ctx.out, REQUEST_COLUMNS, [request_row(record) for record in records])
+        return
+    query["follow"] = "true"
+    with ctx.daemon.open("GET", "/engines/requests" + _query(query)) as response:
+        for line in lines(response):
+            if not line.startswith(b"data: "):
+                continue
+            record = json.loads(line[6:])
+            if args.json:
+                ctx.out.file.write(json.dumps(record) + "\n")
+            else:
+                ctx.out.print("  ".join(request_row(record)), markup=False, highlight=False)
+            ctx.out.file.flush()
+
+
+REQUEST_COLUMNS = ["id", "started", "model", "route", "status", "queued", "ttfb", "total", "tokens", "answer"]
+
+
+def request_row(record: dict[str, Any]) -> list[str]:
+    """One record in a line: when, what, how it went, how long it took, and the start of its answer."""
+    timings = record["timings"]
+    tokens = record["tokens"]
+    text = record["answer"]["text"] or ""
+    return [
+        str(record["id"]),
+        (record["started"] or "")[11:19],
+        record["model"],
+        record["route"],
+        str(record["status"]) + ("" if record["completed"] else " (cut)"),
+        *(_seconds(timings[key]) for key in ("queued", "ttfb", "total")),
+        f"{tokens['prompt']}+{tokens['completion']}" if tokens else "-",
+        " ".join(text.split())[:40],
+    ]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+def _query(values: dict[str, str]) -> str:
+    return "?" + urllib.parse.urlencode(values) if values else ""
 
 
 def version(ctx: Context, args: Namespace) -> None:

@@ -72,9 +72,12 @@ def parser() -> argparse.ArgumentParser:
     configure.add_argument("--context-size", type=_positive, help="context size of its next runner")
     command("reload", engines.reload, "make the daemon read its tap.conf again (as SIGHUP does)")
     command("status", engines.status, "is the daemon running, and its backends' install state", json=True)
-    command("logs", engines.logs, "show the daemon's and the runners' logs").add_argument(
-        "-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C"
-    )
+    logs = command("logs", engines.logs, "show the daemon's and the runners' logs")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C")
+    logs.add_argument("--model", help="only this model's runners' logs ('daemon' for the daemon's own)")
+    requests = command("requests", engines.requests, "show the recorded requests, newest first", json=True)
+    requests.add_argument("--model", help="only this model's requests")
+    requests.add_argument("-f", "--follow", action="store_true", help="show each new request as it ends")
     package = command("package", models.package, "store a GGUF file as a model, with its license")
     package.add_argument("model", metavar="NAME")
     package.add_argument("--gguf", required=True, help="the GGUF file")
