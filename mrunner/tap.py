@@ -24,6 +24,7 @@ from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
 from mrunner.api.records import Records
+from mrunner.api.ui import PageAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
@@ -139,6 +140,7 @@ def make_parts(
         ServiceAPI(models, metrics.registry, scheduler, scraper),
         logs,
         history,
+        PageAPI(scheduler, reactor),
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
     return Parts(

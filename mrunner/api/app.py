@@ -13,6 +13,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 import mrunner
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.ui import wants_html
 from mrunner.api.views import install_ready, preload_json
 from mrunner.interfaces import IScheduler
 from mrunner.runner_metrics import RunnerScraper
@@ -34,6 +35,10 @@ class ServiceAPI:
 
     @app.route("/", methods=["GET"])
     def root(self, request: IRequest) -> bytes:
+        """API clients are told the daemon runs; a browser is sent to the page."""
+        if wants_html(request):
+            request.redirect(b"/ui")
+            return b""
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         return b"mrunner is running"
 

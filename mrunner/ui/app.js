@@ -1,0 +1,431 @@
+// mrunner's page: plain JavaScript against the daemon's own API, same origin, nothing fetched from elsewhere.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const POLL_MS = 1000;
+const MAX_LOG_CHARS = 200000;
+const MAX_REQUEST_ROWS = 200;
+
+// API keys: asked for on a 401, kept in this tab's sessionStorage, sent as a Bearer token.
+let apiKey = sessionStorage.getItem("mrunner-key") || "";
+let keyWaiters = [];
+
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  apiKey = $("key-input").value.trim();
+  sessionStorage.setItem("mrunner-key", apiKey);
+  $("key-form").hidden = true;
+  const waiters = keyWaiters;
+  keyWaiters = [];
+  waiters.forEach((resume) => resume());
+});
+
+function askForKey() {
+  $("key-form").hidden = false;
+  $("key-input").focus();
+  return new Promise((resume) => keyWaiters.push(resume));
+}
+
+async function api(path, init = {}) {
+  for (;;) {
+    const headers = new Headers(init.headers || {});
+    if (apiKey) headers.set("Authorization", "Bearer " + apiKey);
+    const response = await fetch(path, { ...init, headers });
+    if (response.status !== 401) return response;
+    await askForKey();
+  }
+}
+
+async function failure(response) {
+  try {
+    const body = await response.json();
+    return new Error(body.error.message);
+  } catch (e) {
+    return new Error("HTTP " + response.status);
+  }
+}
+
+async function getJSON(path, init) {
+  const response = await api(path, init);
+  if (!response.ok) throw await failure(response);
+  return response.json();
+}
+
+function say(text) {
+  $("status").textContent = text || "";
+}
+
+function element(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = text;
+  if (className) node.className = className;
+  return node;
+}
+
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) {
+    const td = document.createElement("td");
+    if (cell instanceof Node) td.append(cell);
+    else td.textContent = cell === null || cell === undefined ? "" : String(cell);
+    tr.append(td);
+  }
+  return tr;
+}
+
+function size(bytes) {
+  if (bytes === null || bytes === undefined) return "-";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return (unit ? value.toFixed(1) : value) + " " + units[unit];
+}
+
+function seconds(value) {
+  return value === null || value === undefined ? "-" : value.toFixed(3) + " s";
+}
+
+// Lines of a streamed body as they arrive (NDJSON, server-sent events, logs).
+async function readLines(response, onLine) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let newline;
+    while ((newline = buffer.indexOf("\n")) >= 0) {
+      onLine(buffer.slice(0, newline));
+      buffer = buffer.slice(newline + 1);
+    }
+  }
+  if (buffer) onLine(buffer);
+}
+
+// Runners, live: polled once a second.
+function memoryBar(runner, budget) {
+  const bar = element("div", null, "bar");
+  const scale = budget || Math.max(runner.memory, 1);
+  const used = element("span");
+  used.style.width = Math.min(100, (100 * runner.memory) / scale) + "%";
+  const estimate = element("i");
+  estimate.style.left = Math.min(100, (100 * runner.memory_estimate) / scale) + "%";
+  estimate.title = "estimate";
+  bar.append(used, estimate);
+  bar.title = size(runner.memory) + " of a budget of " + (budget ? size(budget) : "none");
+  const cell = element("div");
+  cell.append(bar, element("small", size(runner.memory_estimate) + " / " + size(runner.memory_measured)));
+  return cell;
+}
+
+function countdown(runner, now) {
+  if (runner.pinned) return "pinned";
+  if (runner.keep_alive === null) return "never";
+  if (!runner.expires_at) return runner.in_use ? "when idle" : "-";
+  const left = Math.max(0, Math.round(Date.parse(runner.expires_at) / 1000 - now));
+  return Math.floor(left / 60) + ":" + String(left % 60).padStart(2, "0");
+}
+
+async function unload(runner, button) {
+  button.disabled = true;
+  try {
+    await getJSON("/engines/unload", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ backend: runner.backend_name, models: [runner.model_name] }),
+    });
+  } catch (e) {
+    say("unload failed: " + e.message);
+  }
+}
+
+function showRunners(overview) {
+  const rows = $("runner-rows");
+  rows.replaceChildren();
+  let used = 0;
+  for (const runner of overview.runners) {
+    used += runner.memory;
+    const button = element("button", "Unload");
+    button.addEventListener("click", () => unload(runner, button));
+    const tr = row([
+      runner.model_name,
+      runner.mode,
+      element("span", runner.state, "state-" + runner.state),
+      runner.in_use + " / " + runner.parallel,
+      memoryBar(runner, overview.memory_budget),
+      countdown(runner, overview.now),
+      button,
+    ]);
+    tr.dataset.model = runner.model_name;
+    tr.dataset.state = runner.state;
+    tr.dataset.inUse = runner.in_use;
+    rows.append(tr);
+  }
+  $("no-runners").hidden = overview.runners.length > 0;
+  const budget = overview.memory_budget;
+  $("total-bar").style.width = budget ? Math.min(100, (100 * used) / budget) + "%" : "0";
+  $("summary").textContent =
+    overview.runners.length + " loaded · " + overview.queue + " waiting · memory " + size(used) +
+    " of " + (budget ? size(budget) : "no budget");
+}
+
+async function pollRunners() {
+  try {
+    showRunners(await getJSON("/engines/overview"));
+    if ($("status").textContent.startsWith("daemon")) say("");
+  } catch (e) {
+    say("daemon unreachable: " + e.message);
+  }
+  setTimeout(pollRunners, POLL_MS);
+}
+
+// Models: the store, pull with progress, delete with a confirmation.
+let models = [];
+
+async function loadModels() {
+  try {
+    models = await getJSON("/models");
+  } catch (e) {
+    say("models: " + e.message);
+    return;
+  }
+  const rows = $("model-rows");
+  rows.replaceChildren();
+  for (const model of models) {
+    const name = model.tags[0] || model.id;
+    const config = model.config || {};
+    const button = element("button", "Delete");
+    button.addEventListener("click", () => deleteModel(model, name));
+    const tr = row([name, config.size || "-", config.quantization || "-", config.parameters || "-",
+      config.context_size || "-", button]);
+    tr.dataset.model = name;
+    rows.append(tr);
+  }
+  $("no-models").hidden = models.length > 0;
+  fillModelChoices();
+}
+
+async function deleteModel(model, name) {
+  const others = model.tags.length > 1 ? " and its other names (" + model.tags.slice(1).join(", ") + ")" : "";
+  if (!confirm("Delete " + name + others + "? Its runners are unloaded.")) return;
+  const force = model.tags.length > 1 ? "?force=true" : "";
+  try {
+    await getJSON("/models/" + encodeURI(name) + force, { method: "DELETE" });
+  } catch (e) {
+    say("delete failed: " + e.message);
+  }
+  loadModels();
+}
+
+$("pull-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const ref = $("pull-ref").value.trim();
+  const bar = $("pull-bar");
+  const status = $("pull-status");
+  const layers = {};
+  bar.hidden = false;
+  bar.value = 0;
+  status.textContent = "pulling " + ref + "…";
+  try {
+    const response = await api("/models/create", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ from: ref }),
+    });
+    if (!response.ok) throw await failure(response);
+    await readLines(response, (line) => {
+      if (!line.trim()) return;
+      const message = JSON.parse(line);
+      if (message.type === "progress") {
+        layers[message.layer.id] = message.layer.current;
+        const done = Object.values(layers).reduce((a, b) => a + b, 0);
+        bar.value = message.total ? done / message.total : 0;
+        status.textContent = size(done) + " of " + size(message.total);
+      } else {
+        status.textContent = message.message;
+        if (message.type === "success") bar.value = 1;
+      }
+    });
+  } catch (e) {
+    status.textContent = "pull failed: " + e.message;
+  }
+  loadModels();
+});
+
+// Chat: the conversation lives in the page; Stop aborts the request, which stops the generation.
+const conversation = [];
+let chatAbort = null;
+
+function fillModelChoices() {
+  const names = models.flatMap((model) => model.tags);
+  for (const select of [$("chat-model"), $("log-source")]) {
+    const keep = select.value;
+    for (const option of [...select.options]) if (option.dataset.model) option.remove();
+    for (const name of names) {
+      const option = element("option", name);
+      option.value = name;
+      option.dataset.model = "1";
+      select.append(option);
+    }
+    if ([...select.options].some((option) => option.value === keep)) select.value = keep;
+  }
+}
+
+function showMessage(role, text) {
+  const div = element("div", null, "msg " + role);
+  div.append(element("b", role), element("span", text));
+  $("conversation").append(div);
+  return div;
+}
+
+$("chat-clear").addEventListener("click", () => {
+  conversation.length = 0;
+  $("conversation").replaceChildren();
+});
+
+$("chat-input").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("chat-form").requestSubmit();
+  }
+});
+
+$("chat-stop").addEventListener("click", () => chatAbort && chatAbort.abort());
+
+function chatRequest(model) {
+  const request = { model, messages: conversation, stream: true };
+  const maxTokens = parseInt($("chat-max-tokens").value, 10);
+  if (maxTokens > 0) request.max_tokens = maxTokens;
+  return request;
+}
+
+$("chat-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = $("chat-input").value.trim();
+  const model = $("chat-model").value;
+  if (!text || !model || chatAbort) return;
+  $("chat-input").value = "";
+  conversation.push({ role: "user", content: text });
+  showMessage("user", text);
+  const answer = showMessage("assistant", "");
+  answer.dataset.state = "streaming";
+  const out = answer.querySelector("span");
+  chatAbort = new AbortController();
+  $("chat-send").disabled = true;
+  $("chat-stop").disabled = false;
+  let reply = "";
+  try {
+    const response = await api("/v1/chat/completions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(chatRequest(model)),
+      signal: chatAbort.signal,
+    });
+    if (!response.ok) throw await failure(response);
+    await readLines(response, (line) => {
+      if (!line.startsWith("data: ") || line === "data: [DONE]") return;
+      const chunk = JSON.parse(line.slice(6));
+      if (chunk.error) throw new Error(chunk.error.message);
+      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      if (delta && delta.content) {
+        reply += delta.content;
+        out.textContent = reply;
+        $("conversation").scrollTop = $("conversation").scrollHeight;
+      }
+    });
+    answer.dataset.state = "done";
+  } catch (e) {
+    const stopped = e.name === "AbortError";
+    answer.dataset.state = stopped ? "stopped" : "failed";
+    answer.append(element("div", stopped ? "(stopped)" : "error: " + e.message, "note"));
+  }
+  conversation.push({ role: "assistant", content: reply });
+  chatAbort = null;
+  $("chat-send").disabled = false;
+  $("chat-stop").disabled = true;
+});
+
+// Logs and requests: followed while their view is shown.
+let follow = null;
+
+function stopFollowing() {
+  if (follow) follow.abort();
+  follow = null;
+}
+
+async function followLogs() {
+  stopFollowing();
+  const pre = $("log-lines");
+  pre.textContent = "";
+  const params = new URLSearchParams();
+  if ($("log-source").value) params.set("source", $("log-source").value);
+  if ($("log-follow").checked) params.set("follow", "true");
+  const controller = (follow = new AbortController());
+  try {
+    const response = await api("/logs?" + params, { signal: controller.signal });
+    if (!response.ok) throw await failure(response);
+    await readLines(response, (line) => {
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.textContent = (pre.textContent + line + "\n").slice(-MAX_LOG_CHARS);
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+    });
+  } catch (e) {
+    if (e.name !== "AbortError") pre.textContent += "(" + e.message + ")\n";
+  }
+}
+
+function requestRow(record) {
+  const tokens = record.tokens ? record.tokens.prompt + " + " + record.tokens.completion : "-";
+  const status = record.status + (record.completed ? "" : " (cut short)");
+  const text = record.answer.text || "";
+  const tr = row([record.id, (record.started || "").slice(11, 19), record.model, record.route, status,
+    seconds(record.timings.queued), seconds(record.timings.ttfb), seconds(record.timings.total), tokens, text]);
+  tr.lastChild.className = "answer";
+  tr.lastChild.title = text;
+  tr.dataset.id = record.id;
+  return tr;
+}
+
+async function followRequests() {
+  stopFollowing();
+  const rows = $("request-rows");
+  rows.replaceChildren();
+  $("no-requests").hidden = false;
+  const controller = (follow = new AbortController());
+  try {
+    const response = await api("/engines/requests?follow=true&limit=" + MAX_REQUEST_ROWS, {
+      signal: controller.signal,
+    });
+    if (!response.ok) throw await failure(response);
+    await readLines(response, (line) => {
+      if (!line.startsWith("data: ")) return;
+      rows.prepend(requestRow(JSON.parse(line.slice(6))));
+      while (rows.children.length > MAX_REQUEST_ROWS) rows.lastChild.remove();
+      $("no-requests").hidden = true;
+    });
+  } catch (e) {
+    if (e.name !== "AbortError") $("no-requests").textContent = e.message;
+  }
+}
+
+// Views.
+const views = { models: loadModels, chat: loadModels, logs: followLogs, requests: followRequests };
+
+function show(view) {
+  stopFollowing();
+  for (const button of $("tabs").children) button.classList.toggle("active", button.dataset.view === view);
+  for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== "view-" + view;
+  views[view]();
+}
+
+for (const button of $("tabs").children) button.addEventListener("click", () => show(button.dataset.view));
+$("log-source").addEventListener("change", followLogs);
+$("log-follow").addEventListener("change", followLogs);
+
+show("models");
+pollRunners();

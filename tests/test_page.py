@@ -1,0 +1,184 @@
+"""The web page at /ui in a real browser: Debian's headless Chromium driven by Playwright.
+
+A real daemon, real llama-server runners (the tiny model; SmolLM2 where a stream must last long
+enough to be stopped), and the real registry for the pull. Nothing is downloaded: Playwright
+drives /usr/bin/chromium. Screenshots of each view go to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.threads import deferToThread
+
+from tests.daemon import http
+from tests.registry_server import SKIP as NO_REGISTRY
+from tests.registry_server import RealRegistry
+from tests.test_llamacpp_e2e import TINY, LlamaCppTestCase, smollm2
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SMOL = "ai/smollm2:latest"
+PAGE_LIMIT = 100 * 1024
+# Every value the pull's progress bar takes, as the page sets it.
+WATCH_BAR = """() => {
+  window.barValues = [];
+  const bar = document.getElementById("pull-bar");
+  const value = Object.getOwnPropertyDescriptor(HTMLProgressElement.prototype, "value");
+  Object.defineProperty(bar, "value", {
+    get() { return value.get.call(this); },
+    set(v) { value.set.call(this, v); window.barValues.push(v); },
+  });
+}"""
+WEIGHT = """() => performance.getEntriesByType("navigation").concat(performance.getEntriesByType("resource"))
+  .filter((entry) => new URL(entry.name).pathname.startsWith("/ui"))
+  .reduce((sum, entry) => sum + entry.decodedBodySize, 0)"""
+
+
+def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
+    """Walk through every view as a person would; what was seen comes back for the test to check."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {"requests": []}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.on("request", lambda request: seen["requests"].append(request.url))
+            page.on("pageerror", lambda error: seen.setdefault("errors", []).append(str(error)))
+            page.goto(base + "/")  # a browser's GET / goes to the page
+            seen["url"] = page.url
+            page.wait_for_selector(f'#model-rows tr[data-model="{TINY}"]')
+            seen["weight"] = page.evaluate(WEIGHT)
+            page.screenshot(path=str(shots / "models.png"), full_page=True)
+
+            # Chat: the runner appears while the answer streams.
+            page.click('#tabs button[data-view="chat"]')
+            page.select_option("#chat-model", TINY)
+            page.fill("#chat-max-tokens", "8")
+            page.fill("#chat-input", "hello")
+            page.click("#chat-send")
+            page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"]')
+            seen["streaming_when_runner_appeared"] = page.get_attribute(".msg.assistant", "data-state")
+            page.wait_for_selector('.msg.assistant[data-state="done"]')
+            seen["first_answer"] = page.inner_text(".msg.assistant span")
+
+            # Stop: a long answer from SmolLM2, stopped once its first words are in.
+            page.select_option("#chat-model", SMOL)
+            page.fill("#chat-max-tokens", "")
+            page.fill("#chat-input", "Write a very long story about a lighthouse keeper and the sea.")
+            page.click("#chat-send")
+            last = ".msg.assistant >> nth=-1"
+            page.wait_for_function(
+                """() => { const m = [...document.querySelectorAll('.msg.assistant')].pop();
+                           return m.querySelector('span').textContent.length > 20; }"""
+            )
+            page.click("#chat-stop")
+            page.wait_for_selector('.msg.assistant[data-state="stopped"]')
+            seen["stopped_text"] = page.inner_text(last)
+            page.wait_for_selector(f'#runner-rows tr[data-model="{SMOL}"][data-in-use="0"]')
+            page.screenshot(path=str(shots / "chat.png"), full_page=True)
+
+            # Unload from the runners table.
+            page.click(f'#runner-rows tr[data-model="{SMOL}"] button')
+            page.wait_for_selector(f'#runner-rows tr[data-model="{SMOL}"]', state="detached")
+            page.screenshot(path=str(shots / "runners.png"), full_page=True)
+
+            # Pull from the local registry, the bar moving; then delete with the confirmation.
+            page.click('#tabs button[data-view="models"]')
+            page.evaluate(WATCH_BAR)
+            page.fill("#pull-ref", pulled)
+            page.click("#pull-form button")
+            page.wait_for_selector("#pull-status:has-text('Model pulled successfully')")
+            page.wait_for_selector(f'#model-rows tr[data-model="{pulled}"]')
+            seen["bar"] = page.evaluate("window.barValues")
+            page.screenshot(path=str(shots / "pull.png"), full_page=True)
+            page.once("dialog", lambda dialog: (seen.__setitem__("confirm", dialog.message), dialog.accept()))
+            page.click(f'#model-rows tr[data-model="{pulled}"] button')
+            page.wait_for_selector(f'#model-rows tr[data-model="{pulled}"]', state="detached")
+
+            # Logs of one runner, following; then the request records, newest first.
+            page.click('#tabs button[data-view="logs"]')
+            page.select_option("#log-source", TINY)
+            page.wait_for_selector("#log-lines:has-text('[ai_tiny_latest-completion]')")
+            seen["log_sources"] = {
+                line.split("]")[0] for line in page.inner_text("#log-lines").splitlines() if line
+            }
+            page.screenshot(path=str(shots / "logs.png"), full_page=True)
+            page.click('#tabs button[data-view="requests"]')
+            page.wait_for_function("document.querySelectorAll('#request-rows tr').length >= 2")
+            seen["request_ids"] = page.eval_on_selector_all(
+                "#request-rows tr", "rows => rows.map(r => Number(r.dataset.id))"
+            )
+            page.screenshot(path=str(shots / "requests.png"), full_page=True)
+        finally:
+            browser.close()
+    return seen
+
+
+class PageTests(LlamaCppTestCase):
+    timeout = 300
+    skip = (
+        NO_REGISTRY
+        if NO_REGISTRY
+        else (None if os.path.exists(CHROMIUM) else f"{CHROMIUM} is missing: apt-get install chromium")
+    )
+
+    async def publish(self, name: str) -> None:
+        """Put the tiny model in the local registry as C{name}, and take it out of the store."""
+        repo, tag = name.rsplit(":", 1)
+        response = await http.post(f"{self.daemon.url}/models/{TINY}/tag", params={"repo": repo, "tag": tag})
+        self.assertEqual(response.code, 201, await response.text())
+        response = await http.post(f"{self.daemon.url}/models/{name}/push")
+        lines = [json.loads(line) for line in (await response.text()).splitlines()]
+        self.assertEqual(lines[-1]["type"], "success", lines)
+        response = await http.delete(f"{self.daemon.url}/models/{name}")
+        self.assertEqual(response.code, 200, await response.text())
+
+    async def test_every_view(self) -> None:
+        await self.start()
+        await self.tiny()
+        await self.daemon.import_model(SMOL, smollm2())
+        registry = RealRegistry(self.home / "registry")
+        await registry.start()
+        self.addCleanup(lambda: ensureDeferred(registry.stop()))
+        pulled = f"{registry.host}/team/tiny:v1"
+        await self.publish(pulled)
+        shots = Path(self.mktemp())
+        shots.mkdir(parents=True)
+
+        seen = await deferToThread(drive, self.daemon.url, pulled, shots)
+
+        self.assertEqual(seen.get("errors"), None, "the page's script failed")
+        self.assertEqual(seen["url"], self.daemon.url + "/ui")
+        self.assertLess(seen["weight"], PAGE_LIMIT)
+        self.assertGreater(seen["weight"], 10_000, "the page, its script and its style were measured")
+        strangers = [url for url in seen["requests"] if not url.startswith(self.daemon.url + "/")]
+        self.assertEqual(strangers, [], "every request stays on this machine, with the daemon")
+        self.assertEqual(seen["streaming_when_runner_appeared"], "streaming")
+        self.assertTrue(seen["first_answer"])
+        self.assertIn("(stopped)", seen["stopped_text"])
+        bar = seen["bar"]
+        self.assertTrue([v for v in bar if 0 < v < 1], f"the bar moved through {bar}")
+        self.assertEqual(bar[-1], 1)
+        self.assertIn(pulled, seen["confirm"])
+        self.assertEqual(seen["log_sources"], {"[ai_tiny_latest-completion"})
+        self.assertEqual(seen["request_ids"], sorted(seen["request_ids"], reverse=True))
+
+        records = json.loads(await (await http.get(f"{self.daemon.url}/engines/requests?model={SMOL}")).text())
+        self.assertFalse(records[0]["completed"], "the stopped stream is recorded as cut short")
+        self.assertEqual([p.name for p in sorted(shots.iterdir())], [
+            "chat.png", "logs.png", "models.png", "pull.png", "requests.png", "runners.png"
+        ])
