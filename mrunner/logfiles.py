@@ -123,7 +123,8 @@ class LogTail:
             data, start = data[cut:], start + cut
         end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
         self._offsets[path] = start + end
-        return data[:end].decode("utf-8", errors="replace").splitlines()
+        # Split at newlines alone: splitlines() would also cut at the JSON log's record separator.
+        return data[:end].decode("utf-8", errors="replace").split("\n")[:-1]
 
 
 def readable(line: str) -> str:

@@ -15,6 +15,7 @@ from twisted.web.http_headers import Headers
 from mrunner.api.admin import AdminAPI, runtime_flags
 from mrunner.api.app import Routes, ServiceAPI
 from mrunner.api.inference import InferenceAPI
+from mrunner.api.ui import PageAPI
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import BadRequest, RunnerFailed
 from mrunner.metrics import Metrics
@@ -409,3 +410,54 @@ class HeaderTests(SynchronousTestCase):
         )
         kept = dict(forwarded_headers(headers).getAllRawHeaders())
         self.assertEqual(kept, {b"Content-Type": [b"application/json"], b"Authorization": [b"Bearer k"]})
+
+
+class PageRouteTests(SynchronousTestCase):
+    """The page's files and its overview; the browser test walks the page itself (test_page)."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.scheduler = Scheduler(
+            self.clock, Config(), {"llama.cpp": FakeBackend()}, FakeStore(), FakeSpawner().start_runner
+        )
+        groups = [
+            ServiceAPI(NoModelsAPI(), Metrics().registry, self.scheduler, None),
+            PageAPI(self.scheduler, self.clock),
+        ]  # type: ignore[arg-type]
+        self.http = StubTreq(Routes(groups))
+
+    def get(self, path: str, **headers: str) -> tuple[int, Headers, bytes]:
+        response = self.successResultOf(self.http.get(BASE + path, headers=headers, allow_redirects=False))
+        return response.code, response.headers, self.successResultOf(response.content())
+
+    def test_browsers_go_to_the_page_api_clients_do_not(self) -> None:
+        code, headers, _ = self.get("/", Accept="text/html,application/xhtml+xml,*/*;q=0.8")
+        self.assertEqual((code, headers.getRawHeaders("location")), (302, ["/ui"]))
+        self.assertEqual(self.get("/")[::2], (200, b"mrunner is running"))
+        self.assertEqual(self.get("/", Accept="application/json")[::2], (200, b"mrunner is running"))
+
+    def test_files_with_their_types_and_a_policy_that_keeps_them_here(self) -> None:
+        weight = 0
+        for path, kind in [
+            ("/ui", "text/html"),
+            ("/ui/app.js", "text/javascript"),
+            ("/ui/style.css", "text/css"),
+        ]:
+            code, headers, body = self.get(path)
+            self.assertEqual(code, 200)
+            self.assertTrue(headers.getRawHeaders("content-type")[0].startswith(kind))
+            self.assertIn("connect-src 'self'", headers.getRawHeaders("content-security-policy")[0])
+            weight += len(body)
+        self.assertLess(weight, 100 * 1024)
+        self.assertEqual(self.get("/ui/")[0], 200)
+        self.assertEqual(self.get("/ui/secret.txt")[0], 404)
+        self.assertEqual(self.get("/ui/..%2Fapi%2Fui.py")[0], 404)
+
+    def test_overview(self) -> None:
+        code, _, body = self.get("/engines/overview")
+        self.assertEqual(code, 200)
+        overview = json.loads(body)
+        self.assertEqual(overview["runners"], [])
+        self.assertEqual((overview["queue"], overview["now"]), (0, 1000))
+        self.assertEqual(overview["memory_budget"], Config().scheduler.memory_budget)

@@ -4,11 +4,13 @@ error hints, names, and following log files."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 from rich.console import Console
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
+from twisted.logger import Logger, LogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api.logs import LogsAPI
@@ -18,7 +20,8 @@ from mrunner.cli.models import split_tag
 from mrunner.cli.output import ago
 from mrunner.cli.package import TarStream, members
 from mrunner.cli.progress import PlainLayers
-from mrunner.logfiles import LogTail
+from mrunner.home import Home
+from mrunner.logfiles import DaemonLogFile, LogTail
 from mrunner.sizes import format_size
 from mrunner.store.package import read_package
 
@@ -147,6 +150,42 @@ class LogsAPITests(SynchronousTestCase):
             self.successResultOf(response.text()),
             "[daemon] started\n[m-completion] loading\n[m-completion] ready\n",
         )
+
+    def test_one_source(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        (directory / "daemon.log").write_text("started\n")
+        (directory / "ai_m_latest-completion.log").write_text("chat\n")
+        (directory / "ai_m_latest-embedding.log").write_text("vectors\n")
+        (directory / "ai_other_latest-completion.log").write_text("other\n")
+        http = StubTreq(LogsAPI(directory, Clock()).app.resource())
+
+        def text(query: str) -> tuple[int, str]:
+            response = self.successResultOf(http.get("http://x/logs?" + query))
+            return response.code, self.successResultOf(response.text())
+
+        expected = "[ai_m_latest-completion] chat\n[ai_m_latest-embedding] vectors\n"
+        self.assertEqual(text("source=m"), (200, expected))
+        self.assertEqual(text("source=ai/m:latest"), (200, expected))
+        self.assertEqual(text("source=daemon"), (200, "[daemon] started\n"))
+        code, body = text("source=nothing")
+        self.assertEqual(code, 404)
+        self.assertIn("ai_m_latest-completion", json.loads(body)["error"]["message"])
+
+    def test_json_lines_read_as_text(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        publisher = LogPublisher()
+        home = Home(directory)
+        log_file = DaemonLogFile(home, publisher, json=True)
+        log_file.startService()
+        Logger(observer=publisher).info("runner {model} ready", model="ai/m")
+        log_file.stopService()
+        (line,) = (directory / "logs" / "daemon.log").read_text().split("\n")[:-1]
+        self.assertEqual(json.loads(line.lstrip("\x1e"))["model"], "ai/m")
+        ((source, text),) = LogTail(directory / "logs").read()
+        self.assertEqual(source, "daemon")
+        self.assertTrue(text.endswith("runner ai/m ready"), text)
 
     def test_follow_ends_when_the_daemon_stops(self) -> None:
         directory = Path(self.mktemp())

@@ -79,7 +79,9 @@ class ObserveTests(LlamaCppTestCase):
         self.assertEqual(code, 200)
         self.assertNotIn(SECRET.encode(), body)
         stream, whole = json.loads(body)
-        self.assertEqual((whole["status"], whole["route"], whole["completed"]), (200, "/v1/chat/completions", True))
+        self.assertEqual(
+            (whole["status"], whole["route"], whole["completed"]), (200, "/v1/chat/completions", True)
+        )
         self.assertEqual(whole["answer"]["text"], chat.choices[0].message.content)
         self.assertEqual(whole["tokens"]["completion"], 5)
         self.assertEqual(whole["request"]["body"]["messages"], [{"role": "user", "content": "hello"}])

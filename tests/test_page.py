@@ -177,8 +177,11 @@ class PageTests(LlamaCppTestCase):
         self.assertEqual(seen["log_sources"], {"[ai_tiny_latest-completion"})
         self.assertEqual(seen["request_ids"], sorted(seen["request_ids"], reverse=True))
 
-        records = json.loads(await (await http.get(f"{self.daemon.url}/engines/requests?model={SMOL}")).text())
+        records = json.loads(
+            await (await http.get(f"{self.daemon.url}/engines/requests?model={SMOL}")).text()
+        )
         self.assertFalse(records[0]["completed"], "the stopped stream is recorded as cut short")
-        self.assertEqual([p.name for p in sorted(shots.iterdir())], [
-            "chat.png", "logs.png", "models.png", "pull.png", "requests.png", "runners.png"
-        ])
+        self.assertEqual(
+            [p.name for p in sorted(shots.iterdir())],
+            ["chat.png", "logs.png", "models.png", "pull.png", "requests.png", "runners.png"],
+        )
