@@ -30,6 +30,8 @@ RESTART_KEYS = (
     "scheduler.stop_grace",
     "runner.log_max_bytes",
     "runner.log_keep",
+    "records",
+    "log",
 )
 
 
