@@ -205,6 +205,29 @@ class DaemonCommandTests(CLITestCase):
         await follow.ended
         self.assertEqual(follow.code, 130)
 
+    async def test_logs_of_one_model_and_requests(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        await self.ok("run", "tiny", "hi")
+        out = await self.ok("logs", "--model", "tiny")
+        self.assertEqual({line.split("]")[0] for line in out.splitlines()}, {"[ai_tiny_latest-completion"})
+        self.assertIn("no log has the source 'other'", await self.fails("logs", "--model", "other"))
+
+        listing = (await self.ok("requests")).splitlines()
+        self.assertEqual(listing[0].split()[:5], ["ID", "STARTED", "MODEL", "ROUTE", "STATUS"])
+        self.assertEqual(listing[1].split()[2:5], ["ai/tiny:latest", "/engines/v1/chat/completions", "200"])
+        self.assertTrue(listing[1].rstrip().endswith("tok0 tok1 tok2"), listing[1])
+        (record,) = json.loads(await self.ok("requests", "--json", "--model", "tiny"))
+        self.assertEqual(record["answer"]["text"], "tok0 tok1 tok2 ")
+
+        follow = self.spawn("requests", "--follow", "--json")
+        seen = await follow.shows('"id": 1')
+        await self.ok("run", "tiny", "again")
+        await follow.shows('"id": 2', seen)
+        assert follow.transport is not None
+        follow.transport.signalProcess("INT")
+        await follow.ended
+        self.assertEqual(follow.code, 130)
+
 
 class ModelCommandTests(CLITestCase):
     async def test_package_list_tag_remove(self) -> None:
