@@ -53,8 +53,9 @@ class ObserveTests(LlamaCppTestCase):
         return {family.name: family for family in text_string_to_metric_families(body.decode())}
 
     def value(self, families: dict[str, Any], name: str, **labels: str) -> float:
-        family = families[name.removesuffix("_total")]
-        (value,) = [s.value for s in family.samples if s.name == name and s.labels == labels]
+        """The value of the one sample C{name} with exactly C{labels}."""
+        samples = [s for family in families.values() for s in family.samples]
+        (value,) = [s.value for s in samples if s.name == name and s.labels == labels]
         return float(value)
 
     async def check_metrics(self) -> None:
