@@ -115,6 +115,7 @@ def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
             page.click('#tabs button[data-view="logs"]')
             page.select_option("#log-source", TINY)
             page.wait_for_selector("#log-lines:has-text('[ai_tiny_latest-completion]')")
+            seen["log"] = page.inner_text("#log-lines")
             seen["log_sources"] = {
                 line.split("]")[0] for line in page.inner_text("#log-lines").splitlines() if line
             }
@@ -176,6 +177,7 @@ class PageTests(LlamaCppTestCase):
         self.assertEqual(bar[-1], 1)
         self.assertIn(pulled, seen["confirm"])
         self.assertEqual(seen["log_sources"], {"[ai_tiny_latest-completion"})
+        self.assertIn("cancel task", seen["log"], "llama-server stopped generating when the page stopped")
         self.assertEqual(seen["request_ids"], sorted(seen["request_ids"], reverse=True))
 
         answer = await http.get(f"{self.daemon.url}/engines/requests?model={TINY}")
