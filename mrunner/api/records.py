@@ -18,6 +18,7 @@ import itertools
 import json
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from typing import Any
 
 import attrs
@@ -190,6 +191,7 @@ def _tokens(body: Any) -> dict[str, int] | None:
     return None
 
 
+@lru_cache(maxsize=256)  # parsing a name costs more than the rest of a record: requests repeat names
 def record_key(model: str) -> str:
     """Records are kept by the normalised model name (C{smollm2} is C{ai/smollm2:latest})."""
     try:
