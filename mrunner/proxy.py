@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from pathlib import Path
-from typing import Protocol as Interface
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint
@@ -129,7 +129,7 @@ def forwarded_headers(headers: Headers) -> Headers:
     return kept
 
 
-class Observer(Interface):
+class Observer(typing.Protocol):
     """Sees an answer as it is relayed (a request record): it must be cheap, it runs for every chunk."""
 
     def start(self, chunked: bool) -> None:
