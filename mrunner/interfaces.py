@@ -10,7 +10,6 @@ from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
     from mrunner.backends.base import Command, RunnerSettings
-    from mrunner.config import Config
     from mrunner.scheduling.installer import InstallStatus
     from mrunner.scheduling.scheduler import ModelSettings
     from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
@@ -92,13 +91,6 @@ class ILease(Interface):
 
     def release() -> None:
         """Give the slot back (idempotent): call it when the answer has ended, however it ended."""
-
-
-class IReloadable(Interface):
-    """A part whose settings a reloaded C{tap.conf} changes without a restart."""
-
-    def reconfigure(config: Config) -> None:
-        """Apply C{config} at once; C{config} has been read and checked already."""
 
 
 class IScheduler(Interface):

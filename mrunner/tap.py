@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -25,11 +25,11 @@ from mrunner.api.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
-from mrunner.interfaces import IBackend, IReloadable
+from mrunner.interfaces import IBackend
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, connection_pool, runner_agent
-from mrunner.reload import Reloader, ReloadOnHangup
+from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
@@ -97,8 +97,8 @@ def make_parts(
     scheduler = Scheduler(
         reactor, config, backends, store, partial(start_runner, reactor, health_probe(agent), options), home
     )
-    # What a reload reconfigures: the front door's trust settings join this list.
-    reloadable: Sequence[IReloadable] = [scheduler]
+    # What a reload hands the new configuration to; the front door's trust settings join this list.
+    reloadable: list[Reconfigure] = [scheduler.reconfigure]
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     metrics = Metrics(scheduler)
     registry_pool = HTTPConnectionPool(reactor)
