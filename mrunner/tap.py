@@ -97,7 +97,8 @@ def make_parts(
     scheduler = Scheduler(
         reactor, config, backends, store, partial(start_runner, reactor, health_probe(agent), options), home
     )
-    # What a reload hands the new configuration to; the front door's trust settings join this list.
+    # What a reload hands the new configuration to, in order. The Reloader holds this list:
+    # a part built further down (the front door's trust settings) is appended to it.
     reloadable: list[Reconfigure] = [scheduler.reconfigure]
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     metrics = Metrics(scheduler)
