@@ -10,7 +10,6 @@ from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
     from mrunner.backends.base import Command, RunnerSettings
-    from mrunner.config import Config
     from mrunner.scheduling.installer import InstallStatus
     from mrunner.scheduling.scheduler import ModelSettings
     from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
@@ -111,13 +110,6 @@ class ILoaderEvents(Interface):
 
     def exited(key: Any, model: str, cause: str) -> None:
         """A runner's process ended: C{stopped} (asked to), C{crashed} or C{failed} (while loading)."""
-
-
-class IReloadable(Interface):
-    """A part whose settings a reloaded C{tap.conf} changes without a restart."""
-
-    def reconfigure(config: Config) -> None:
-        """Apply C{config} at once; C{config} has been read and checked already."""
 
 
 class IScheduler(Interface):

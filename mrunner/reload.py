@@ -1,8 +1,8 @@
 """Re-read C{tap.conf} without a restart, on SIGHUP or C{POST /engines/_reload}.
 
 The new file is read and checked whole before any part sees it, so an
-invalid one changes nothing. Each L{IReloadable} part then applies what it
-can at once; keys only a restart can apply are named in the answer and the log.
+invalid one changes nothing. Each part's L{Reconfigure} callable then
+applies what it can at once; keys only a restart can apply are named in the answer and the log.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from twisted.logger import Logger
 
 from mrunner.config import Config, ConfigError
 from mrunner.errors import Unprocessable
-from mrunner.interfaces import IReloadable
+
+#: A part that a reloaded configuration changes at once; the config was read and checked whole.
+Reconfigure = Callable[[Config], object]
 
 #: Keys read once at start: changing them in the file needs a restart.
 RESTART_KEYS = (
@@ -47,9 +49,9 @@ class Reloader:
 
     log = Logger()
 
-    def __init__(self, read: Callable[[], Config], current: Config, parts: Sequence[IReloadable]):
+    def __init__(self, read: Callable[[], Config], started: Config, parts: Sequence[Reconfigure]):
         self._read = read
-        self._current = current
+        self._started = started  # what the restart-only keys still are, however many reloads later
         self._parts = parts
 
     def reload(self) -> dict[str, Any]:
@@ -64,10 +66,9 @@ class Reloader:
             raise Unprocessable(
                 f"tap.conf was not reloaded and nothing changed: {e}", code="invalid_config"
             ) from None
-        restart = [key for key in RESTART_KEYS if _value(config, key) != _value(self._current, key)]
-        for part in self._parts:
-            part.reconfigure(config)
-        self._current = config
+        restart = [key for key in RESTART_KEYS if _value(config, key) != _value(self._started, key)]
+        for reconfigure in self._parts:
+            reconfigure(config)
         if restart:
             self.log.warn("tap.conf reloaded; a restart is needed to apply {keys}", keys=", ".join(restart))
         else:

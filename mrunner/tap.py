@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -28,11 +28,11 @@ from mrunner.api.ui import PageAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
-from mrunner.interfaces import IBackend, IReloadable
+from mrunner.interfaces import IBackend
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, RunnerEndpoints, connection_pool, runner_agent
-from mrunner.reload import Reloader, ReloadOnHangup
+from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
@@ -115,8 +115,9 @@ def make_parts(
     scraper = RunnerScraper(
         Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, home.run), scrape_pool), reactor
     )
-    # What a reload reconfigures: the front door's trust settings join this list.
-    reloadable: Sequence[IReloadable] = [scheduler]
+    # What a reload hands the new configuration to, in order. The Reloader holds this list:
+    # a part built further down (the front door's trust settings) is appended to it.
+    reloadable: list[Reconfigure] = [scheduler.reconfigure]
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     registry_pool = HTTPConnectionPool(reactor)
     registry = RegistryClient(config.registry, reactor, HTTPClient(Agent(reactor, pool=registry_pool)))

@@ -171,14 +171,17 @@ class DaemonCommandTests(CLITestCase):
         self.assertIn("backend test", disk)
         self.assertIn("models_disk_usage", json.loads(await self.ok("df", "--json")))
 
-        self.assertEqual(await self.ok("configure", "tiny", "--pin"), "tiny: configured\n")
-        listing = (await self.ok("ps")).splitlines()
-        self.assertRegex(listing[1], r" idle, pinned .* forever *$")
-        self.assertEqual(await self.ok("configure", "tiny", "--unpin"), "tiny: configured\n")
-        self.assertEqual(await self.ok("reload"), "Reloaded tap.conf\n")
         self.assertEqual(await self.ok("unload", "tiny"), "Unloaded 1 runner\n")
         self.assertEqual(json.loads(await self.ok("ps", "--json")), [])
         self.assertEqual(await self.ok("unload", "--all"), "Unloaded 0 runners\n")
+
+    async def test_configure_pin_and_reload(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        self.assertEqual(await self.ok("configure", "tiny", "--pin"), "tiny: configured\n")
+        await self.ok("run", "tiny", "hi")
+        listing = (await self.ok("ps")).splitlines()
+        self.assertRegex(listing[1], r" idle, pinned .* forever *$")
+        self.assertEqual(await self.ok("reload"), "Reloaded tap.conf\n")
 
     async def test_missing_model_suggests_pull(self) -> None:
         for args in (

@@ -12,7 +12,7 @@ from zope.interface.verify import verifyObject
 from mrunner.backends.base import COMPLETION
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import NotFound
-from mrunner.interfaces import ILease, IReloadable, IScheduler
+from mrunner.interfaces import ILease, IScheduler
 from mrunner.scheduling.lifecycle import State
 from mrunner.scheduling.scheduler import ModelSettings, Scheduler
 from mrunner.scheduling.snapshot import Preload, PreloadState
@@ -60,7 +60,6 @@ class SchedulerTests(SynchronousTestCase):
     def test_provides_its_interfaces(self) -> None:
         scheduler = self.make()
         self.assertTrue(verifyObject(IScheduler, scheduler))
-        self.assertTrue(verifyObject(IReloadable, scheduler))
         scheduler.start()
         self.install()
         d = scheduler.acquire(None, "a", COMPLETION)

@@ -18,15 +18,7 @@ from mrunner.backends.base import COMPLETION, Command, RunnerSettings
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unprocessable
 from mrunner.home import Home
-from mrunner.interfaces import (
-    IBackend,
-    ILease,
-    ILoaderEvents,
-    IModelStore,
-    IReloadable,
-    IRunnerProcess,
-    IScheduler,
-)
+from mrunner.interfaces import IBackend, ILease, ILoaderEvents, IModelStore, IRunnerProcess, IScheduler
 from mrunner.scheduling.installer import Installer, InstallStatus
 from mrunner.scheduling.loader import Loader, LoadRequest, Runner, RunnerKey
 from mrunner.scheduling.policy import Limits
@@ -53,7 +45,7 @@ class ModelSettings:
         )
 
 
-@implementer(IScheduler, IReloadable)
+@implementer(IScheduler)
 class Scheduler:
     """Checks the backend and the model, waits for the install, then queues for a runner."""
 
