@@ -51,6 +51,8 @@ class PluginTests(SynchronousTestCase):
             timeout=300,
         )
         self.assertTrue((target / "twisted" / "plugins" / "mrunner_plugin.py").is_file())
+        for page_file in ("index.html", "app.js", "style.css"):  # the web page ships as package data
+            self.assertTrue((target / "mrunner" / "ui" / page_file).is_file(), page_file)
         # -S: no .pth files, so the editable install of this checkout stays out of sys.path.
         env = {"PYTHONPATH": f"{target}:{sysconfig.get_paths()['purelib']}"}
         self.assertIn("'mrunner'", tapnames(sys.executable, "-S", env=env))
