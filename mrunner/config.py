@@ -99,6 +99,11 @@ class RegistryConfig:
 
 
 @attrs.frozen
+class StoreConfig:
+    partial_max_age: float = _duration(7 * 24 * 3600.0)
+
+
+@attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
     home: Path = attrs.field(factory=lambda: Path("~/.mrunner").expanduser())
@@ -107,6 +112,7 @@ class Config:
     scheduler: SchedulerConfig = SchedulerConfig()
     runner: RunnerConfig = RunnerConfig()
     registry: RegistryConfig = RegistryConfig()
+    store: StoreConfig = StoreConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
     def backend(self, name: str) -> Mapping[str, Any]:
@@ -165,6 +171,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "scheduler": SchedulerConfig,
         "runner": RunnerConfig,
         "registry": RegistryConfig,
+        "store": StoreConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

@@ -76,7 +76,7 @@ class Parts:
 def make_parts(config: configuration.Config, reactor: Any) -> Parts:
     """Build every part of the daemon from C{config}."""
     backends = make_backends(config, reactor)
-    store = ModelStore(config.home, reactor)
+    store = ModelStore(config.home, reactor, config.store.partial_max_age)
     runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
     agent = runner_agent(reactor, config.home / "run", runner_pool)
     start_runner = partial(

@@ -97,7 +97,7 @@ class Scheduler:
         return ensureDeferred(self._acquire(self.backend_name(backend), model, mode, keep_alive))
 
     async def _acquire(self, backend: str, name: str, mode: str, keep_alive: float | None) -> Lease:
-        model = self._store.resolve(name)
+        model = await self._store.ready(name)
         await self.installer.wait(backend, self._config.scheduler.install_wait)
         configured = self._model_settings(backend, model)
         settings = self._runner_settings(configured)
