@@ -8,9 +8,8 @@ from typing import Any
 
 import attrs
 from treq.client import HTTPClient
-from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
-from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.server import Site
@@ -30,10 +29,13 @@ from mrunner.proxy import Forwarder, connection_pool, runner_agent
 from mrunner.scheduling.runner import RunnerProcess
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
+from mrunner.startup import Daemon, HomeLock, Listener, StartupError, check_listen
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+
+log = Logger()
 
 
 class Options(usage.Options):
@@ -50,7 +52,8 @@ class Options(usage.Options):
             self.config = configuration.load(
                 self["config"], overrides={"listen": self["listen"], "home": self["home"]}
             )
-        except configuration.ConfigError as e:
+            check_listen(self.config.listen)
+        except (configuration.ConfigError, StartupError) as e:
             raise usage.UsageError(str(e)) from None
 
 
@@ -108,9 +111,15 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
 
 
 def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiService, Parts]:
-    """The service tree: the daemon's log file, the scheduler, log follows, then the HTTP server."""
+    """The service tree: the home's lock, the daemon's log file, the scheduler, log follows, the HTTP server.
+
+    @raise StartupError: the home cannot be created, or another daemon holds it.
+    """
+    lock = HomeLock(config.home)  # first: before the store sweeps temps or the scheduler cleans runners
+    log.info("configuration from {source}", source=config.source or "built-in defaults (no tap.conf found)")
     parts = make_parts(config, reactor)
-    service = MultiService()
+    service = Daemon()
+    lock.setServiceParent(service)
     DaemonLogFile(config.home / "logs").setServiceParent(service)
     SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
         service
@@ -120,14 +129,17 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
     # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
     site = Site(parts.root, parsePOSTFormSubmission=False)
     site.displayTracebacks = False
-    StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(service)
+    Listener(reactor, config.listen, site).setServiceParent(service)
     return service, parts
 
 
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
-    service = make_service(options.config, reactor)[0]
+    try:
+        service = make_service(options.config, reactor)[0]
+    except StartupError as e:
+        raise SystemExit(f"mrunner: {e}") from None
     # Everything imported and built so far lives as long as the daemon: keep it
     # out of full garbage collections, which otherwise pause the proxy path.
     gc.freeze()
