@@ -37,3 +37,12 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return weights.size + norm.size
+
+
+def flip_last_byte(path: str | os.PathLike[str]) -> None:
+    """Corrupt a file as a bad disk would: same size, one bit changed."""
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))

@@ -182,11 +182,11 @@ class StandInRegistry(Resource):
             return True
         if self.auth == "basic" and given == self.basic:
             return True
-        host = request.getHeader("host")
+        realm = self.realm.format(host=request.getHeader("host"), port=self.port.getHost().port)
         request.setResponseCode(401)
         request.setHeader(
             "www-authenticate",
-            f'Bearer realm="{self.realm.format(host=host, port=self.port.getHost().port)}",service="stand-in",scope="repository:x:pull"'
+            f'Bearer realm="{realm}",service="stand-in",scope="repository:x:pull"'
             if self.auth == "bearer"
             else 'Basic realm="stand-in"',
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,42 @@ class TwistdTests(TestCase):
         os.kill(process.pid, signal.SIGKILL)
         await eventually(lambda: not alive(runner_pid))
         self.assertFalse(alive(runner_pid), "the runner outlived its daemon by a second")
+
+    async def test_a_second_daemon_on_one_home_exits_naming_the_first(self) -> None:
+        """It exits 1 with one line, and the first keeps serving: its runners, sockets and store untouched."""
+        home = short_home(self)
+        config = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
+        first = spawn_twistd(config, home)
+        self.addCleanup(lambda: ensureDeferred(stop_twistd(first)))
+        await eventually(lambda: (home / "api.sock").exists(), 10)
+        staged = home / "models" / "blobs" / "sha256" / "import-1.incomplete"
+        staged.write_bytes(b"an import in progress")
+        second = spawn_twistd(config, home, output_name="second.out")
+        await second.output.ended
+        self.assertEqual(second.output.exit_code, 1)
+        (said,) = (home / "second.out").read_text().splitlines()
+        self.assertTrue(
+            said.startswith(f"mrunner: another mrunner daemon (pid {first.pid}) is using {home};")
+        )
+        self.assertTrue(staged.exists())
+        response = await unix_client(str(home / "api.sock")).get("http://d/health")
+        self.assertEqual(response.code, 200)
+        await response.content()
+
+    async def test_an_address_in_use_exits_non_zero_with_one_line(self) -> None:
+        home = short_home(self)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            config = write_config(home, f'listen = "tcp:{port}:interface=127.0.0.1"')
+            process = spawn_twistd(config, home)
+            await process.output.ended
+        self.assertEqual(process.output.exit_code, 1)
+        errors = [line for line in (home / "twistd.out").read_text().splitlines() if "error" in line]
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn(f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use", errors[0])
+        self.assertEqual(lines(home / "starts"), [])
 
 
 class QueueTests(DaemonTestCase):

@@ -17,7 +17,7 @@ from mrunner.errors import NotFound
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
-from tests.ggufs import write_tiny_gguf
+from tests.ggufs import flip_last_byte, write_tiny_gguf
 from tests.sync_reactor import SyncThreadsClock
 
 
@@ -131,6 +131,17 @@ class ModelsAPITests(SynchronousTestCase):
         self.assertError(400, "POST", "/load?name=x", "not a tar", data=b"junk" * 200, headers=headers)
         self.assertError(400, "POST", "/load?name=x&context_size=-1", "positive", data=self.gguf.read_bytes())
         self.assertEqual(self.json("GET", "/"), [])
+
+    def test_verify(self) -> None:
+        model = self.load()
+        (report,) = self.json("POST", "/verify")
+        self.assertEqual((report["id"], report["status"]), (model["id"], "ok"))
+        flip_last_byte(self.store.resolve("smollm2").gguf)
+        (report,) = self.json("POST", "/smollm2/verify")
+        self.assertEqual(report["status"], "corrupt")
+        self.assertIn("weights", self.json("GET", "/smollm2")["corrupt"])
+        self.assertIn("corrupt", self.json("GET", "/")[0])
+        self.assertError(404, "POST", "/nothing/verify", "not found")
 
     def test_inspect_unknown_and_hostile(self) -> None:
         self.assertError(404, "GET", "/nothing", "ai/nothing:latest")

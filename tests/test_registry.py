@@ -300,7 +300,9 @@ class HostileRegistryTests(RegistryTestCase):
         self.registry = StandInRegistry({"v1": entry}, blobs, **kw)
         host = await self.registry.start()
         self.addCleanup(lambda: ensureDeferred(self.registry.stop()))
-        self.config = RegistryConfig(insecure=(host,), auth={host: {"username": "alice", "password": "secret"}})
+        self.config = RegistryConfig(
+            insecure=(host,), auth={host: {"username": "alice", "password": "secret"}}
+        )
         return f"{host}/team/tiny:v1"
 
     async def refused(self, name: str, fragment: str) -> None:
@@ -310,7 +312,9 @@ class HostileRegistryTests(RegistryTestCase):
 
     async def test_token_answer_is_read_with_a_cap(self) -> None:
         huge = json.dumps({"token": "t" * 2 * MiB}).encode()
-        await self.refused(await self.serve(auth="bearer", token_answer=huge), f"larger than {MAX_TOKEN_ANSWER}")
+        await self.refused(
+            await self.serve(auth="bearer", token_answer=huge), f"larger than {MAX_TOKEN_ANSWER}"
+        )
 
     async def test_token_realm_must_be_https_or_an_insecure_host(self) -> None:
         name = await self.serve(auth="bearer", realm="http://localhost:{port}/token")
@@ -318,7 +322,9 @@ class HostileRegistryTests(RegistryTestCase):
         self.assertEqual([s.path for s in self.registry.seen if "token" in s.path], [])
 
     async def test_token_redirects_are_not_followed(self) -> None:
-        await self.refused(await self.serve(auth="bearer", token_redirect=True), "answered 302 without a token")
+        await self.refused(
+            await self.serve(auth="bearer", token_redirect=True), "answered 302 without a token"
+        )
         self.assertEqual([s.path for s in self.registry.seen if "token" in s.path], ["/token"])
 
     async def test_small_blobs_announced_large_are_refused_before_download(self) -> None:

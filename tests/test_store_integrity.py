@@ -8,25 +8,16 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from twisted.trial.unittest import SynchronousTestCase
-
 from mrunner.errors import BadRequest, NotFound
 from mrunner.store import blobs as blobs_module
 from mrunner.store.model import Model
 from mrunner.store.package import MAX_LICENSES
 from mrunner.store.store import ModelCorrupt, ModelStore
+from tests.ggufs import flip_last_byte
 from tests.sync_reactor import InlinePool
 from tests.test_store import StoreTestCase, tiny_gguf
 
 MiB = 1024 * 1024
-
-
-def flip_last_byte(path: str) -> None:
-    with open(path, "r+b") as f:
-        f.seek(-1, os.SEEK_END)
-        last = f.read(1)
-        f.seek(-1, os.SEEK_END)
-        f.write(bytes([last[0] ^ 1]))
 
 
 class IntegrityTests(StoreTestCase):

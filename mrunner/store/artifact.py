@@ -115,7 +115,9 @@ class Manifest:
             return "config"
         if digest == self.gguf.digest:
             return "weights"
-        return next((ROLES.get(b.media_type, b.media_type) for b in self.layers if b.digest == digest), "blob")
+        return next(
+            (ROLES.get(b.media_type, b.media_type) for b in self.layers if b.digest == digest), "blob"
+        )
 
     def files(self) -> dict[str, str]:
         """Role (``license``, ``chat_template``, or the media type) → digest, weights excluded."""

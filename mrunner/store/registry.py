@@ -194,7 +194,9 @@ class RegistryClient:
         query = {"service": params.get("service", ""), "scope": params.get("scope", scope)}
         realm = params["realm"]
         realm_url = urlsplit(realm)
-        if not (realm_url.scheme == "https" or (realm_url.scheme == "http" and self._insecure(realm_url.netloc))):
+        if not (
+            realm_url.scheme == "https" or (realm_url.scheme == "http" and self._insecure(realm_url.netloc))
+        ):
             raise registry_error(
                 f"registry {repo.host} names the token service {realm[:200]!r}, which is neither https"
                 " nor on a host in [registry] insecure; refusing to send a request there"

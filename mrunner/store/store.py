@@ -54,6 +54,8 @@ DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
 
 Index = dict[str, list[str]]  # manifest digest -> tags; ``list`` is a method name in the class
 Deletion = list[dict[str, str]]
+Reports = list[dict[str, Any]]
+Digests = list[str]
 
 
 class IStoreReactor(IReactorTime, IReactorThreads):
@@ -168,7 +170,7 @@ class ModelStore:
             self.blobs.verified.add(blob.digest)
             return True
 
-    def verify(self, name: str | None = None) -> Deferred[list[dict[str, Any]]]:
+    def verify(self, name: str | None = None) -> Deferred[Reports]:
         """Hash every blob of the model C{name} (of every model, without one) and report.
 
         @return: per model C{{"id", "tags", "status": "ok"|"corrupt", "problem"?, "blobs": [...]}}.
@@ -176,8 +178,8 @@ class ModelStore:
         digests = [self.lookup(name)] if name is not None else list(self._models)
         return Deferred.fromCoroutine(self._verify(digests))
 
-    async def _verify(self, digests: list[str]) -> list[dict[str, Any]]:
-        reports = []
+    async def _verify(self, digests: Digests) -> Reports:
+        reports: Reports = []
         for digest in digests:
             blobs: list[dict[str, Any]] = []
             manifest = Descriptor("manifest", digest, self.blobs.size(digest) or 0)
@@ -358,7 +360,9 @@ class ModelStore:
 
     def _problem(self, digest: str, manifest: Manifest) -> str | None:
         """Why the model's blobs cannot be used (the first missing or quarantined one), if they cannot."""
-        for blob, role in [(digest, "manifest")] + [(b.digest, manifest.role(b.digest)) for b in manifest.blobs]:
+        for blob, role in [(digest, "manifest")] + [
+            (b.digest, manifest.role(b.digest)) for b in manifest.blobs
+        ]:
             if self.blobs.size(blob) is None:
                 what = f"its {role} {blob}"
                 if self.blobs.quarantined(blob).exists():
