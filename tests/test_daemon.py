@@ -263,6 +263,7 @@ class TwistdTests(TestCase):
         staged = home / "models" / "blobs" / "sha256" / "import-1.incomplete"
         staged.write_bytes(b"an import in progress")
         second = spawn_twistd(config, home, output_name="second.out")
+        self.addCleanup(lambda: ensureDeferred(stop_twistd(second)))
         await second.output.ended
         self.assertEqual(second.output.exit_code, 1)
         (said,) = (home / "second.out").read_text().splitlines()
@@ -282,6 +283,7 @@ class TwistdTests(TestCase):
             port = taken.getsockname()[1]
             config = write_config(home, f'listen = "tcp:{port}:interface=127.0.0.1"')
             process = spawn_twistd(config, home)
+            self.addCleanup(lambda: ensureDeferred(stop_twistd(process)))
             await process.output.ended
         self.assertEqual(process.output.exit_code, 1)
         errors = [line for line in (home / "twistd.out").read_text().splitlines() if "error" in line]

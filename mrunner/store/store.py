@@ -190,6 +190,8 @@ class ModelStore:
             for blob in described:
                 status = "ok" if await self.intact(blob, rehash=True) else "corrupt"
                 blobs.append({"digest": blob.digest, "mediaType": blob.media_type, "status": status})
+            if digest not in self._models:  # deleted while its blobs were hashed
+                continue
             model = self._model(digest)
             report = {"id": digest, "tags": list(model.tags), "blobs": blobs}
             report |= {"status": "corrupt", "problem": model.problem} if model.problem else {"status": "ok"}
