@@ -156,7 +156,7 @@ def load(
                     table = tomllib.load(f)
                 except tomllib.TOMLDecodeError as e:
                     raise ConfigError(f"{candidate}: {e}") from None
-                _check_commands(candidate, os.fstat(f.fileno()), table)
+                _check_commands(candidate.absolute(), os.fstat(f.fileno()), table)
             source = candidate.absolute()
             break
         if path:
