@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,7 +83,10 @@ class Blobs:
     def quarantine(self, digest: str) -> None:
         """Move a corrupt blob out of the store, kept for inspection until a good copy arrives."""
         self.verified.discard(digest)
-        os.replace(self.path(digest), self.quarantined(digest))
+        try:
+            os.replace(self.path(digest), self.quarantined(digest))
+        except FileNotFoundError:  # moved already, by a check that finished first
+            return
         fsync_dir(self.root)
         fsync_dir(self.quarantine_root)
 
@@ -124,11 +126,10 @@ class Blobs:
     def partials_usage(self) -> int:
         return sum(entry.stat().st_size for entry in self._partials())
 
-    def remove_partials(self, older_than: float, now: float | None = None) -> None:
+    def remove_partials(self, older_than: float, now: float) -> None:
         """Remove partial downloads untouched for C{older_than} seconds: nobody is resuming them."""
-        cutoff = (time.time() if now is None else now) - older_than
         for entry in self._partials():
-            if entry.stat().st_mtime < cutoff:
+            if entry.stat().st_mtime < now - older_than:
                 os.unlink(entry.path)
 
     def _partials(self) -> Iterator[os.DirEntry[str]]:

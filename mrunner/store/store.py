@@ -384,7 +384,7 @@ class ModelStore:
                 manifest = parse_manifest(self.blobs.read(digest))
                 config, created = parse_config(self.blobs.read(manifest.config.digest))
             except (OSError, InvalidManifest) as e:
-                raise StoreCorrupt(f"its manifest or config cannot be read: {e}") from None
+                raise StoreCorrupt(f"the manifest or config of model {digest} cannot be read: {e}") from None
             self._artifacts[digest] = (manifest, config, created)
         return self._artifacts[digest]
 
