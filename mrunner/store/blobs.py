@@ -56,15 +56,20 @@ class Blobs:
 
     def __init__(self, root: Path, quarantine: Path) -> None:
         self.root = root
+        self._root = str(root)
         self.quarantine_root = quarantine
         root.mkdir(parents=True, exist_ok=True)
         quarantine.mkdir(parents=True, exist_ok=True)
         self.verified: set[str] = set()
 
     def path(self, digest: str) -> Path:
+        return Path(self.file(digest))
+
+    def file(self, digest: str) -> str:
+        """L{path} as a string, without pathlib's cost: models are resolved on every request."""
         if not DIGEST.fullmatch(digest):
             raise ValueError(f"not a sha256 digest: {digest[:80]!r}")
-        return self.root / digest.removeprefix("sha256:")
+        return os.path.join(self._root, digest[7:])
 
     def has(self, digest: str) -> bool:
         return self.path(digest).is_file()
@@ -72,7 +77,7 @@ class Blobs:
     def size(self, digest: str) -> int | None:
         """The stored size, or None when the blob is not here."""
         try:
-            return self.path(digest).stat().st_size
+            return os.stat(self.file(digest)).st_size
         except FileNotFoundError:
             return None
 

@@ -360,8 +360,8 @@ class ModelStore:
             tags=tags,
             created=created,
             config=config,
-            gguf=str(self.blobs.path(manifest.gguf.digest)),
-            files={role: str(self.blobs.path(d)) for role, d in manifest.files().items()},
+            gguf=self.blobs.file(manifest.gguf.digest),
+            files={role: self.blobs.file(d) for role, d in manifest.files().items()},
             problem=self._problem(digest, manifest),
         )
 
