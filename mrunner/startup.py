@@ -1,19 +1,23 @@
 """What must hold before the daemon touches anything: its home is usable and its own, its address free.
 
 Each failure is a L{StartupError} whose message is one line naming the
-option or variable, its value and what to do; C{twistd} prints it and exits
-non-zero (L{Daemon}), instead of a traceback from a daemon that keeps running.
+option or variable, its value and what to do. It ends C{twistd} with status 1
+and that line (L{one_line_errors}), instead of a traceback from a daemon that
+keeps running. It is an ordinary exception on purpose: a daemonizing twistd
+reports only those to the parent process waiting on the terminal.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
-from twisted.application.service import MultiService, Service
+from twisted.application.service import Service
 from twisted.internet.endpoints import serverFromString
 
 LOCK_FILE = "daemon.lock"
@@ -97,11 +101,14 @@ class Listener(StreamServerEndpointService):
             ) from None
 
 
-class Daemon(MultiService):
-    """The daemon's top service: a L{StartupError} while starting ends the process with its message."""
+def one_line_errors() -> None:
+    """Print an uncaught L{StartupError} as C{mrunner: MESSAGE}, not as a traceback (for twistd)."""
+    previous = sys.excepthook
 
-    def privilegedStartService(self) -> None:
-        try:
-            super().privilegedStartService()
-        except StartupError as e:
-            raise SystemExit(f"mrunner: {e}") from None
+    def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(error, StartupError):
+            sys.stderr.write(f"mrunner: {error}\n")
+        else:
+            previous(kind, error, tb)
+
+    sys.excepthook = excepthook

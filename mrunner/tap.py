@@ -29,7 +29,7 @@ from mrunner.proxy import Forwarder, connection_pool, runner_agent
 from mrunner.scheduling.runner import RunnerProcess
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
-from mrunner.startup import Daemon, HomeLock, Listener, StartupError, check_listen
+from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
@@ -118,7 +118,7 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
     lock = HomeLock(config.home)  # first: before the store sweeps temps or the scheduler cleans runners
     log.info("configuration from {source}", source=config.source or "built-in defaults (no tap.conf found)")
     parts = make_parts(config, reactor)
-    service = Daemon()
+    service = MultiService()
     lock.setServiceParent(service)
     DaemonLogFile(config.home / "logs").setServiceParent(service)
     SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
@@ -136,10 +136,8 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
-    try:
-        service = make_service(options.config, reactor)[0]
-    except StartupError as e:
-        raise SystemExit(f"mrunner: {e}") from None
+    one_line_errors()
+    service = make_service(options.config, reactor)[0]
     # Everything imported and built so far lives as long as the daemon: keep it
     # out of full garbage collections, which otherwise pause the proxy path.
     gc.freeze()

@@ -1,7 +1,9 @@
 """``twistd mrunner`` options and configuration: defaults, file, command line, environment."""
 
+import io
 import os
 import socket
+import sys
 from pathlib import Path
 
 import attrs
@@ -154,8 +156,12 @@ class StartupTests(SynchronousTestCase):
         self.assertIn("MRUNNER_HOME", str(error))
         options = Options()
         options.config = loaded
-        exit = self.assertRaises(SystemExit, makeService, options)
-        self.assertEqual(str(exit.code), f"mrunner: {error}")
+        self.patch(sys, "excepthook", sys.excepthook)
+        self.assertRaises(StartupError, makeService, options)
+        printed = io.StringIO()
+        self.patch(sys, "stderr", printed)
+        sys.excepthook(StartupError, error, None)
+        self.assertEqual(printed.getvalue(), f"mrunner: {error}\n")
 
     def test_a_second_daemon_on_one_home_touches_nothing(self) -> None:
         loaded = self.config()
@@ -178,8 +184,8 @@ class StartupTests(SynchronousTestCase):
             from twisted.internet import reactor
 
             service, _ = make_service(self.config(listen=f"tcp:{port}:interface=127.0.0.1"), reactor)
-            exit = self.assertRaises(SystemExit, service.privilegedStartService)
+            error = self.assertRaises(StartupError, service.privilegedStartService)
             release(service)
-        message = str(exit.code)
+        message = str(error)
         self.assertIn(f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use", message)
         self.assertNotIn("\n", message)
