@@ -90,7 +90,7 @@ class Puller:
     async def _fetch(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
         """Make sure the store has C{blob}; one download per digest however many pulls want it."""
         async with self._fetching.holding(blob.digest):
-            if not await self._store.intact(blob):
+            if not await self._store.integrity.intact(blob):
                 await self._download(repo, blob, progress)
         progress.update(blob.digest, blob.size, blob.size)
 
