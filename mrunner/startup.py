@@ -12,13 +12,14 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import Service
 from twisted.internet.endpoints import serverFromString
+
+from mrunner.home import PRIVATE_FILE, Home
 
 LOCK_FILE = "daemon.lock"
 HOME_HINT = "set MRUNNER_HOME (or --home, or home in tap.conf) to a directory you can write"
@@ -51,13 +52,13 @@ class HomeLock(Service):
     otherwise kill the first's runners and race it on the model index.
     """
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Home) -> None:
         try:
-            home.mkdir(parents=True, exist_ok=True)
-            self._fd: int | None = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            home.prepare()
+            self._fd: int | None = os.open(home.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
         except OSError as e:
             raise StartupError(
-                f"cannot create the home directory {home} ({e.strerror}); {HOME_HINT}"
+                f"cannot create the home directory {home.root} ({e.strerror}); {HOME_HINT}"
             ) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -65,7 +66,7 @@ class HomeLock(Service):
             owner = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
             self.release()
             raise StartupError(
-                f"another mrunner daemon (pid {owner}) is using {home}; stop it, or give this one"
+                f"another mrunner daemon (pid {owner}) is using {home.root}; stop it, or give this one"
                 " another MRUNNER_HOME"
             ) from None
         os.ftruncate(self._fd, 0)

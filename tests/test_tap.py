@@ -14,6 +14,7 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
+from mrunner.scheduling.installer import InstallStatus
 from mrunner.startup import HomeLock, StartupError
 from mrunner.tap import Options, make_service, makeService
 
@@ -92,7 +93,7 @@ class OptionsTests(SynchronousTestCase):
             [type(child).__name__ for child in service],
             ["HomeLock", "DaemonLogFile", "SchedulerService", "LogsAPI", "Listener"],
         )
-        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": "Not Installed"})
+        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})
         release(service)
 
 
