@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -26,7 +27,7 @@ from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.interfaces import IBackend
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, connection_pool, runner_agent
+from mrunner.proxy import Forwarder, health_agent
 from mrunner.scheduling.runner import RunnerProcess
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
@@ -34,6 +35,7 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+from mrunner.upstream import RunnerPool, unix_connect
 
 
 class Options(usage.Options):
@@ -70,19 +72,19 @@ class Parts:
     root: Routes
     scheduler: Scheduler
     logs: LogsAPI
-    pools: tuple[HTTPConnectionPool, ...]
+    closers: tuple[Callable[[], object], ...]
 
 
 def make_parts(config: configuration.Config, reactor: Any) -> Parts:
     """Build every part of the daemon from C{config}."""
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor)
-    runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
-    agent = runner_agent(reactor, config.home / "run", runner_pool)
+    run_dir = config.home / "run"
+    runner_pool = RunnerPool(reactor, unix_connect(reactor), str(run_dir), max(config.scheduler.parallel, 2))
     start_runner = partial(
         RunnerProcess,
         reactor,
-        agent,
+        health_agent(reactor, run_dir),
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
     )
@@ -99,12 +101,12 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
     )
     logs = LogsAPI(config.home / "logs", reactor)
     groups = [  # the inference routes first: every token's request is matched against them
-        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
+        InferenceAPI(scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes),
         ServiceAPI(models, metrics.registry),
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes),
     ]
-    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool))
+    return Parts(Routes(groups), scheduler, logs, (runner_pool.close, registry_pool.closeCachedConnections))
 
 
 def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiService, Parts]:
@@ -112,9 +114,7 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
     parts = make_parts(config, reactor)
     service = MultiService()
     DaemonLogFile(config.home / "logs").setServiceParent(service)
-    SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
-        service
-    )
+    SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
     # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
