@@ -204,6 +204,26 @@ class PathTests(DaemonTestCase):
         self.assertEqual(list((self.home / "run").iterdir()), [])
 
 
+class KeepAliveRaceTests(DaemonTestCase):
+    """A runner that closes every connection after an answer that announced keep-alive."""
+
+    runner_args = ("--close-after-answer",)
+
+    async def test_a_cold_burst_of_twenty_streams_loses_none(self) -> None:
+        await self.start()
+        for _ in range(2):  # cold, then onto the connections the first burst left behind
+            results = await DeferredList(
+                [ensureDeferred(self.post("/v1/chat/completions", self.chat(stream=True))) for _ in range(20)],
+                consumeErrors=True,
+            )
+            answers = [result if ok else repr(result) for ok, result in results]
+            self.assertEqual([answer[0] for answer in answers], [200] * 20, answers)
+            for _, text, _ in answers:
+                self.assertIn("tok0 ", text)
+                self.assertTrue(text.endswith("data: [DONE]\n\n"), text)
+        self.assertEqual(len(lines(self.home / "starts")), 1)
+
+
 class FailingRunnerTests(DaemonTestCase):
     runner_args = ("--exit-at-start",)
 
