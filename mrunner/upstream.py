@@ -120,7 +120,7 @@ class ChunkedEnd:
             return -1
         buffer, start = (self._line + data, len(self._line)) if self._line else (data, 0)
         self._line = b""
-        position = start
+        position = 0
         while True:
             if skip:
                 taken = min(skip, len(buffer) - position)
@@ -337,7 +337,7 @@ class RunnerConnection(Protocol):
         body, self._body = self._body, None
         if body is not None:
             between = self._chunks is not None and self._chunks.between_chunks()
-            body.cut("the runner closed the connection", between)
+            body.cut("its connection closed", between)
 
 
 class RunnerPool:

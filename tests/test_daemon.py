@@ -184,6 +184,15 @@ class PathTests(DaemonTestCase):
         self.assertEqual((code, body["choices"][0]["message"]["content"]), (200, "echo: hi"))
         self.assertEqual(len(lines(self.home / "starts")), 2)
 
+    async def test_a_runner_dying_mid_stream_is_told_in_words(self) -> None:
+        await self.start()
+        _, events = await self.open_stream({"test": {"events": 3, "crash_after": 1}})
+        await events.done
+        last = json.loads(events.data.split(b"data: ")[-1])
+        self.assertEqual(
+            last["error"]["message"], "the runner stopped in the middle of the answer: its connection closed"
+        )
+
     async def test_runner_dies_before_headers_is_502(self) -> None:
         await self.start()
         code, body, _ = await self.post(
