@@ -280,7 +280,14 @@ class ModelStore:
 
 
 def _stage(writer: BlobWriter, source: BinaryIO) -> gguf_meta.GGUFInfo:
-    """Copy and hash C{source} into the temp, then read its GGUF header (in a thread)."""
-    writer.copy(source)
-    writer.seal()
-    return gguf_meta.read(writer.temp)
+    """Copy and hash C{source} into the temp, then read its GGUF header (in a thread).
+
+    The header's reader starts first, so its interpreter starts during the copy.
+    """
+    reader = gguf_meta.Reader()
+    try:
+        writer.copy(source)
+        writer.seal()
+        return reader.read(writer.temp)
+    finally:
+        reader.close()
