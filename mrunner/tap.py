@@ -14,7 +14,6 @@ from twisted.application.service import IService, MultiService
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.server import Site
 
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
@@ -25,7 +24,7 @@ from mrunner.api.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.interfaces import IBackend
-from mrunner.logfiles import DaemonLogFile
+from mrunner.logfiles import BatchedLogSite, DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, health_agent
 from mrunner.scheduling.runner import RunnerProcess
@@ -118,7 +117,7 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
     parts.logs.setServiceParent(service)
     # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
     # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
-    site = Site(parts.root, parsePOSTFormSubmission=False)
+    site = BatchedLogSite(parts.root, reactor, parsePOSTFormSubmission=False)
     site.displayTracebacks = False
     StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(service)
     return service, parts

@@ -221,10 +221,8 @@ class KeepAliveRaceTests(DaemonTestCase):
     async def test_a_cold_burst_of_twenty_streams_loses_none(self) -> None:
         await self.start()
         for _ in range(2):  # cold, then onto the connections the first burst left behind
-            results = await DeferredList(
-                [ensureDeferred(self.post("/v1/chat/completions", self.chat(stream=True))) for _ in range(20)],
-                consumeErrors=True,
-            )
+            streams = [self.post("/v1/chat/completions", self.chat(stream=True)) for _ in range(20)]
+            results = await DeferredList([ensureDeferred(s) for s in streams], consumeErrors=True)
             answers = [result if ok else repr(result) for ok, result in results]
             self.assertEqual([answer[0] for answer in answers], [200] * 20, answers)
             for _, text, _ in answers:
