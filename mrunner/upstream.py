@@ -394,10 +394,11 @@ class RunnerPool:
             raise BadGateway(str(e)) from None
 
     def _take(self, socket: str) -> RunnerConnection | None:
+        """The connection idle longest, but not too long: had the runner closed it, its close is in."""
         idle = self._idle.get(socket)
         now = self._clock.seconds()
         while idle:
-            connection = idle.pop()
+            connection = idle.pop(0)
             if now - connection.idle_since < POOL_IDLE_SECONDS:
                 return connection
             connection.transport.loseConnection()  # type: ignore[union-attr]

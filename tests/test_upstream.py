@@ -135,6 +135,18 @@ class PoolTests(SynchronousTestCase):
         self.assertEqual(len(self.connections.made), 2)
         self.assertTrue(self.connections.made[0][1].disconnecting)
 
+    def test_the_connection_idle_longest_is_taken(self) -> None:
+        self.send()
+        self.send()
+        for connection, _ in reversed(self.connections.made):  # the second answers first
+            connection.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            connection.relay(Recorder(), True)
+        self.clock.advance(1)
+        self.send()
+        self.assertEqual(len(self.connections.made), 2)
+        requests = [transport.value().count(b"POST ") for _, transport in self.connections.made]
+        self.assertEqual(requests, [1, 2])
+
     def test_connection_close_and_bytes_past_the_body_are_not_reused(self) -> None:
         self.answer(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
         self.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}??")
