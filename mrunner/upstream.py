@@ -384,6 +384,8 @@ class RunnerPool:
                 return connection, await connection.send(method, data)
             except NotAnswered:
                 pass  # it was closing: a new connection is known to be fresh
+            except Malformed as e:
+                raise BadGateway(str(e)) from None
         try:
             connection = await self._connect(socket, self)
         except (ConnectError, NotAnswered) as e:

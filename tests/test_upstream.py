@@ -208,6 +208,12 @@ class PoolTests(SynchronousTestCase):
         self.connections.made[0][0].dataReceived(b"SSH-2.0-OpenSSH\r\n\r\n")
         self.assertIn("HTTP", self.failureResultOf(sending, BadGateway).value.message)
 
+    def test_a_garbled_head_on_a_reused_connection_is_a_bad_gateway(self) -> None:
+        self.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        sending = self.send()
+        self.connections.made[0][0].dataReceived(b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n")
+        self.assertIn("no colon", self.failureResultOf(sending, BadGateway).value.message)
+
     def test_close_closes_idle_connections(self) -> None:
         self.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
         closing = self.pool.close()
