@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from twisted.internet import tcp
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
@@ -180,6 +182,30 @@ def start_event_stream(request: Request) -> None:
     request.write(b"")
 
 
+def send_now(transport: Any, data: bytes) -> None:
+    """Write C{data} to a client's TCP connection, sending it at once when nothing is queued before it.
+
+    Twisted queues every write for the reactor's next turn, registering the
+    socket for writability and unregistering it once sent: two C{epoll_ctl}
+    calls and a turn of the loop for each streamed event, where the socket
+    could take the event at once. What the socket does not take is queued
+    as before, and later writes queue behind it, so the order holds.
+    """
+    if (
+        isinstance(transport, tcp.Connection)
+        and not transport.TLS
+        and transport.connected
+        and not transport.disconnecting
+        and not transport.dataBuffer
+        and not transport._tempDataBuffer
+    ):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):
+            data = data[sent:]
+    if data:
+        transport.write(data)
+
+
 class _Relay(Body):
     """Writes a runner's response body to the client as it arrives, with backpressure."""
 
@@ -193,7 +219,11 @@ class _Relay(Body):
         request.registerProducer(producer, True)
 
     def write(self, data: bytes) -> None:
-        self._request.write(data)
+        request = self._request
+        if request.startedWriting and not request.chunked and request.channel is not None:
+            send_now(request.channel.transport, data)
+        else:
+            request.write(data)
 
     def end(self) -> None:
         if self._request.channel is not None:
