@@ -26,6 +26,7 @@ from mrunner.errors import BadGateway
 
 #: Drop pooled connections before llama-server's own 5 s keep-alive does.
 POOL_IDLE_SECONDS = 4.0
+HEX_DIGITS = b"0123456789abcdefABCDEF"
 #: A response head longer than this is not a runner's.
 MAX_HEAD = 64 * 1024
 # Runner sockets are <run_dir>/<name>.sock; requests name them as http://<name>/. The
@@ -131,6 +132,9 @@ class ChunkedEnd:
                 if skip:
                     self._skip = skip
                     return -1
+                if position == len(buffer):  # the read ended with the chunk, as a runner's event does
+                    self._skip = 0
+                    return -1
             end = buffer.find(b"\r\n", position)
             if end < 0:
                 self._line = buffer[position:]
@@ -144,13 +148,10 @@ class ChunkedEnd:
                 if not line:
                     return position - start
                 continue
-            size = line.split(b";", 1)[0].strip()
-            try:
-                skip = int(size, 16) + 2
-            except ValueError:
-                raise Malformed(f"the chunk size {size[:40]!r} is not hexadecimal") from None
-            if skip < 2 or size[:1] in (b"+", b"-") or b"_" in size or size[:2].lower() == b"0x":
+            size = line.partition(b";")[0].strip()
+            if not size or size.strip(HEX_DIGITS):
                 raise Malformed(f"the chunk size {size[:40]!r} is not hexadecimal")
+            skip = int(size, 16) + 2
             if skip == 2:
                 self._trailer, skip = True, 0
 
