@@ -98,10 +98,12 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
         if settings.store_rounds:
             progress(f"7 and 8: pulls and imports of a 112 MB model, {settings.store_rounds} rounds")
             rows += store.measure(mrunner, settings.store_rounds, tmp)
-    if settings.threads:
+    if settings.threads and settings.default_threads_rounds:
+        rounds = settings.default_threads_rounds
         with llama_paths(tmp, executable, settings, 0) as paths:
-            progress(f"2: streams with llama-server's default threads, {settings.rounds} rounds")
-            rows += streaming.measure(paths.targets, model, settings, ", default threads")
+            progress(f"2: streams with llama-server's default threads, {rounds} rounds")
+            variant = dataclasses.replace(settings, rounds=rounds)
+            rows += streaming.measure(paths.targets, model, variant, ", default threads")
     return rows
 
 

@@ -468,6 +468,8 @@ class _Connector(unix.Connector):
 class _Connecting(ClientFactory):
     """Builds the one connection a connect attempt makes, failing its Deferred if the attempt does."""
 
+    noisy = False  # two log events per connection otherwise
+
     def __init__(self, connection: RunnerConnection):
         self._connection = connection
 
