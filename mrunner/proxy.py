@@ -28,7 +28,8 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from mrunner.errors import BadGateway
-from mrunner.upstream import CHUNKED, SOCKET_SUFFIX, Body, Head, RunnerConnection, RunnerPool, runner_url
+from mrunner.home import SOCKET_SUFFIX
+from mrunner.upstream import CHUNKED, Body, Head, RunnerConnection, RunnerPool, runner_url
 
 # RFC 9110 §7.6.1 hop-by-hop fields, those twisted.web sets itself, and Expect (the body is here already).
 HOP_BY_HOP = frozenset(
@@ -48,7 +49,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-__all__ = ["SOCKET_SUFFIX", "runner_url"]  # where the scheduler names sockets and the runner checks health
+__all__ = ["runner_url"]  # for the runner's health checks
 
 
 @implementer(IAgentEndpointFactory)

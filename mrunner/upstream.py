@@ -23,15 +23,13 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
 from mrunner.errors import BadGateway
+from mrunner.home import SOCKET_SUFFIX
 
 #: Drop pooled connections before llama-server's own 5 s keep-alive does.
 POOL_IDLE_SECONDS = 4.0
 HEX_DIGITS = b"0123456789abcdefABCDEF"
 #: A response head longer than this is not a runner's.
 MAX_HEAD = 64 * 1024
-# Runner sockets are <run_dir>/<name>.sock; requests name them as http://<name>/. The
-# names are spelled with os.path: pathlib interns every part, per request.
-SOCKET_SUFFIX = ".sock"
 #: How a response body ends: chunked framing, a Content-Length, the connection's close, or no body.
 CHUNKED, LENGTH, CLOSE, EMPTY = "chunked", "length", "close", "empty"
 
@@ -432,7 +430,10 @@ class RunnerPool:
 
 
 def runner_url(socket: str, path: bytes) -> bytes:
-    """The URL that reaches C{path} on the runner listening on C{socket}."""
+    """The URL that reaches C{path} on the runner listening on C{socket} (<run_dir>/<name>.sock).
+
+    The names are spelled with os.path: pathlib interns every part, per request.
+    """
     return b"http://" + os.path.basename(socket).removesuffix(SOCKET_SUFFIX).encode() + path
 
 
