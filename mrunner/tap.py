@@ -13,7 +13,6 @@ from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.server import Site
 
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
@@ -28,9 +27,9 @@ from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
-from mrunner.logfiles import DaemonLogFile
+from mrunner.logfiles import BatchedLogSite, DaemonLogFile
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, RunnerEndpoints, connection_pool, runner_agent
+from mrunner.proxy import Forwarder, health_agent
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
@@ -41,6 +40,7 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+from mrunner.upstream import RunnerPool, unix_connect
 
 log = Logger()
 
@@ -83,7 +83,7 @@ class Parts:
     scheduler: Scheduler
     logs: LogsAPI
     history: RecordsAPI
-    pools: tuple[HTTPConnectionPool, ...]
+    closers: tuple[Callable[[], object], ...]
     reloader: Reloader
 
 
@@ -94,8 +94,7 @@ def make_parts(
     home = Home(config.home)
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor, config.store.partial_max_age)
-    runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
-    agent = runner_agent(reactor, home.run, runner_pool)
+    runner_pool = RunnerPool(reactor, unix_connect(reactor), str(home.run), max(config.scheduler.parallel, 2))
     options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
@@ -103,21 +102,19 @@ def make_parts(
         log_keep=config.runner.log_keep,
     )
     metrics = Metrics()
+    # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
+    runner_agent = health_agent(reactor, home.run)
     scheduler = Scheduler(
         reactor,
         config,
         backends,
         store,
-        partial(start_runner, reactor, health_probe(agent), options),
+        partial(start_runner, reactor, health_probe(runner_agent), options),
         home,
         events=metrics,
     )
     metrics.watch(scheduler)
-    # Scrapes get their own connections, none kept: the proxy's pool is for requests.
-    scrape_pool = HTTPConnectionPool(reactor, persistent=False)
-    scraper = RunnerScraper(
-        Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, home.run), scrape_pool), reactor
-    )
+    scraper = RunnerScraper(runner_agent, reactor)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
     reloadable: list[Reconfigure] = [scheduler.reconfigure]
@@ -140,16 +137,17 @@ def make_parts(
     )
     history = RecordsAPI(records)
     groups = [  # the inference routes first: every token's request is matched against them
-        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes, records),
+        InferenceAPI(
+            scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes, records
+        ),
         ServiceAPI(models, metrics.registry, scheduler, scraper),
         logs,
         history,
         PageAPI(scheduler, reactor),
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
-    return Parts(
-        Routes(groups), scheduler, logs, history, (runner_pool, registry_pool, scrape_pool), reloader
-    )
+    closers = (runner_pool.close, registry_pool.closeCachedConnections)
+    return Parts(Routes(groups), scheduler, logs, history, closers, reloader)
 
 
 def make_service(
@@ -165,14 +163,12 @@ def make_service(
     service = MultiService()
     lock.setServiceParent(service)
     DaemonLogFile(parts.scheduler.home, json=config.log.format == "json").setServiceParent(service)
-    SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
-        service
-    )
+    SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     parts.history.setServiceParent(service)
     # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
     # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
-    site = Site(parts.root, parsePOSTFormSubmission=False)
+    site = BatchedLogSite(parts.root, reactor, parsePOSTFormSubmission=False)
     site.displayTracebacks = False
     Listener(reactor, config.listen, site).setServiceParent(service)
     return service, parts

@@ -63,14 +63,15 @@ class InferenceAPI:
         self._max_request_bytes = max_request_bytes
         self._records = records
 
-    def _measure(self, request: Request, mode: str) -> None:
+    def _measure(self, request: Request, mode: str) -> float:
+        """Count the request when it ends; returns when it began."""
         started = self._clock.seconds()
 
         def finished(result: object) -> None:
-            self._metrics.requests.labels(mode, str(request.code)).inc()
-            self._metrics.seconds.labels(mode).observe(self._clock.seconds() - started)
+            self._metrics.finished(mode, request.code, self._clock.seconds() - started)
 
         request.notifyFinish().addBoth(finished)
+        return started
 
     def _record(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
         """A record of this request, kept once its answer ends; None with records off."""
@@ -84,15 +85,14 @@ class InferenceAPI:
         return record
 
     async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes) -> Any:
-        self._measure(request, mode)
-        started = self._clock.seconds()
+        started = self._measure(request, mode)
         name = self._scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
         model, keep_alive = target(body)
         record = self._record(request, model, mode, body)
         lease = await self._scheduler.acquire(name, model, mode, keep_alive)
         leased = self._clock.seconds()
-        self._metrics.queue_wait.labels(lease.model).observe(leased - started)
+        self._metrics.waited(lease.model, leased - started)
         if record is not None:
             record.queued = leased
         try:
