@@ -108,7 +108,8 @@ class ModelsAPI:
         """Import the request body as ``?name=`` (``&context_size=N`` sets its default context).
 
         The body is a GGUF file, or (``Content-Type: application/x-tar``) a package
-        as ``mrunner package`` sends it: one ``*.gguf`` and license files under ``licenses/``.
+        as ``mrunner package`` sends it: the weights (one ``*.gguf`` or its shards),
+        ``licenses/``, ``mmproj/`` and ``chat-template/`` (see L{mrunner.store.package}).
         """
         name = query(request, "name")
         if name is None:

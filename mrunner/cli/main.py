@@ -68,10 +68,18 @@ def parser() -> argparse.ArgumentParser:
     command("logs", engines.logs, "show the daemon's and the runners' logs").add_argument(
         "-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C"
     )
-    package = command("package", models.package, "store a GGUF file as a model, with its license")
+    package = command(
+        "package", models.package, "store a GGUF file (or shard set) as a model, with its files"
+    )
     package.add_argument("model", metavar="NAME")
-    package.add_argument("--gguf", required=True, help="the GGUF file")
+    package.add_argument(
+        "--gguf",
+        required=True,
+        help="the GGUF file; the first shard (…-00001-of-0000N.gguf) takes the whole set",
+    )
     package.add_argument("--license", action="append", default=[], help="a license file (repeatable)")
+    package.add_argument("--mmproj", help="a multimodal projector GGUF (mmproj-*.gguf), for images")
+    package.add_argument("--chat-template", help="a Jinja chat template file that replaces the GGUF's")
     package.add_argument("--context-size", type=_positive, help="the model's default context size")
     package.add_argument("--push", action="store_true", help="push it to its registry afterwards")
     command("version", engines.version, "show the client's and the daemon's versions")

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -55,13 +56,57 @@ def read(path: str | os.PathLike[str]) -> GGUFInfo:
 
     @raise BadRequest: the file is not a GGUF file.
     """
+    return read_all([path])[0]
+
+
+def read_all(paths: Sequence[str | os.PathLike[str]]) -> list[GGUFInfo]:
+    """Read each file's header and tensor table, all in one child interpreter.
+
+    @raise BadRequest: a file is not a GGUF file.
+    """
     child = subprocess.run(
-        [sys.executable, "-m", __name__, os.fspath(path)], capture_output=True, text=True, check=False
+        [sys.executable, "-m", __name__, *(os.fspath(path) for path in paths)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if child.returncode != 0:
         why = child.stderr.strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
         raise BadRequest(f"not a valid GGUF file: {why[0]}", code="invalid_gguf")
-    return GGUFInfo(**json.loads(child.stdout))
+    return [GGUFInfo(**info) for info in json.loads(child.stdout)]
+
+
+def weights(shards: Sequence[GGUFInfo]) -> GGUFInfo:
+    """One model's weights from its files in order: the first's metadata, every file's size and tensors.
+
+    @raise BadRequest: several files that are not one split set (``split.no``,
+        ``split.count``), whole and in order, as llama.cpp's ``gguf-split`` writes it.
+    """
+    first = shards[0]
+    if len(shards) > 1 or "split.count" in first.metadata:
+        for n, shard in enumerate(shards):
+            number, count = shard.metadata.get("split.no"), shard.metadata.get("split.count")
+            if number != str(n) or count != str(len(shards)):
+                raise BadRequest(
+                    f"GGUF file {n + 1} of {len(shards)} says it is shard {number} of {count}"
+                    " (split.no, split.count): give every shard of one split model, in order",
+                    code="invalid_gguf_shards",
+                )
+    return attrs.evolve(
+        first,
+        parameters=sum(shard.parameters for shard in shards),
+        size=sum(shard.size for shard in shards),
+    )
+
+
+def check_projector(info: GGUFInfo) -> None:
+    """@raise BadRequest: the file is not a llama.cpp vision projector (a ``clip`` GGUF)."""
+    if info.architecture != "clip":
+        raise BadRequest(
+            f"the projector is a GGUF file of architecture {info.architecture!r}, not a multimodal"
+            " projector (architecture 'clip', usually named mmproj-*.gguf)",
+            code="invalid_mmproj",
+        )
 
 
 def _read(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -110,16 +155,16 @@ def format_parameters(count: int) -> str:
     return str(count)
 
 
-def main(path: str) -> int:
-    """Print C{path}'s L{GGUFInfo} as JSON, or why it is not a GGUF file."""
+def main(paths: Sequence[str]) -> int:
+    """Print each file's L{GGUFInfo} as a JSON list, or why one is not a GGUF file."""
     try:
-        info = _read(path)
+        infos = [_read(path) for path in paths]
     except Exception as e:  # a malformed file fails in numpy, struct or enum lookups alike
         print(e, file=sys.stderr)
         return 1
-    print(json.dumps(attrs.asdict(info)))
+    print(json.dumps([attrs.asdict(info) for info in infos]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))
