@@ -170,6 +170,16 @@ class APITests(SynchronousTestCase):
         self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 422, "3.00 GiB", "1.00 GiB")
         self.assertEqual(self.spawn.processes, [])
 
+    def test_images_for_a_model_without_a_projector(self) -> None:
+        self.install()
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": [image]}]}
+        self.assertError(self.request("POST", CHAT, body), 400, "no multimodal projector", "--mmproj")
+        self.assertEqual(self.spawn.processes, [])
+        self.store.models["ai/smollm2:latest"] = attrs.evolve(model(), files={"mmproj": "/p.gguf"})
+        self.assertNoResult(self.request("POST", CHAT, body))
+        self.assertEqual(len(self.spawn.processes), 1)
+
     def test_runner_failed_to_start(self) -> None:
         self.install()
         d = self.request("POST", CHAT, {"model": "smollm2"})
