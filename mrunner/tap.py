@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from functools import partial
 from typing import Any
 
@@ -30,6 +31,7 @@ from mrunner.scheduling.runner import RunnerProcess
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import Daemon, HomeLock, Listener, StartupError, check_listen
+from mrunner.store.huggingface import HubClient
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
@@ -92,11 +94,13 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
     scheduler = Scheduler(reactor, config, backends, store, start_runner)
     metrics = Metrics(scheduler)
     registry_pool = HTTPConnectionPool(reactor)
-    registry = RegistryClient(config.registry, reactor, HTTPClient(Agent(reactor, pool=registry_pool)))
+    http = HTTPClient(Agent(reactor, pool=registry_pool))
+    registry = RegistryClient(config.registry, reactor, http)
+    hub = HubClient(config.huggingface, http, os.environ)
     models = ModelsAPI(
         store,
         scheduler,
-        Puller(store, registry, config.registry.max_pulls),
+        Puller(store, registry, config.registry.max_pulls, hub=hub),
         Pusher(store, registry, reactor),
         reactor,
     )
