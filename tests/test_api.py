@@ -268,6 +268,27 @@ class APITests(SynchronousTestCase):
             "--model",
         )
 
+    def test_configure_a_draft_model(self) -> None:
+        self.install()
+        self.store.models["ai/draft:latest"] = model("ai/draft:latest", "d" * 64)
+        url = f"{BASE}/engines/_configure"
+        body = {"model": "smollm2", "speculative": {"draft_model": "ai/other"}}
+        self.assertError(self.request("POST", url, body), 404, "draft model ai/other is not in the store")
+        body = {
+            "model": "smollm2",
+            "speculative": {"draft_model": "draft"},
+            "runtime-flags": "--spec-draft-n-max 8",
+        }
+        self.assertEqual(self.answer(self.request("POST", url, body))[0], 200)
+        shown = self.answer(self.request("GET", f"{url}?model=smollm2"))[1]
+        self.assertEqual(shown["speculative"], {"draft_model": "draft"})
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        (runner,) = self.scheduler.loader.runners.values()
+        self.assertEqual(runner.request.settings.draft, self.store.models["ai/draft:latest"])
+        self.assertError(
+            self.request("POST", url, {"model": "smollm2", "speculative": "draft"}), 400, "object"
+        )
+
     def test_configure_raw_flags(self) -> None:
         self.install()
         body = {"model": "smollm2", "raw-runtime-flags": "--temp 0.2 --top-k 5"}
@@ -314,6 +335,7 @@ class APITests(SynchronousTestCase):
                 "context_size": 512,
                 "runtime_flags": [],
                 "keep_alive": 300,
+                "speculative": {"draft_model": None},
             },
         )
         self.assertError(self.request("GET", f"{url}?model=nothing"), 404)

@@ -10,7 +10,7 @@ from pathlib import Path
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import RunnerSettings
-from mrunner.backends.llamacpp import LlamaCppBackend, memory_estimate
+from mrunner.backends.llamacpp import BASE_RSS, LlamaCppBackend, memory_estimate
 from mrunner.cli.package import TarStream, members
 from mrunner.config import Config
 from mrunner.errors import BadRequest
@@ -135,6 +135,18 @@ class CommandLineTests(FilesTestCase):
         args = self.backend().command(model, "completion", "/run/r.sock", RunnerSettings()).args
         self.assertNotIn("--mmproj", args)
         self.assertNotIn("--chat-template-file", args)
+
+    def test_a_draft_model_is_passed_and_counted(self) -> None:
+        write_tiny_gguf(self.files / "plain.gguf")
+        target = self.package("target", self.files / "plain.gguf")
+        draft = self.package("draft", self.shards()[0])
+        plain, speculative = RunnerSettings(), RunnerSettings(draft=draft)
+        args = self.backend().command(target, "completion", "/run/r.sock", speculative).args
+        self.assertEqual(args[args.index("--model-draft") + 1], draft.gguf)
+        self.assertEqual(
+            memory_estimate(target, speculative) - memory_estimate(target, plain),
+            memory_estimate(draft, plain) - BASE_RSS,
+        )
 
     def test_the_estimate_counts_every_shard_and_the_projector(self) -> None:
         paths = self.shards()

@@ -78,8 +78,13 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
       48 bytes per embedding dimension per token (read off llama-server's
       ``compute buffer size`` for the test models);
     - the process itself: code, libraries and server state (``BASE_RSS``,
-      the resident size of a llama-server with a near-empty model).
+      the resident size of a llama-server with a near-empty model);
+    - a draft model for speculative decoding: its own weights, KV cache and
+      buffers for the same context, in the same process.
     """
+    draft = 0
+    if settings.draft is not None:
+        draft = memory_estimate(settings.draft, attrs.evolve(settings, draft=None)) - BASE_RSS
     metadata = model.config.get("gguf") or {}
     architecture = model.config.get("architecture") or metadata.get("general.architecture")
 
@@ -98,7 +103,7 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
     )
     kv_cache = number("block_count", 0) * context * per_token * F16_BYTES
     compute = UBATCH * context * F16_BYTES + UBATCH * embedding * ACTIVATION_BYTES
-    return files_size(model) + kv_cache + compute + BASE_RSS
+    return files_size(model) + kv_cache + compute + BASE_RSS + draft
 
 
 def files_size(model: Model) -> int:
@@ -215,7 +220,8 @@ class LlamaCppBackend:
         """``llama-server`` serving C{model} in C{mode} on the UNIX socket C{socket}.
 
         The model's projector and chat template layers are passed as ``--mmproj``
-        and ``--chat-template-file``; a split model is opened at its first shard.
+        and ``--chat-template-file``; a split model is opened at its first shard;
+        a draft model in the settings as ``--model-draft``.
 
         ``--kv-unified`` lets every parallel slot use the whole context (llama-server
         otherwise splits it into ``-np`` equal parts once ``-np`` is given), so the
@@ -234,6 +240,8 @@ class LlamaCppBackend:
         for role, flag in FILE_FLAGS.items():
             if role in model.files:
                 args += [flag, model.files[role]]
+        if settings.draft is not None:  # a plain model as the draft: say which kind of drafting
+            args += ["--model-draft", settings.draft.gguf, "--spec-type", "draft-simple"]
         if settings.threads > 0:
             args += ["--threads", str(settings.threads)]
         if mode == RERANKING and not can_rerank(model):

@@ -1,4 +1,4 @@
-"""Commands on the daemon and its runners: run, ps, df, unload, status, logs, version, wait."""
+"""Commands on the daemon and its runners: run, ps, df, unload, configure, status, logs, version, wait."""
 
 from __future__ import annotations
 
@@ -81,6 +81,21 @@ def unload(ctx: Context, args: Namespace) -> None:
     result = ctx.daemon.call("POST", "/engines/unload", {"models": args.models, "all": args.all})
     count = result["unloaded_runners"]
     ctx.out.print(f"Unloaded {count} runner{'' if count == 1 else 's'}")
+
+
+def configure(ctx: Context, args: Namespace) -> None:
+    """Set a model's runner settings: keep-alive, context size, runtime flags, draft model."""
+    body: dict[str, Any] = {"model": args.model}
+    if args.keep_alive is not None:
+        body["keep_alive"] = args.keep_alive
+    if args.context_size is not None:
+        body["context_size"] = args.context_size
+    if args.runtime_flags is not None:
+        body["raw_runtime_flags"] = args.runtime_flags
+    if args.speculative_draft_model is not None:
+        body["speculative"] = {"draft_model": args.speculative_draft_model}
+    result = ctx.daemon.call("POST", "/engines/_configure", body)
+    ctx.out.print(f"{result['model']}: {result['status']}", markup=False)
 
 
 def status(ctx: Context, args: Namespace) -> None:

@@ -64,6 +64,20 @@ def parser() -> argparse.ArgumentParser:
     unload = command("unload", engines.unload, "unload the named models' runners, or all of them")
     unload.add_argument("models", nargs="*", metavar="MODEL")
     unload.add_argument("--all", action="store_true", help="unload every runner")
+    configure = command(
+        "configure", engines.configure, "set a model's runner settings (docker model configure)"
+    )
+    configure.add_argument("model")
+    configure.add_argument("--keep-alive", help="idle time before unloading, e.g. 10m; -1 for ever")
+    configure.add_argument("--context-size", type=_positive, help="context size of its next runner")
+    configure.add_argument(
+        "--runtime-flags", help='llama-server flags from the allowed list, e.g. "--temp 0.2 --top-k 20"'
+    )
+    configure.add_argument(
+        "--speculative-draft-model",
+        metavar="NAME",
+        help='a model in the store that drafts for it; "" for none',
+    )
     command("status", engines.status, "is the daemon running, and its backends' install state", json=True)
     command("logs", engines.logs, "show the daemon's and the runners' logs").add_argument(
         "-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C"
