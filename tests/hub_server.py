@@ -19,7 +19,9 @@ from typing import Any
 import attrs
 from twisted.internet import reactor
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.server import Request, Site
+
+from tests.registry_server import serve_range
 
 TOKEN = "hf_test_token"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -75,20 +77,9 @@ class CDN(_Server):
         if data is None:
             request.setResponseCode(404)
             return b"not found"
-        start = 0
-        wanted = request.getHeader("range")
-        if wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
-            start = int(wanted[6:-1])
-            request.setResponseCode(206)
-            request.setHeader("content-range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        body = data[start:]
-        request.setHeader("content-length", str(len(body)))
-        if self.cut_at is not None and sha not in self._cut and start < self.cut_at < len(data):
-            self._cut.add(sha)
-            request.write(body[: self.cut_at - start])
-            request.loseConnection()
-            return NOT_DONE_YET
-        return body
+        cut = self.cut_at if sha not in self._cut and (self.cut_at or 0) < len(data) else None
+        self._cut.add(sha)
+        return serve_range(request, data, cut)
 
 
 class StandInHub(_Server):
