@@ -106,16 +106,17 @@ class ModelFilesRealTests(LlamaCppTestCase):
         self.assertEqual(answer["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"], 16)
 
     async def test_smollm2_as_its_own_draft_answers_as_plain_decoding(self) -> None:
-        await self.start(parallel=1)
+        await self.start("[runner]\ncontext_size = 512\n", parallel=1)
         await self.daemon.import_model("ai/smollm2", smollm2())
         question = "Name three colours."
-        code, plain = await self.chat("ai/smollm2", question, temperature=0, max_tokens=24)
+        code, plain = await self.chat("ai/smollm2", question, temperature=0, max_tokens=8)
         self.assertEqual(code, 200, plain)
         code, answer = await self.post(
-            "/engines/_configure", {"model": "ai/smollm2", "speculative": {"draft_model": "ai/smollm2"}}
+            "/engines/_configure",
+            {"model": "ai/smollm2", "speculative": {"draft_model": "ai/smollm2"}},
         )
         self.assertEqual((code, answer["status"]), (200, "configured"), answer)
-        code, drafted = await self.chat("ai/smollm2", question, temperature=0, max_tokens=24)
+        code, drafted = await self.chat("ai/smollm2", question, temperature=0, max_tokens=8)
         self.assertEqual(code, 200, drafted)
         self.assertEqual(
             drafted["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"]
