@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,15 @@ class HubPullTests(TestCase):
         sha = hashlib.sha256(self.weights["Q8_0"]).hexdigest()
         ranges = [s.range for s in self.hub.seen if s.path.endswith(sha)]
         self.assertEqual(ranges, [None, "bytes=100000-"])
+
+    async def test_a_file_that_is_not_what_the_hub_published_is_refused(self) -> None:
+        sha = hashlib.sha256(self.weights["Q8_0"]).hexdigest()
+        self.hub.cdn.blobs[sha] = self.weights["Q8_0"][:-1] + b"!"
+        error = await self.assertFailure(
+            ensureDeferred(self.pull(self.puller(), "hf.co/team/tiny-gguf:Q8_0")), BadGateway
+        )
+        self.assertIn(f"sent a corrupt blob sha256:{sha}", error.message)
+        self.assertEqual((self.store.list(), os.listdir(self.store.blobs.root)), ([], []))
 
     async def test_gated_private_and_unknown_repositories(self) -> None:
         for token, name, error, status, words in [
