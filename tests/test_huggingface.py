@@ -224,6 +224,12 @@ class HubPullTests(TestCase):
         model = await self.pull(self.puller(TOKEN, home="with-token"), "hf.co/team/gated-gguf")
         self.assertEqual(Path(model.gguf).read_bytes(), self.weights["Q4_K_M"])
 
+    async def test_names_that_are_not_repositories(self) -> None:
+        for name in ("hf.co/a/b/c", f"hf.co/a/b@sha256:{'0' * 64}"):
+            error = await self.assertFailure(ensureDeferred(self.pull(self.puller(), name)), BadRequest)
+            self.assertIn("use hf.co/{org}/{repo}[:{quant}]", error.message)
+        self.assertEqual(self.hub.seen, [])
+
     async def test_a_safetensors_repository_is_explained(self) -> None:
         error = await self.assertFailure(
             ensureDeferred(self.pull(self.puller(), "hf.co/team/safetensors")), BadRequest

@@ -97,7 +97,7 @@ class ModelsAPI:
 
     @app.route("/create", methods=["POST"])
     async def create(self, request: Request) -> bytes:
-        """Pull ``{"from": ref}`` from its registry, streaming progress."""
+        """Pull ``{"from": ref}`` from its registry (Hugging Face for ``hf.co/...``), streaming progress."""
         ref = parse(json_object(read_body(request, MAX_CREATE_BODY)).get("from"), "'from'")
         return await self._stream(
             request, "pull", f"Model pulled successfully: {ref}", partial(self._puller.pull, ref)

@@ -41,6 +41,11 @@ class HubPuller:
     async def pull(self, ref: Reference, progress: Progress) -> Model:
         name = hub_reference(ref)
         repo = ref.repository
+        if ref.digest or repo.count("/") > 1:
+            raise BadRequest(
+                f"{ref} is not a Hugging Face model name: use hf.co/{{org}}/{{repo}}[:{{quant}}]",
+                code="invalid_hub_name",
+            )
         revision = await self._client.revision(repo)
         chosen = select(repo, revision.files, ref.tag)
         files = [(GGUF, f) for f in chosen.weights] + ([(MMPROJ, chosen.mmproj)] if chosen.mmproj else [])
