@@ -60,9 +60,10 @@ class ModelFilesRealTests(LlamaCppTestCase):
         body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw}
         return await self.post("/v1/chat/completions", body)
 
-    async def runner_props(self) -> dict[str, Any]:
+    async def runner(self, method: str, path: str, body: Any = None) -> Any:
+        """Ask the one runner directly, on its socket: what it was started with."""
         (runner,) = self.daemon.scheduler.running()
-        response = await unix_client(runner["socket"]).get("http://runner/props")
+        response = await unix_client(runner["socket"]).request(method, f"http://runner{path}", json=body)
         return json.loads(await response.text())
 
     async def test_a_split_model_with_its_own_chat_template(self) -> None:
@@ -75,8 +76,15 @@ class ModelFilesRealTests(LlamaCppTestCase):
         code, answer = await self.chat("ai/split", "hello")
         self.assertEqual(code, 200, answer)
         self.assertEqual(answer["usage"]["completion_tokens"], 4)
-        props = await self.runner_props()
+        props = await self.runner("GET", "/props")
         self.assertEqual(props["chat_template"], TEMPLATE)
+        rendered = await self.runner(
+            "POST", "/apply-template", {"messages": [{"role": "user", "content": "hi"}]}
+        )
+        self.assertEqual(
+            rendered["prompt"],
+            "<|im_start|>user says, in mrunner's template:\nhi<|im_end|>\n<|im_start|>assistant\n",
+        )
         self.assertTrue(props["model_path"].endswith("model-00001-of-00003.gguf"), props["model_path"])
         (runner,) = self.daemon.scheduler.running()
         self.assertGreater(
