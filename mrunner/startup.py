@@ -1,20 +1,25 @@
 """What must hold before the daemon touches anything: its home is usable and its own, its address free.
 
 Each failure is a L{StartupError} whose message is one line naming the
-option or variable, its value and what to do; C{twistd} prints it and exits
-non-zero (L{Daemon}), instead of a traceback from a daemon that keeps running.
+option or variable, its value and what to do. It ends C{twistd} with status 1
+and that line (L{one_line_errors}), instead of a traceback from a daemon that
+keeps running. It is an ordinary exception on purpose: a daemonizing twistd
+reports only those to the parent process waiting on the terminal.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-from pathlib import Path
+import sys
+from types import TracebackType
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
-from twisted.application.service import MultiService, Service
+from twisted.application.service import Service
 from twisted.internet.endpoints import serverFromString
+
+from mrunner.home import PRIVATE_FILE, Home
 
 LOCK_FILE = "daemon.lock"
 HOME_HINT = "set MRUNNER_HOME (or --home, or home in tap.conf) to a directory you can write"
@@ -47,13 +52,13 @@ class HomeLock(Service):
     otherwise kill the first's runners and race it on the model index.
     """
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Home) -> None:
         try:
-            home.mkdir(parents=True, exist_ok=True)
-            self._fd: int | None = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            home.prepare()
+            self._fd: int | None = os.open(home.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
         except OSError as e:
             raise StartupError(
-                f"cannot create the home directory {home} ({e.strerror}); {HOME_HINT}"
+                f"cannot create the home directory {home.root} ({e.strerror}); {HOME_HINT}"
             ) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -61,7 +66,7 @@ class HomeLock(Service):
             owner = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
             self.release()
             raise StartupError(
-                f"another mrunner daemon (pid {owner}) is using {home}; stop it, or give this one"
+                f"another mrunner daemon (pid {owner}) is using {home.root}; stop it, or give this one"
                 " another MRUNNER_HOME"
             ) from None
         os.ftruncate(self._fd, 0)
@@ -97,11 +102,14 @@ class Listener(StreamServerEndpointService):
             ) from None
 
 
-class Daemon(MultiService):
-    """The daemon's top service: a L{StartupError} while starting ends the process with its message."""
+def one_line_errors() -> None:
+    """Print an uncaught L{StartupError} as C{mrunner: MESSAGE}, not as a traceback (for twistd)."""
+    previous = sys.excepthook
 
-    def privilegedStartService(self) -> None:
-        try:
-            super().privilegedStartService()
-        except StartupError as e:
-            raise SystemExit(f"mrunner: {e}") from None
+    def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(error, StartupError):
+            sys.stderr.write(f"mrunner: {error}\n")
+        else:
+            previous(kind, error, tb)
+
+    sys.excepthook = excepthook

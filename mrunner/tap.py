@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -23,14 +24,16 @@ from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.home import Home
 from mrunner.interfaces import IBackend
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, connection_pool, runner_agent
-from mrunner.scheduling.runner import RunnerProcess
+from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
+from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
-from mrunner.startup import Daemon, HomeLock, Listener, StartupError, check_listen
+from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.store.huggingface import HubClient
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
@@ -51,12 +54,14 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         try:
-            self.config = configuration.load(
-                self["config"], overrides={"listen": self["listen"], "home": self["home"]}
-            )
+            self.config = self.read_config()
             check_listen(self.config.listen)
         except (configuration.ConfigError, StartupError) as e:
             raise usage.UsageError(str(e)) from None
+
+    def read_config(self) -> configuration.Config:
+        """The configuration as the file says now, with these options over it (again on reload)."""
+        return configuration.load(self["config"], overrides={"listen": self["listen"], "home": self["home"]})
 
 
 def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBackend]:
@@ -76,22 +81,31 @@ class Parts:
     scheduler: Scheduler
     logs: LogsAPI
     pools: tuple[HTTPConnectionPool, ...]
+    reloader: Reloader
 
 
-def make_parts(config: configuration.Config, reactor: Any) -> Parts:
-    """Build every part of the daemon from C{config}."""
+def make_parts(
+    config: configuration.Config, reactor: Any, read_config: Callable[[], configuration.Config] | None = None
+) -> Parts:
+    """Build every part of the daemon from C{config}; C{read_config} reads it again for a reload."""
+    home = Home(config.home)
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor, config.store.partial_max_age)
     runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
-    agent = runner_agent(reactor, config.home / "run", runner_pool)
-    start_runner = partial(
-        RunnerProcess,
-        reactor,
-        agent,
+    agent = runner_agent(reactor, home.run, runner_pool)
+    options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
+        log_max_bytes=config.runner.log_max_bytes,
+        log_keep=config.runner.log_keep,
     )
-    scheduler = Scheduler(reactor, config, backends, store, start_runner)
+    scheduler = Scheduler(
+        reactor, config, backends, store, partial(start_runner, reactor, health_probe(agent), options), home
+    )
+    # What a reload hands the new configuration to, in order. The Reloader holds this list:
+    # a part built further down (the front door's trust settings) is appended to it.
+    reloadable: list[Reconfigure] = [scheduler.reconfigure]
+    reloader = Reloader(read_config or (lambda: config), config, reloadable)
     metrics = Metrics(scheduler)
     registry_pool = HTTPConnectionPool(reactor)
     http = HTTPClient(Agent(reactor, pool=registry_pool))
@@ -104,27 +118,29 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
         Pusher(store, registry, reactor),
         reactor,
     )
-    logs = LogsAPI(config.home / "logs", reactor)
+    logs = LogsAPI(home.logs, reactor)
     groups = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
-        ServiceAPI(models, metrics.registry),
+        ServiceAPI(models, metrics.registry, scheduler),
         logs,
-        AdminAPI(scheduler, store, backends, config.max_request_bytes),
+        AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
-    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool))
+    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool), reloader)
 
 
-def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiService, Parts]:
+def make_service(
+    config: configuration.Config, reactor: Any, read_config: Callable[[], configuration.Config] | None = None
+) -> tuple[MultiService, Parts]:
     """The service tree: the home's lock, the daemon's log file, the scheduler, log follows, the HTTP server.
 
     @raise StartupError: the home cannot be created, or another daemon holds it.
     """
-    lock = HomeLock(config.home)  # first: before the store sweeps temps or the scheduler cleans runners
+    lock = HomeLock(Home(config.home))  # first: before the store sweeps temps or the scheduler cleans runners
     log.info("configuration from {source}", source=config.source or "built-in defaults (no tap.conf found)")
-    parts = make_parts(config, reactor)
-    service = Daemon()
+    parts = make_parts(config, reactor, read_config)
+    service = MultiService()
     lock.setServiceParent(service)
-    DaemonLogFile(config.home / "logs").setServiceParent(service)
+    DaemonLogFile(parts.scheduler.home).setServiceParent(service)
     SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
         service
     )
@@ -140,10 +156,9 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
-    try:
-        service = make_service(options.config, reactor)[0]
-    except StartupError as e:
-        raise SystemExit(f"mrunner: {e}") from None
+    one_line_errors()
+    service, parts = make_service(options.config, reactor, options.read_config)
+    ReloadOnHangup(reactor, parts.reloader).setServiceParent(service)
     # Everything imported and built so far lives as long as the daemon: keep it
     # out of full garbage collections, which otherwise pause the proxy path.
     gc.freeze()

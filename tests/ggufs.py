@@ -1,8 +1,10 @@
-"""Tiny GGUF files for tests: real headers, a couple of small tensors, a few KB."""
+"""Tiny GGUF files for tests: real headers, a couple of small tensors, a few KB; packages of them; damage."""
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType
@@ -49,3 +51,14 @@ def flip_last_byte(path: str | os.PathLike[str]) -> None:
         last = f.read(1)
         f.seek(-1, os.SEEK_END)
         f.write(bytes([last[0] ^ 1]))
+
+
+def package(files: list[tuple[str, bytes]]) -> bytes:
+    """A tar of C{files} (name, content), as ``mrunner package`` sends one."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

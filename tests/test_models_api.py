@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ from mrunner.errors import NotFound
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
-from tests.ggufs import flip_last_byte, write_tiny_gguf
+from tests.ggufs import flip_last_byte, package, write_tiny_gguf
 from tests.sync_reactor import SyncThreadsClock
 
 
@@ -100,18 +98,8 @@ class ModelsAPITests(SynchronousTestCase):
         self.assertError(400, "POST", "/load?name=..%2F..%2Fetc", "not a valid", data=b"junk")
         self.assertEqual(self.json("GET", "/"), [])
 
-    def package(self, files: list[tuple[str, bytes]]) -> bytes:
-        """A tar of C{files}, as ``mrunner package`` sends one."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for name, data in files:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-        return buffer.getvalue()
-
     def test_load_package_with_license_and_context_size(self) -> None:
-        body = self.package([("model.gguf", self.gguf.read_bytes()), ("licenses/0-LICENSE", b"MIT\n")])
+        body = package([("model.gguf", self.gguf.read_bytes()), ("licenses/0-LICENSE", b"MIT\n")])
         headers = {"Content-Type": "application/x-tar"}
         model = self.json("POST", "/load?name=pkg&context_size=512", 201, data=body, headers=headers)
         self.assertEqual(model["config"]["context_size"], 512)
@@ -128,7 +116,7 @@ class ModelsAPITests(SynchronousTestCase):
             ([gguf, ("mmproj/a.gguf", b""), ("mmproj/b.gguf", b"")], "2 projector(s)"),
             ([gguf, ("../etc/passwd", b"x")], "'../etc/passwd'"),
         ]:
-            self.assertError(400, "POST", "/load?name=x", fragment, data=self.package(files), headers=headers)
+            self.assertError(400, "POST", "/load?name=x", fragment, data=package(files), headers=headers)
         self.assertError(400, "POST", "/load?name=x", "not a tar", data=b"junk" * 200, headers=headers)
         self.assertError(400, "POST", "/load?name=x&context_size=-1", "positive", data=self.gguf.read_bytes())
         self.assertEqual(self.json("GET", "/"), [])

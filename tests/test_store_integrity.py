@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from mrunner.store import blobs as blobs_module
 from mrunner.store.model import Model
 from mrunner.store.package import MAX_LICENSES
 from mrunner.store.store import ModelCorrupt, ModelStore
-from tests.ggufs import flip_last_byte
+from tests.ggufs import flip_last_byte, package
 from tests.sync_reactor import InlinePool
 from tests.test_store import StoreTestCase, tiny_gguf
 
@@ -138,14 +137,7 @@ class PackageTests(StoreTestCase):
     """Packages (tars) are read in a thread, and cost no more than they carry."""
 
     def tar(self, files: list[tuple[str, bytes]]) -> io.BytesIO:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for name, data in files:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-        buffer.seek(0)
-        return buffer
+        return io.BytesIO(package(files))
 
     def refused(self, source: Any, fragment: str) -> None:
         failure = self.failureResultOf(self.store.import_package("x", source), BadRequest)

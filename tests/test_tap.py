@@ -1,7 +1,9 @@
 """``twistd mrunner`` options and configuration: defaults, file, command line, environment."""
 
+import io
 import os
 import socket
+import sys
 from pathlib import Path
 
 import attrs
@@ -12,6 +14,7 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
+from mrunner.scheduling.installer import InstallStatus
 from mrunner.startup import HomeLock, StartupError
 from mrunner.tap import Options, make_service, makeService
 
@@ -90,7 +93,7 @@ class OptionsTests(SynchronousTestCase):
             [type(child).__name__ for child in service],
             ["HomeLock", "DaemonLogFile", "SchedulerService", "LogsAPI", "Listener"],
         )
-        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": "Not Installed"})
+        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})
         release(service)
 
 
@@ -154,8 +157,12 @@ class StartupTests(SynchronousTestCase):
         self.assertIn("MRUNNER_HOME", str(error))
         options = Options()
         options.config = loaded
-        exit = self.assertRaises(SystemExit, makeService, options)
-        self.assertEqual(str(exit.code), f"mrunner: {error}")
+        self.patch(sys, "excepthook", sys.excepthook)
+        self.assertRaises(StartupError, makeService, options)
+        printed = io.StringIO()
+        self.patch(sys, "stderr", printed)
+        sys.excepthook(StartupError, error, None)
+        self.assertEqual(printed.getvalue(), f"mrunner: {error}\n")
 
     def test_a_second_daemon_on_one_home_touches_nothing(self) -> None:
         loaded = self.config()
@@ -178,8 +185,8 @@ class StartupTests(SynchronousTestCase):
             from twisted.internet import reactor
 
             service, _ = make_service(self.config(listen=f"tcp:{port}:interface=127.0.0.1"), reactor)
-            exit = self.assertRaises(SystemExit, service.privilegedStartService)
+            error = self.assertRaises(StartupError, service.privilegedStartService)
             release(service)
-        message = str(exit.code)
+        message = str(error)
         self.assertIn(f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use", message)
         self.assertNotIn("\n", message)

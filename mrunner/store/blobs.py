@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,15 +56,20 @@ class Blobs:
 
     def __init__(self, root: Path, quarantine: Path) -> None:
         self.root = root
+        self._root = str(root)
         self.quarantine_root = quarantine
         root.mkdir(parents=True, exist_ok=True)
         quarantine.mkdir(parents=True, exist_ok=True)
         self.verified: set[str] = set()
 
     def path(self, digest: str) -> Path:
+        return Path(self.file(digest))
+
+    def file(self, digest: str) -> str:
+        """L{path} as a string, without pathlib's cost: models are resolved on every request."""
         if not DIGEST.fullmatch(digest):
             raise ValueError(f"not a sha256 digest: {digest[:80]!r}")
-        return self.root / digest.removeprefix("sha256:")
+        return os.path.join(self._root, digest[7:])
 
     def has(self, digest: str) -> bool:
         return self.path(digest).is_file()
@@ -73,7 +77,7 @@ class Blobs:
     def size(self, digest: str) -> int | None:
         """The stored size, or None when the blob is not here."""
         try:
-            return self.path(digest).stat().st_size
+            return os.stat(self.file(digest)).st_size
         except FileNotFoundError:
             return None
 
@@ -84,7 +88,10 @@ class Blobs:
     def quarantine(self, digest: str) -> None:
         """Move a corrupt blob out of the store, kept for inspection until a good copy arrives."""
         self.verified.discard(digest)
-        os.replace(self.path(digest), self.quarantined(digest))
+        try:
+            os.replace(self.path(digest), self.quarantined(digest))
+        except FileNotFoundError:  # moved already, by a check that finished first
+            return
         fsync_dir(self.root)
         fsync_dir(self.quarantine_root)
 
@@ -124,11 +131,10 @@ class Blobs:
     def partials_usage(self) -> int:
         return sum(entry.stat().st_size for entry in self._partials())
 
-    def remove_partials(self, older_than: float, now: float | None = None) -> None:
+    def remove_partials(self, older_than: float, now: float) -> None:
         """Remove partial downloads untouched for C{older_than} seconds: nobody is resuming them."""
-        cutoff = (time.time() if now is None else now) - older_than
         for entry in self._partials():
-            if entry.stat().st_mtime < cutoff:
+            if entry.stat().st_mtime < now - older_than:
                 os.unlink(entry.path)
 
     def _partials(self) -> Iterator[os.DirEntry[str]]:

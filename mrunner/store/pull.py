@@ -113,7 +113,7 @@ class Puller:
         """Make sure the store has C{blob}, from C{open(offset)}; one download per digest however
         many pulls want it."""
         async with self._fetching.holding(blob.digest):
-            if not await self._store.intact(blob):
+            if not await self._store.integrity.intact(blob):
                 await self._download(blob, progress, host, open)
         progress.update(blob.digest, blob.size, blob.size)
 

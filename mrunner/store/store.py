@@ -5,10 +5,10 @@ it is rewritten atomically and owned by the reactor thread. Threads only copy
 and hash file contents; everything that decides what the store holds runs
 on the reactor, so a delete never races an import or a pull.
 
-A model is checked before each load: its blobs' sizes every time, their
-digests the first time since the daemon started. A blob that fails is
-quarantined, and the model then says so (L{Model.problem}) until it is pulled
-or imported again.
+A model is checked before each load (L{ModelStore.ready}, with L{Integrity}):
+its blobs' sizes every time, their digests the first time since the daemon
+started. A blob that fails is quarantined, and the model then says so
+(L{Model.problem}) until it is pulled or imported again.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from mrunner.store.artifact import (
     parse_manifest,
 )
 from mrunner.store.blobs import Blobs, BlobWriter, fsync_dir
-from mrunner.store.locks import KeyedLocks
+from mrunner.store.integrity import Integrity
 from mrunner.store.model import Model
 from mrunner.store.names import DIGEST, SHORT_ID, Reference, parse
 from mrunner.store.package import Package, read_package
@@ -109,7 +109,7 @@ class ModelStore:
         self._tags = self._tag_map()
         self._artifacts: dict[str, tuple[Manifest, dict[str, Any], int]] = {}
         self._pins: Counter[str] = Counter()
-        self._hashing = KeyedLocks()
+        self.integrity = Integrity(self.blobs, self.in_thread)
         self._remove_stale_bundles()
 
     # IModelStore
@@ -142,19 +142,16 @@ class ModelStore:
 
     def ready(self, name: str) -> Deferred[Model]:
         model = self.resolve(name)
-        if model.problem is None and all(self._known_good(b) for b in self.manifest(model.id).blobs):
+        if model.problem is None and all(self.integrity.known_good(b) for b in self.manifest(model.id).blobs):
             self._link_shards(model.id)
             return succeed(model)  # every request but the first: a stat per blob, no hashing
         return Deferred.fromCoroutine(self._ready(model))
 
     # Integrity
 
-    def _known_good(self, blob: Descriptor) -> bool:
-        return blob.digest in self.blobs.verified and self.blobs.size(blob.digest) == blob.size
-
     async def _ready(self, model: Model) -> Model:
         for blob in () if model.problem else self.manifest(model.id).blobs:
-            if not await self.intact(blob):
+            if not await self.integrity.intact(blob):
                 model = self._model(model.id)
                 break
         if model.problem:
@@ -164,30 +161,6 @@ class ModelStore:
             )
         self._link_shards(model.id)
         return model
-
-    async def intact(self, blob: Descriptor, rehash: bool = False) -> bool:
-        """Whether C{blob} is here with its size, hashed since start (or now, with C{rehash}).
-
-        A blob of the wrong size or content is quarantined.
-        """
-        size = self.blobs.size(blob.digest)
-        if size is None:
-            return False
-        if size != blob.size:
-            self._quarantine(blob.digest, f"{size} bytes instead of {blob.size}")
-            return False
-        if rehash:
-            self.blobs.verified.discard(blob.digest)
-        async with self._hashing.holding(blob.digest):
-            if blob.digest in self.blobs.verified:
-                return True
-            if not self.blobs.has(blob.digest):  # quarantined while this one waited
-                return False
-            if not await self.in_thread(self.blobs.intact, blob.digest):
-                self._quarantine(blob.digest, "its content does not match its digest")
-                return False
-            self.blobs.verified.add(blob.digest)
-            return True
 
     def verify(self, name: str | None = None) -> Deferred[Reports]:
         """Hash every blob of the model C{name} (of every model, without one) and report.
@@ -207,7 +180,7 @@ class ModelStore:
             except StoreCorrupt:
                 described = (manifest,)
             for blob in described:
-                status = "ok" if await self.intact(blob, rehash=True) else "corrupt"
+                status = "ok" if await self.integrity.intact(blob, rehash=True) else "corrupt"
                 blobs.append({"digest": blob.digest, "mediaType": blob.media_type, "status": status})
             if digest not in self._models:  # deleted while its blobs were hashed
                 continue
@@ -220,10 +193,6 @@ class ModelStore:
     def remove_old_partials(self) -> None:
         """Remove partial downloads nobody resumed for C{partial_max_age} seconds."""
         self.blobs.remove_partials(self._partial_max_age, self._reactor.seconds())
-
-    def _quarantine(self, digest: str, why: str) -> None:
-        self.log.error("blob {digest} is corrupt ({why}): quarantined", digest=digest, why=why)
-        self.blobs.quarantine(digest)
 
     # Names
 
@@ -408,7 +377,7 @@ class ModelStore:
             manifest, config, created = self._artifact(digest)
         except StoreCorrupt as e:
             return Model(id=digest, tags=tags, created=0, config={}, gguf="", problem=e.message)
-        shards = tuple(str(self.blobs.path(shard.digest)) for shard in manifest.shards)
+        shards = tuple(self.blobs.file(shard.digest) for shard in manifest.shards)
         first = shards[0] if len(shards) == 1 else str(self._bundle(digest) / shard_name(1, len(shards)))
         return Model(
             id=digest,
@@ -417,21 +386,9 @@ class ModelStore:
             config=config,
             gguf=first,
             shards=shards,
-            files={role: str(self.blobs.path(d)) for role, d in manifest.files().items()},
-            problem=self._problem(digest, manifest),
+            files={role: self.blobs.file(d) for role, d in manifest.files().items()},
+            problem=self.integrity.problem(digest, manifest),
         )
-
-    def _problem(self, digest: str, manifest: Manifest) -> str | None:
-        """Why the model's blobs cannot be used (the first missing or quarantined one), if they cannot."""
-        for blob, role in [(digest, "manifest")] + [
-            (b.digest, manifest.role(b.digest)) for b in manifest.blobs
-        ]:
-            if self.blobs.size(blob) is None:
-                what = f"its {role} {blob}"
-                if self.blobs.quarantined(blob).exists():
-                    return f"{what} is corrupt (moved to {self.blobs.quarantine_root})"
-                return f"{what} is missing"
-        return None
 
     def _artifact(self, digest: str) -> tuple[Manifest, dict[str, Any], int]:
         """The parsed manifest and config of a stored model (immutable, so cached)."""
@@ -440,7 +397,7 @@ class ModelStore:
                 manifest = parse_manifest(self.blobs.read(digest))
                 config, created = parse_config(self.blobs.read(manifest.config.digest))
             except (OSError, InvalidManifest) as e:
-                raise StoreCorrupt(f"its manifest or config cannot be read: {e}") from None
+                raise StoreCorrupt(f"the manifest or config of model {digest} cannot be read: {e}") from None
             self._artifacts[digest] = (manifest, config, created)
         return self._artifacts[digest]
 
