@@ -60,9 +60,14 @@ class ModelFilesRealTests(LlamaCppTestCase):
         body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw}
         return await self.post("/v1/chat/completions", body)
 
+    async def ps(self) -> list[dict[str, Any]]:
+        response = await http.get(self.daemon.url + "/engines/ps")
+        runners: list[dict[str, Any]] = json.loads(await response.text())
+        return runners
+
     async def runner(self, method: str, path: str, body: Any = None) -> Any:
         """Ask the one runner directly, on its socket: what it was started with."""
-        (runner,) = self.daemon.scheduler.running()
+        (runner,) = await self.ps()
         response = await unix_client(runner["socket"]).request(method, f"http://runner{path}", json=body)
         return json.loads(await response.text())
 
@@ -86,7 +91,7 @@ class ModelFilesRealTests(LlamaCppTestCase):
             "<|im_start|>user says, in mrunner's template:\nhi<|im_end|>\n<|im_start|>assistant\n",
         )
         self.assertTrue(props["model_path"].endswith("model-00001-of-00003.gguf"), props["model_path"])
-        (runner,) = self.daemon.scheduler.running()
+        (runner,) = await self.ps()
         self.assertGreater(
             runner["memory_estimate"], sum(p.stat().st_size for p in self.home.glob("split-*"))
         )
@@ -104,7 +109,7 @@ class ModelFilesRealTests(LlamaCppTestCase):
         code, answer = await self.chat("ai/text", [{"type": "text", "text": "what is this?"}, image])
         self.assertEqual(code, 400, answer)
         self.assertIn("no multimodal projector", answer["error"]["message"])
-        self.assertEqual(self.daemon.scheduler.running(), [], "refused before any runner loads")
+        self.assertEqual(await self.ps(), [], "refused before any runner loads")
         code, text_only = await self.chat("ai/vision", [{"type": "text", "text": "what is this?"}])
         self.assertEqual(code, 200, text_only)
         code, answer = await self.chat("ai/vision", [{"type": "text", "text": "what is this?"}, image])
@@ -130,7 +135,7 @@ class ModelFilesRealTests(LlamaCppTestCase):
             drafted["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"]
         )
         self.assertGreater(drafted["timings"].get("draft_n", 0), 0, drafted["timings"])
-        (runner,) = [r for r in self.daemon.scheduler.running() if r["state"] == "ready"]
+        (runner,) = [r for r in await self.ps() if r["state"] == "ready"]
         self.assertGreater(runner["memory_estimate"], 2 * smollm2().stat().st_size)
 
     async def test_a_hugging_face_pull_then_a_chat(self) -> None:
