@@ -31,6 +31,7 @@ from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
+from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
 from tests.ggufs import write_tiny_gguf
@@ -172,6 +173,14 @@ class HubPullTests(TestCase):
         self.assertEqual({s.authorization for s in self.hub.seen if s.host == hub_host}, {f"Bearer {TOKEN}"})
         cdn = [s for s in self.hub.seen if s.host == cdn_host]
         self.assertEqual((len(cdn), {s.authorization for s in cdn}), (2, {None}))
+
+    async def test_a_pulled_model_is_pushed_to_a_registry_not_to_the_hub(self) -> None:
+        await self.pull(self.puller(), "hf.co/team/tiny-gguf")
+        pusher = Pusher(self.store, RegistryClient(RegistryConfig(), reactor), reactor)  # type: ignore[arg-type]
+        push = pusher.push(parse("hf.co/team/tiny-gguf"), Progress(self.lines.append, reactor, "push"))  # type: ignore[arg-type]
+        error = await self.assertFailure(push, BadRequest)
+        self.assertIn("tag the model with a registry name", error.message)
+        self.assertEqual([s.path for s in self.hub.seen if "/v2/" in s.path], [])
 
     async def test_a_named_quant_and_a_whole_shard_set(self) -> None:
         puller = self.puller()
