@@ -431,6 +431,8 @@ class ModelStore:
 def _stage(package: Package, blobs: Blobs) -> Staged:
     """Copy and hash the model's files into temps, then read the GGUF headers (in a thread).
 
+    The headers' reader starts first, so its interpreter starts during the copy.
+
     @return: the weights' header and the sealed writers with their media types,
         in manifest order (weights, licenses, projector, template); on failure no temp is left.
     """
@@ -441,12 +443,13 @@ def _stage(package: Package, blobs: Blobs) -> Staged:
     if package.chat_template is not None:
         parts.append((CHAT_TEMPLATE, io.BytesIO(package.chat_template)))
     writers: list[tuple[str, BlobWriter]] = []
+    reader = gguf_meta.Reader()
     try:
         for media_type, source in parts:
             writers.append((media_type, blobs.writer(None)))
             writers[-1][1].copy(source)
             writers[-1][1].seal()
-        headers = gguf_meta.read_all([w.temp for t, w in writers if t in (GGUF, MMPROJ)])
+        headers = reader.read_all([w.temp for t, w in writers if t in (GGUF, MMPROJ)])
         if package.mmproj is not None:
             gguf_meta.check_projector(headers.pop())
         return gguf_meta.weights(headers), writers
@@ -454,6 +457,8 @@ def _stage(package: Package, blobs: Blobs) -> Staged:
         for _, writer in writers:
             writer.discard()
         raise
+    finally:
+        reader.close()
 
 
 def _stage_package(source: BinaryIO, blobs: Blobs) -> Staged:
