@@ -80,6 +80,7 @@ def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
             page.click("#chat-stop")
             page.wait_for_selector('.msg.assistant[data-state="stopped"]')
             seen["stopped_text"] = page.inner_text(".msg.assistant")
+            page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
 
             # The conversation goes on, with a token limit this time.
             page.fill("#chat-max-tokens", "8")
