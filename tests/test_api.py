@@ -24,6 +24,7 @@ from tests.fakes import FakeBackend, FakeSpawner, FakeStore, model
 
 BASE = "http://mrunner"
 CHAT = f"{BASE}/engines/v1/chat/completions"
+CHAT_BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
 
 
 class NoModelsAPI:
@@ -73,7 +74,7 @@ class APITests(SynchronousTestCase):
     def assertError(self, d, status: int, *words: str) -> Any:
         code, body, headers = self.answer(d)
         self.assertEqual(code, status, body)
-        self.assertEqual(set(body["error"]), {"message", "type", "code"})
+        self.assertLessEqual({"message", "type", "code"}, set(body["error"]))
         for word in words:
             self.assertIn(word, body["error"]["message"])
         return headers
@@ -138,11 +139,11 @@ class APITests(SynchronousTestCase):
         self.assertError(self.request("POST", CHAT, {"model": 7}), 400, "model")
 
     def test_model_not_in_store_before_install_state(self) -> None:
-        self.assertError(self.request("POST", CHAT, {"model": "ai/other"}), 404, "other")
+        self.assertError(self.request("POST", CHAT, {**CHAT_BODY, "model": "ai/other"}), 404, "other")
 
     def test_backend_installing(self) -> None:
         self.scheduler.start()
-        d = self.request("POST", CHAT, {"model": "smollm2"})
+        d = self.request("POST", CHAT, CHAT_BODY)
         self.assertNoResult(d)
         self.clock.advance(5)
         headers = self.assertError(d, 503, "llama.cpp")
@@ -151,14 +152,14 @@ class APITests(SynchronousTestCase):
     def test_install_failed(self) -> None:
         self.scheduler.start()
         self.backend.installs[0].errback(FileNotFoundError("/opt/llama-server does not exist"))
-        d = self.request("POST", CHAT, {"model": "smollm2"})
+        d = self.request("POST", CHAT, CHAT_BODY)
         self.backend.installs[1].errback(FileNotFoundError("/opt/llama-server does not exist"))
         self.assertError(d, 503, "/opt/llama-server")
 
     def test_queue_full(self) -> None:
         self.install()
-        waiting = [self.request("POST", CHAT, {"model": "smollm2"}) for _ in range(2)]
-        headers = self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 503, "waiting")
+        waiting = [self.request("POST", CHAT, CHAT_BODY) for _ in range(2)]
+        headers = self.assertError(self.request("POST", CHAT, CHAT_BODY), 503, "waiting")
         self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
         for d in waiting:
             self.assertNoResult(d)
@@ -167,24 +168,24 @@ class APITests(SynchronousTestCase):
         self.make(SchedulerConfig(memory_budget=2**30))
         self.install()
         self.backend.need = 3 * 2**30
-        self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 422, "3.00 GiB", "1.00 GiB")
+        self.assertError(self.request("POST", CHAT, CHAT_BODY), 422, "3.00 GiB", "1.00 GiB")
         self.assertEqual(self.spawn.processes, [])
 
     def test_runner_failed_to_start(self) -> None:
         self.install()
-        d = self.request("POST", CHAT, {"model": "smollm2"})
+        d = self.request("POST", CHAT, CHAT_BODY)
         self.spawn.processes[0].ready.errback(
             RunnerFailed("runner exited; its last output:\nerror: bad magic")
         )
         self.spawn.processes[0].exit()
         self.assertError(d, 500, "bad magic")
-        headers = self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 503, "paused")
+        headers = self.assertError(self.request("POST", CHAT, CHAT_BODY), 503, "paused")
         self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
 
     def test_stopping(self) -> None:
         self.install()
         self.successResultOf(self.scheduler.close())
-        self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 503, "shutting down")
+        self.assertError(self.request("POST", CHAT, CHAT_BODY), 503, "shutting down")
 
     # admin
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
+from mrunner.api import validate
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.requests import read_body, target
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
@@ -17,6 +18,8 @@ from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.store.model import Model
+
+Check = Callable[[Mapping[str, Any]], None]
 
 # Every OpenAI-style route is served with and without a backend, and under /v1.
 PREFIXES = ("/engines", "/engines/<backend>", "/v1")
@@ -69,14 +72,16 @@ class InferenceAPI:
 
         request.notifyFinish().addBoth(finished)
 
-    async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes) -> Any:
+    async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes, check: Check) -> Any:
+        """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
         self._measure(request, mode)
         name = self._scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
-        model, keep_alive = target(body)
+        preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
+        model, keep_alive = target(body, None if preload else check)
         lease = await self._scheduler.acquire(name, model, mode, keep_alive)
         try:
-            if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
+            if preload:
                 return json_body(request, {"status": "loaded", "model": lease.runner.request.model.name})
             await self._forwarder.forward(request, lease.runner.socket, path, body)
         finally:
@@ -85,15 +90,15 @@ class InferenceAPI:
 
     @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
     def chat(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions")
+        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions", validate.chat)
 
     @routes(app, _v1("/v1/completions"), methods=["POST"])
     def completions(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, COMPLETION, b"/v1/completions")
+        return self._infer(request, backend, COMPLETION, b"/v1/completions", validate.completions)
 
     @routes(app, _v1("/v1/embeddings"), methods=["POST"])
     def embeddings(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, EMBEDDING, b"/v1/embeddings")
+        return self._infer(request, backend, EMBEDDING, b"/v1/embeddings", validate.embeddings)
 
     @routes(
         app,
@@ -109,7 +114,7 @@ class InferenceAPI:
         methods=["POST"],
     )
     def rerank(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, RERANKING, b"/v1/rerank")
+        return self._infer(request, backend, RERANKING, b"/v1/rerank", validate.rerank)
 
     @routes(app, _v1("/v1/models"), methods=["GET"])
     def models(self, request: Request, backend: str | None = None) -> bytes:

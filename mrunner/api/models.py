@@ -21,7 +21,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import flag, json_object, query, read_body
+from mrunner.api.requests import MAX_CONTEXT_SIZE, flag, json_object, query, read_body
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IScheduler
 from mrunner.store.model import Model
@@ -172,8 +172,9 @@ class ModelsAPI:
 
 
 def _positive(value: str | None, key: str) -> int | None:
+    """A positive C{int} a runner's flag can hold (``isdigit`` alone would pass ``"²"``)."""
     if value is None:
         return None
-    if not value.isdigit() or int(value) == 0:
-        raise BadRequest(f"?{key}= must be a positive integer, not {value!r}")
+    if not (value.isascii() and value.isdigit()) or not 0 < int(value) <= MAX_CONTEXT_SIZE:
+        raise BadRequest(f"?{key}= must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {value!r:.40}", param=key)
     return int(value)

@@ -1,0 +1,292 @@
+"""Request bodies checked before any runner sees them: strict JSON, then the route's shape.
+
+llama-server answers some client mistakes with a 500 (``"role": 5``, ``NaN``);
+mrunner refuses them first with a 400 whose C{param} names the field. A shape
+is a L{Rule} tree over the fields mrunner knows; every other field passes
+through untouched (the runner gets the request's own bytes), because
+llama-server has many extensions. Routes of other APIs build their shapes
+from the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from mrunner.errors import BadRequest
+
+# Deeper than any real request (a tool's JSON schema included), far from the parser's recursion limit.
+MAX_DEPTH = 64
+
+# A rule checks C{value} found at C{param} and raises L{BadRequest} naming it.
+Rule = Callable[[object, str], None]
+
+
+def parse_json(body: bytes) -> Any:
+    """C{body} as standard JSON: no C{NaN}/C{Infinity}, no duplicate keys, at most L{MAX_DEPTH} deep."""
+    try:
+        value = json.loads(body, parse_constant=_constant, parse_float=_float, object_pairs_hook=_unique)
+    except RecursionError:
+        value = None
+        depth = MAX_DEPTH + 1
+    except (ValueError, UnicodeDecodeError) as e:
+        if isinstance(e, BadRequest):
+            raise
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    else:
+        depth = _depth(value)
+    if depth > MAX_DEPTH:
+        raise BadRequest(f"request body is nested more than {MAX_DEPTH} levels deep", code="invalid_json")
+    return value
+
+
+class _JSONError(BadRequest, ValueError):
+    """Raised from inside the decoder's hooks, so it passes through its ValueError handling."""
+
+
+def _constant(name: str) -> None:
+    raise _JSONError(f"request body is not standard JSON: {name} is not a number", code="invalid_json")
+
+
+def _float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _JSONError(f"number {text:.40} is out of range", code="invalid_json")
+    return number
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _JSONError(f"the key {key!r} appears more than once in an object", code="invalid_json", param=key)
+    return result
+
+
+def _depth(value: Any) -> int:
+    """How deeply C{value} nests, without recursion, stopping once past L{MAX_DEPTH}."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_DEPTH:
+                break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest if isinstance(value, dict | list) else 0
+
+
+def _refuse(param: str, expected: str, value: object) -> BadRequest:
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return BadRequest(f"'{param}' must be {expected}, not {shown}", code="invalid_value", param=param)
+
+
+def kind(expected: str, accepts: Callable[[object], bool]) -> Rule:
+    """A rule for one value, described as C{expected} in the message when it fails."""
+
+    def check(value: object, param: str) -> None:
+        if not accepts(value):
+            raise _refuse(param, expected, value)
+
+    return check
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _range(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f" from {low:g} to {high:g}"
+    if low is not None:
+        return f" of at least {low:g}"
+    return f" of at most {high:g}" if high is not None else ""
+
+
+def integer(low: int | None = None, high: int | None = None) -> Rule:
+    return kind(
+        "an integer" + _range(low, high),
+        lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high),  # type: ignore[operator]
+    )
+
+
+def number(low: float | None = None, high: float | None = None) -> Rule:
+    return kind(
+        "a number" + _range(low, high),
+        lambda v: _is_number(v) and (low is None or v >= low) and (high is None or v <= high),  # type: ignore[operator]
+    )
+
+
+string = kind("a string", lambda v: isinstance(v, str))
+text = kind("a non-empty string", lambda v: isinstance(v, str) and v != "")
+boolean = kind("true or false", lambda v: isinstance(v, bool))
+anything = kind("any value", lambda v: True)
+
+
+def enum(*values: str) -> Rule:
+    return kind("one of " + ", ".join(repr(v) for v in values), lambda v: v in values)
+
+
+def array(item: Rule, *, non_empty: bool = False, what: str = "array") -> Rule:
+    """A list (of C{what}) whose every item passes C{item}, checked as C{param[i]}."""
+    expected = f"a non-empty {what}" if non_empty else f"an {what}" if what[0] in "aeiou" else f"a {what}"
+
+    def check(value: object, param: str) -> None:
+        if not isinstance(value, list) or (non_empty and not value):
+            raise _refuse(param, expected, value)
+        for i, element in enumerate(value):
+            item(element, f"{param}[{i}]")
+
+    return check
+
+
+def obj(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Rule:
+    """An object: C{required} fields present, known fields checked (null counts as absent), others free."""
+
+    def check(value: object, param: str) -> None:
+        if not isinstance(value, dict):
+            raise _refuse(param, "an object", value)
+        fields_of(value, fields, required, f"{param}.")
+
+    return check
+
+
+def fields_of(payload: Mapping[str, Any], fields: Mapping[str, Rule], required: Sequence[str], prefix: str = "") -> None:
+    """Check C{payload}'s known C{fields}; each of C{required} must be present and not null."""
+    for name in required:
+        if payload.get(name) is None:
+            raise BadRequest(f"'{prefix}{name}' is required", code="missing_required_parameter", param=prefix + name)
+    for name, rule in fields.items():
+        value = payload.get(name)
+        if value is not None:
+            rule(value, prefix + name)
+
+
+def by_type(expected: str, rules: Mapping[type, Rule | None]) -> Rule:
+    """One of several JSON types, each checked by its own rule (None: any value of that type)."""
+
+    def check(value: object, param: str) -> None:
+        for python_type, rule in rules.items():
+            if isinstance(value, python_type) and not (python_type is int and isinstance(value, bool)):
+                if rule is not None:
+                    rule(value, param)
+                return
+        raise _refuse(param, expected, value)
+
+    return check
+
+
+def shape(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Callable[[Mapping[str, Any]], None]:
+    """A request body's check: L{fields_of} bound to one route's fields."""
+    return lambda payload: fields_of(payload, fields, required)
+
+
+# OpenAI's documented ranges; llama-server's extensions (top_k, min_p, ...) pass unchecked
+# except for being finite, which the parser ensures.
+TOKENS = integer(0, 2**31 - 1)
+SAMPLING: dict[str, Rule] = {
+    "model": string,
+    "stream": boolean,
+    "stream_options": obj({"include_usage": boolean}),
+    "temperature": number(0, 2),
+    "top_p": number(0, 1),
+    "frequency_penalty": number(-2, 2),
+    "presence_penalty": number(-2, 2),
+    "max_tokens": TOKENS,
+    "n": integer(1, 128),
+    "seed": integer(-(2**63), 2**64 - 1),
+    "stop": by_type("a string or an array of strings", {str: None, list: array(string)}),
+    "logit_bias": kind("an object of numbers", lambda v: isinstance(v, dict) and all(map(_is_number, v.values()))),
+    "logprobs": anything,  # a boolean for chat, an integer for completions: checked per route
+    "user": string,
+}
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+# The runners mrunner starts have no multimodal projector: llama-server answers any other part with a 500.
+PART = obj({"type": enum("text"), "text": string}, required=("type", "text"))
+MESSAGE = obj(
+    {
+        "role": enum(*ROLES),
+        "content": by_type("a string, null or an array of content parts", {str: None, list: array(PART)}),
+        "name": string,
+        "tool_calls": array(obj({"id": string, "type": string, "function": obj({"name": string})})),
+        "tool_call_id": string,
+    },
+    required=("role",),
+)
+TOKEN_ID = integer(0, 2**31 - 1)
+TOKEN_IDS = array(TOKEN_ID, what="array of token ids")
+# A prompt or an embedding input: text, texts, token ids, or lists of token ids.
+INPUT = by_type(
+    "a string, an array of strings or an array of token ids",
+    {
+        str: None,
+        list: array(
+            by_type("a string, a token id or an array of token ids", {str: None, int: TOKEN_ID, list: TOKEN_IDS}),
+            non_empty=True,
+        ),
+    },
+)
+
+chat = shape(
+    {
+        **SAMPLING,
+        "messages": array(MESSAGE, non_empty=True),
+        "logprobs": boolean,
+        "top_logprobs": integer(0, 20),
+        "max_completion_tokens": TOKENS,
+        "tools": array(obj({"type": string, "function": obj({"name": string}, required=("name",))}, required=("type",))),
+        "tool_choice": by_type("a string or an object", {str: None, dict: None}),
+        "parallel_tool_calls": boolean,
+        "response_format": obj({"type": string}, required=("type",)),
+    },
+    required=("messages",),
+)
+# llama-server answers these OpenAI fields with a 500; refused here as what they are.
+UNSUPPORTED = kind("absent: llama.cpp does not support it", lambda v: False)
+completions = shape(
+    {
+        **SAMPLING,
+        "prompt": INPUT,
+        "logprobs": integer(0, 20),
+        "echo": kind("false: llama.cpp does not support echo", lambda v: v is False),
+        "best_of": UNSUPPORTED,
+        "suffix": UNSUPPORTED,
+    },
+    required=("prompt",),
+)
+
+
+def embeddings(payload: Mapping[str, Any]) -> None:
+    """OpenAI's C{input}, or llama-server's own C{content}."""
+    fields_of(
+        payload,
+        {"model": string, "input": INPUT, "content": INPUT, "encoding_format": enum("float", "base64"), "dimensions": integer(1)},
+        () if "content" in payload else ("input",),
+    )
+
+
+def rerank(payload: Mapping[str, Any]) -> None:
+    """C{query} and C{documents} (or TEI's C{texts}), C{top_n} a count."""
+    documents = array(string, non_empty=True, what="array of strings")
+    fields_of(
+        payload,
+        {
+            "model": string,
+            "query": string,
+            "documents": documents,
+            "texts": documents,
+            "top_n": integer(0, 2**31 - 1),
+            "return_text": boolean,
+        },
+        ("query", "texts" if "texts" in payload else "documents"),
+    )
