@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,75 +9,33 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import json_object, keep_alive, model_name, query, read_body
+from mrunner.api.flags import runtime_flags
+from mrunner.api.requests import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore
 from mrunner.scheduling.scheduler import ModelSettings, Scheduler
 
-# Runtime flags a client may add: sampling and performance knobs, never a path,
-# a network address or anything that fetches.
-# fmt: off
-ALLOWED_FLAGS = frozenset((
-    "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
-    "--batch-size", "-b", "--ubatch-size", "-ub", "--threads", "-t", "--threads-batch", "-tb",
-    "--flash-attn", "-fa", "--cache-type-k", "-ctk", "--cache-type-v", "-ctv", "--no-mmap", "--mlock",
-    "--n-gpu-layers", "-ngl", "--rope-scaling", "--rope-freq-base", "--rope-freq-scale",
-    "--n-predict", "-n", "--cont-batching", "--no-cont-batching", "--cache-reuse", "--keep",
-    "--reasoning-budget", "--reasoning-format",
-))
-# fmt: on
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
-# A flag's value is a number or a word such as "q8_0", "on" or "deepseek": never
-# a path (no slash, no "~"), whitespace that would split into more arguments, or
-# anything a shell or llama-server would read specially.
-_VALUE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
-
-
-def runtime_flags(value: object) -> tuple[str, ...]:
-    """Flags from a list or a space-separated string, each in L{ALLOWED_FLAGS}, values plain words."""
-    if isinstance(value, str):
-        value = value.split()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadRequest("runtime-flags must be a list of strings")
-    for i, token in enumerate(value):
-        flag, equals, attached = token.partition("=")
-        if token.startswith("-") and not _NUMBER.match(token):
-            if flag not in ALLOWED_FLAGS:
-                raise BadRequest(
-                    f"runtime flag {flag!r} is not allowed; allowed: {' '.join(sorted(ALLOWED_FLAGS))}",
-                    code="flag_not_allowed",
-                )
-            if equals:
-                _check_value(attached, flag)
-        elif i == 0:
-            raise BadRequest(f"runtime flags must start with a flag, not the value {token!r}")
-        else:
-            _check_value(token, value[i - 1])
-    return tuple(value)
-
-
-def _check_value(value: str, flag: str) -> None:
-    if not _VALUE.match(value):
-        raise BadRequest(
-            f"value {value!r} of runtime flag {flag!r} is not allowed: values are numbers or plain"
-            " words, never paths or text with spaces",
-            code="flag_value_not_allowed",
-        )
-
-
 def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
     """The C{_configure} body, accepting Docker Model Runner's dashed keys and underscores.
 
-    C{runtime-flags} is a list; C{raw-runtime-flags} the same as one string.
+    C{runtime-flags} is a list; C{raw-runtime-flags} the same as one string; an
+    empty list clears the flags set before.
     """
 
     def field(name: str) -> Any:
         return payload.get(name, payload.get(name.replace("_", "-")))
 
     context_size = field("context_size")
-    if context_size is not None and (not isinstance(context_size, int) or context_size <= 0):
-        raise BadRequest("context-size must be a positive integer")
-    flags = field("runtime_flags") or field("raw_runtime_flags")
+    if context_size is not None and (
+        not isinstance(context_size, int) or isinstance(context_size, bool) or not 0 < context_size <= MAX_CONTEXT_SIZE
+    ):
+        raise BadRequest(
+            f"context-size must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {context_size!r:.40}",
+            param="context_size",
+        )
+    flags = field("runtime_flags")
+    if flags is None:
+        flags = field("raw_runtime_flags")
     return ModelSettings(
         context_size=context_size,
         flags=None if flags is None else runtime_flags(flags),
