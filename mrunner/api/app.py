@@ -10,9 +10,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
+from werkzeug.routing import RequestRedirect
 
 import mrunner
-from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.errors import handle_json_errors, json_body, render_error
+from mrunner.errors import BadRequest
 
 
 class ServiceAPI:
@@ -70,6 +72,8 @@ class Routes(Resource):
         for url_map, resource in self._routes:
             try:
                 url_map.bind("localhost").match(path, method)
+            except RequestRedirect:  # werkzeug would redirect /a//b to /a/b: no client means that
+                return render_error(request, BadRequest(f"the path {path!r:.100} has an empty segment (//)"))
             except MethodNotAllowed:
                 chosen = resource
             except NotFound:

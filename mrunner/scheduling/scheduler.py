@@ -6,7 +6,6 @@ import itertools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
 from mrunner.config import Config
+from mrunner.durations import timestamp
 from mrunner.errors import Conflict, NotFound, Unprocessable
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.proxy import SOCKET_SUFFIX
@@ -237,18 +237,14 @@ def _describe(runner: Runner) -> dict[str, Any]:
         "draining": runner.state is State.DRAINING,
         "in_use": runner.in_use,
         "parallel": runner.parallel,
-        "last_used": _timestamp(runner.finished_at),
+        "last_used": timestamp(runner.finished_at),
         "keep_alive": None if runner.keep_alive == NEVER else runner.keep_alive,
-        "expires_at": runner.expiry and _timestamp(runner.expiry.getTime()),
+        "expires_at": runner.expiry and timestamp(runner.expiry.getTime()),
         "memory": runner.memory,
         "memory_estimate": runner.request.memory,
         "memory_measured": runner.process.rss(),
         **runner.process.describe(),
     }
-
-
-def _timestamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat()
 
 
 def _file_safe(name: str) -> str:
