@@ -16,7 +16,7 @@ from mrunner.api.admin import AdminAPI
 from mrunner.api.app import Routes, ServiceAPI
 from mrunner.api.inference import InferenceAPI
 from mrunner.config import Config, SchedulerConfig
-from mrunner.errors import BadRequest, RunnerFailed
+from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, forwarded_headers
 from mrunner.scheduling.scheduler import Scheduler
@@ -228,6 +228,58 @@ class APITests(SynchronousTestCase):
         )
         self.assertEqual(self.answer(d)[0], 200)
         self.assertEqual(self.spawn.processes[0].stops, 1, "keep_alive 0 unloads after the request")
+
+    def test_keep_alive_values_that_broke_ps(self) -> None:
+        """Huge keep-alives mean for ever; non-finite ones are refused; ps and metrics always answer."""
+        self.install()
+        preload = {"X-Preload-Only": "true"}
+        for value in [b"1e12", b'"300000000000s"', b"1e308", b"-1e308"]:
+            d = self.request("POST", CHAT, b'{"model": "smollm2", "keep_alive": %s}' % value, headers=preload)
+            if not self.spawn.processes[0].ready.called:
+                self.spawn.processes[0].ready.callback(None)
+            self.assertEqual(self.answer(d)[0], 200, value)
+            code, (runner,), _ = self.answer(self.request("GET", f"{BASE}/engines/ps"))
+            self.assertEqual((code, runner["keep_alive"], runner["expires_at"]), (200, None, None), value)
+            self.assertEqual(self.answer(self.request("GET", f"{BASE}/metrics"))[0], 200)
+        for value in [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"1" + b"0" * 400]:
+            body = b'{"model": "smollm2", "keep_alive": %s}' % value
+            self.assertError(self.request("POST", CHAT, body, headers=preload), 400)
+        error = self.answer(self.request("POST", CHAT, {"model": "smollm2", "keep_alive": "9" * 400 + "h"}))[
+            1
+        ]
+        self.assertEqual(error["error"]["param"], "keep_alive")
+
+    def test_bodies_refused_before_a_runner_starts(self) -> None:
+        """The client mistakes llama-server answered with a 500, and the JSON it choked on."""
+        self.make(SchedulerConfig(), max_request_bytes=10_000)
+        self.install()
+        message = {"role": "user", "content": "hi"}
+        for body, param in [
+            ({**CHAT_BODY, "messages": [{"role": 5, "content": "hi"}]}, "messages[0].role"),
+            (
+                b'{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+                None,
+            ),
+            ({**CHAT_BODY, "messages": []}, "messages"),
+            ({**CHAT_BODY, "messages": ["hi"]}, "messages[0]"),
+            ({**CHAT_BODY, "messages": [{**message, "content": 5}]}, "messages[0].content"),
+            (
+                {**CHAT_BODY, "messages": [{**message, "content": [{"type": "image_url"}]}]},
+                "messages[0].content[0].type",
+            ),
+            ({**CHAT_BODY, "temperature": 3}, "temperature"),
+            ({**CHAT_BODY, "max_tokens": -1}, "max_tokens"),
+            ({**CHAT_BODY, "max_tokens": 1.5}, "max_tokens"),
+            ({**CHAT_BODY, "stop": [1]}, "stop[0]"),
+            ({**CHAT_BODY, "stream": "yes"}, "stream"),
+            (b'{"model": "smollm2", "model": "other", "messages": []}', "model"),
+            (b'{"model": "smollm2", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}", None),
+            (b'{"model": "smollm2", "x": ' + b"[" * 65 + b"]" * 65 + b"}", None),
+        ]:
+            code, answer, _ = self.answer(self.request("POST", CHAT, body))
+            self.assertEqual(code, 400, (body, answer))
+            self.assertEqual(answer["error"].get("param"), param, answer)
+        self.assertEqual(self.spawn.processes, [], "no runner was started for a bad request")
 
     def test_unload(self) -> None:
         self.install()

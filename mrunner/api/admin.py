@@ -15,6 +15,7 @@ from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore
 from mrunner.scheduling.scheduler import ModelSettings, Scheduler
 
+
 def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
     """The C{_configure} body, accepting Docker Model Runner's dashed keys and underscores.
 
@@ -27,7 +28,9 @@ def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
 
     context_size = field("context_size")
     if context_size is not None and (
-        not isinstance(context_size, int) or isinstance(context_size, bool) or not 0 < context_size <= MAX_CONTEXT_SIZE
+        not isinstance(context_size, int)
+        or isinstance(context_size, bool)
+        or not 0 < context_size <= MAX_CONTEXT_SIZE
     ):
         raise BadRequest(
             f"context-size must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {context_size!r:.40}",

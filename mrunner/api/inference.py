@@ -72,7 +72,9 @@ class InferenceAPI:
 
         request.notifyFinish().addBoth(finished)
 
-    async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes, check: Check) -> Any:
+    async def _infer(
+        self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
+    ) -> Any:
         """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
         self._measure(request, mode)
         name = self._scheduler.backend_name(backend)

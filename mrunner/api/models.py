@@ -176,5 +176,7 @@ def _positive(value: str | None, key: str) -> int | None:
     if value is None:
         return None
     if not (value.isascii() and value.isdigit()) or not 0 < int(value) <= MAX_CONTEXT_SIZE:
-        raise BadRequest(f"?{key}= must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {value!r:.40}", param=key)
+        raise BadRequest(
+            f"?{key}= must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {value!r:.40}", param=key
+        )
     return int(value)

@@ -57,7 +57,7 @@ def target(body: bytes, check: Callable[[Mapping[str, Any]], None] | None) -> tu
 
 
 def keep_alive(value: object) -> float | None:
-    """Ollama's C{keep_alive} (``"5m"``, seconds, ``0``): seconds, -1 (for ever) for negatives or past a year."""
+    """Ollama's C{keep_alive} (``"5m"``, seconds, ``0``) in seconds; -1 (for ever) if < 0 or past a year."""
     if value is None:
         return None
     try:

@@ -53,7 +53,7 @@ def _constant(name: str) -> None:
 def _float(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):
-        raise _JSONError(f"number {text:.40} is out of range", code="invalid_json")
+        raise _JSONError(f"request body has a number out of range: {text:.40}", code="invalid_json")
     return number
 
 
@@ -62,7 +62,9 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(result) != len(pairs):
         seen: set[str] = set()
         key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise _JSONError(f"the key {key!r} appears more than once in an object", code="invalid_json", param=key)
+        raise _JSONError(
+            f"the key {key!r} appears more than once in an object", code="invalid_json", param=key
+        )
     return result
 
 
@@ -161,15 +163,19 @@ def obj(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Rule:
     return check
 
 
-def fields_of(payload: Mapping[str, Any], fields: Mapping[str, Rule], required: Sequence[str], prefix: str = "") -> None:
+def fields_of(
+    payload: Mapping[str, Any], fields: Mapping[str, Rule], required: Sequence[str], prefix: str = ""
+) -> None:
     """Check C{payload}'s known C{fields}; each of C{required} must be present and not null."""
-    for name in required:
-        if payload.get(name) is None:
-            raise BadRequest(f"'{prefix}{name}' is required", code="missing_required_parameter", param=prefix + name)
     for name, rule in fields.items():
         value = payload.get(name)
         if value is not None:
             rule(value, prefix + name)
+    for name in required:
+        if payload.get(name) is None:
+            raise BadRequest(
+                f"'{prefix}{name}' is required", code="missing_required_parameter", param=prefix + name
+            )
 
 
 def by_type(expected: str, rules: Mapping[type, Rule | None]) -> Rule:
@@ -206,7 +212,9 @@ SAMPLING: dict[str, Rule] = {
     "n": integer(1, 128),
     "seed": integer(-(2**63), 2**64 - 1),
     "stop": by_type("a string or an array of strings", {str: None, list: array(string)}),
-    "logit_bias": kind("an object of numbers", lambda v: isinstance(v, dict) and all(map(_is_number, v.values()))),
+    "logit_bias": kind(
+        "an object of numbers", lambda v: isinstance(v, dict) and all(map(_is_number, v.values()))
+    ),
     "logprobs": anything,  # a boolean for chat, an integer for completions: checked per route
     "user": string,
 }
@@ -231,7 +239,9 @@ INPUT = by_type(
     {
         str: None,
         list: array(
-            by_type("a string, a token id or an array of token ids", {str: None, int: TOKEN_ID, list: TOKEN_IDS}),
+            by_type(
+                "a string, a token id or an array of token ids", {str: None, int: TOKEN_ID, list: TOKEN_IDS}
+            ),
             non_empty=True,
         ),
     },
@@ -244,7 +254,9 @@ chat = shape(
         "logprobs": boolean,
         "top_logprobs": integer(0, 20),
         "max_completion_tokens": TOKENS,
-        "tools": array(obj({"type": string, "function": obj({"name": string}, required=("name",))}, required=("type",))),
+        "tools": array(
+            obj({"type": string, "function": obj({"name": string}, required=("name",))}, required=("type",))
+        ),
         "tool_choice": by_type("a string or an object", {str: None, dict: None}),
         "parallel_tool_calls": boolean,
         "response_format": obj({"type": string}, required=("type",)),
@@ -270,7 +282,13 @@ def embeddings(payload: Mapping[str, Any]) -> None:
     """OpenAI's C{input}, or llama-server's own C{content}."""
     fields_of(
         payload,
-        {"model": string, "input": INPUT, "content": INPUT, "encoding_format": enum("float", "base64"), "dimensions": integer(1)},
+        {
+            "model": string,
+            "input": INPUT,
+            "content": INPUT,
+            "encoding_format": enum("float", "base64"),
+            "dimensions": integer(1),
+        },
         () if "content" in payload else ("input",),
     )
 
