@@ -21,6 +21,7 @@ from mrunner.api.app import Routes, ServiceAPI
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
+from mrunner.api.openapi import OpenAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.interfaces import IBackend
@@ -98,12 +99,13 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
         reactor,
     )
     logs = LogsAPI(config.home / "logs", reactor)
-    groups = [  # the inference routes first: every token's request is matched against them
+    groups: list[Any] = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
         ServiceAPI(models, metrics.registry),
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes),
     ]
+    groups.append(OpenAPI(groups))  # last: it describes every group before it
     return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool))
 
 

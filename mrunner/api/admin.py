@@ -8,12 +8,42 @@ from typing import Any
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api import validate
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.flags import runtime_flags
+from mrunner.api.openapi import BACKEND, Piece, answer, errors, json_content, operation, parameter
 from mrunner.api.requests import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore
 from mrunner.scheduling.scheduler import ModelSettings, Scheduler
+
+SIZE = validate.integer(1, MAX_CONTEXT_SIZE)
+FLAGS = validate.array(validate.string)
+# Docker Model Runner's dashed keys, and the same with underscores.
+CONFIGURE = validate.Shape(
+    {
+        "model": validate.text,
+        **dict.fromkeys(("context_size", "context-size"), SIZE),
+        **dict.fromkeys(("runtime_flags", "runtime-flags"), FLAGS),
+        **dict.fromkeys(("raw_runtime_flags", "raw-runtime-flags"), validate.string),
+        "keep_alive": validate.DURATION,
+    },
+    required=("model",),
+)
+UNLOAD = validate.Shape({"all": validate.boolean, "backend": validate.text, "models": FLAGS})
+RUNNER = {
+    "type": "object",
+    "properties": {
+        "backend_name": {"type": "string"},
+        "model_name": {"type": "string"},
+        "mode": {"type": "string"},
+        "state": {"type": "string"},
+        "in_use": {"type": "integer"},
+        "last_used": {"type": ["string", "null"]},
+        "keep_alive": {"type": ["number", "null"]},
+        "expires_at": {"type": ["string", "null"]},
+    },
+}
 
 
 def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
@@ -68,6 +98,56 @@ class AdminAPI:
         body = read_body(request, self._max_request_bytes)
         return json_object(body) if body.strip() else {}
 
+    def openapi(self) -> Piece:
+        def configure(path: str) -> dict[str, Any]:
+            backend = [BACKEND] if "{backend}" in path else []
+            model = parameter("model", "query", {"type": "string"}, "the model", required=True)
+            settings = {"type": "object"}
+            return {
+                "post": operation(
+                    "Set a model's context size, runtime flags and keep-alive (restarts idle runners)",
+                    {
+                        "200": answer("configured or unchanged", json_content(settings)),
+                        **errors(**{"409": "the model's runner is serving requests"}),
+                    },
+                    body=json_content(CONFIGURE.schema),
+                    parameters=backend,
+                ),
+                "get": operation(
+                    "What a model's next runner starts with",
+                    {"200": answer("its settings", json_content(settings))},
+                    parameters=[*backend, model],
+                ),
+            }
+
+        sizes = {"type": "object", "additionalProperties": {"type": ["integer", "object"]}}
+        unloaded = {"type": "object", "properties": {"unloaded_runners": {"type": "integer"}}}
+        return {
+            "paths": {
+                "/engines/ps": {
+                    "get": operation(
+                        "Running runners",
+                        {"200": answer("runners", json_content({"type": "array", "items": RUNNER}))},
+                    )
+                },
+                "/engines/df": {
+                    "get": operation(
+                        "Disk used by models and backends", {"200": answer("bytes", json_content(sizes))}
+                    )
+                },
+                "/engines/unload": {
+                    "post": operation(
+                        "Stop runners: idle ones now, busy ones once drained",
+                        {"200": answer("how many", json_content(unloaded))},
+                        body=json_content(UNLOAD.schema),
+                        body_required=False,
+                    )
+                },
+                "/engines/_configure": configure("/engines/_configure"),
+                "/engines/{backend}/_configure": configure("/engines/{backend}/_configure"),
+            }
+        }
+
     @app.route("/engines/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:
         return json_body(request, self._scheduler.running())
@@ -87,9 +167,8 @@ class AdminAPI:
     @app.route("/engines/unload", methods=["POST"])
     async def unload(self, request: IRequest) -> bytes:
         payload = self._payload(request)
+        UNLOAD(payload)
         models = payload.get("models") or []
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise BadRequest("models must be a list of model names")
         backend = payload.get("backend") or None
         if backend is not None:
             self._scheduler.backend_name(backend)
@@ -101,6 +180,7 @@ class AdminAPI:
     async def configure(self, request: IRequest, backend: str | None = None) -> bytes:
         payload = self._payload(request)
         name = model_name(payload)
+        CONFIGURE(payload)
         changed = await self._scheduler.configure(backend, name, model_settings(payload))
         return json_body(request, {"status": "configured" if changed else "unchanged", "model": name})
 

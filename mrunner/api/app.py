@@ -14,6 +14,7 @@ from werkzeug.routing import RequestRedirect
 
 import mrunner
 from mrunner.api.errors import handle_json_errors, json_body, render_error
+from mrunner.api.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.errors import BadRequest
 
 
@@ -26,6 +27,25 @@ class ServiceAPI:
     def __init__(self, models: Any, metrics: CollectorRegistry):
         self._models = models
         self._metrics = metrics
+        self.mounts = {"/models": models}
+
+    def openapi(self) -> Piece:
+        def get(summary: str, content: dict[str, Any]) -> dict[str, Any]:
+            return {"get": operation(summary, {"200": answer(summary, content)})}
+
+        def strings(*keys: str) -> dict[str, Any]:
+            properties = {key: {"type": "string"} for key in keys}
+            return json_content({"type": "object", "required": list(keys), "properties": properties})
+
+        return {
+            "paths": {
+                "/": get("mrunner is running", TEXT),
+                "/health": get("The daemon answers", strings("status")),
+                "/version": get("mrunner's version", strings("version")),
+                "/metrics": get("Prometheus metrics", TEXT),
+                **self._models.openapi()["paths"],
+            }
+        }
 
     @app.route("/", methods=["GET"])
     def root(self, request: IRequest) -> bytes:
@@ -61,6 +81,7 @@ class Routes(Resource):
 
     def __init__(self, groups: Sequence[Any]):
         super().__init__()
+        self.groups = tuple(groups)
         self._routes = [(group.app.url_map, group.app.resource()) for group in groups]
 
     def render(self, request: IRequest) -> Any:

@@ -4,8 +4,9 @@ llama-server answers some client mistakes with a 500 (``"role": 5``, ``NaN``);
 mrunner refuses them first with a 400 whose C{param} names the field. A shape
 is a L{Rule} tree over the fields mrunner knows; every other field passes
 through untouched (the runner gets the request's own bytes), because
-llama-server has many extensions. Routes of other APIs build their shapes
-from the same rules.
+llama-server has many extensions. Each rule also carries its JSON Schema, so
+``/openapi.json`` documents exactly what is checked. Routes of other APIs
+build their shapes from the same rules.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from mrunner.errors import BadRequest
 
 # Deeper than any real request (a tool's JSON schema included), far from the parser's recursion limit.
 MAX_DEPTH = 64
-
-# A rule checks C{value} found at C{param} and raises L{BadRequest} naming it.
-Rule = Callable[[object, str], None]
 
 
 def parse_json(body: bytes) -> Any:
@@ -83,20 +83,31 @@ def _depth(value: Any) -> int:
     return deepest if isinstance(value, dict | list) else 0
 
 
+@attrs.frozen
+class Rule:
+    """Checks a value found at C{param}, raising L{BadRequest} that names it; C{schema} says the same."""
+
+    check: Callable[[object, str], None]
+    schema: dict[str, Any]
+
+    def __call__(self, value: object, param: str) -> None:
+        self.check(value, param)
+
+
 def _refuse(param: str, expected: str, value: object) -> BadRequest:
     shown = json.dumps(value)
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
     return BadRequest(f"'{param}' must be {expected}, not {shown}", code="invalid_value", param=param)
 
 
-def kind(expected: str, accepts: Callable[[object], bool]) -> Rule:
+def kind(expected: str, accepts: Callable[[object], bool], schema: dict[str, Any]) -> Rule:
     """A rule for one value, described as C{expected} in the message when it fails."""
 
     def check(value: object, param: str) -> None:
         if not accepts(value):
             raise _refuse(param, expected, value)
 
-    return check
+    return Rule(check, schema)
 
 
 def _is_int(value: object) -> bool:
@@ -107,36 +118,44 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _range(low: float | None, high: float | None) -> str:
+def _bounded(name: str, is_kind: Callable[[object], bool], low: float | None, high: float | None) -> Rule:
+    words = {"integer": "an integer", "number": "a number"}[name]
     if low is not None and high is not None:
-        return f" from {low:g} to {high:g}"
+        words += f" from {low:g} to {high:g}"
+    elif low is not None:
+        words += f" of at least {low:g}"
+    schema: dict[str, Any] = {"type": name}
     if low is not None:
-        return f" of at least {low:g}"
-    return f" of at most {high:g}" if high is not None else ""
+        schema["minimum"] = low
+    if high is not None:
+        schema["maximum"] = high
+    return kind(
+        words,
+        lambda v: is_kind(v) and (low is None or v >= low) and (high is None or v <= high),  # type: ignore[operator]
+        schema,
+    )
 
 
 def integer(low: int | None = None, high: int | None = None) -> Rule:
-    return kind(
-        "an integer" + _range(low, high),
-        lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high),  # type: ignore[operator]
-    )
+    return _bounded("integer", _is_int, low, high)
 
 
 def number(low: float | None = None, high: float | None = None) -> Rule:
+    return _bounded("number", _is_number, low, high)
+
+
+string = kind("a string", lambda v: isinstance(v, str), {"type": "string"})
+text = kind(
+    "a non-empty string", lambda v: isinstance(v, str) and v != "", {"type": "string", "minLength": 1}
+)
+boolean = kind("true or false", lambda v: isinstance(v, bool), {"type": "boolean"})
+anything = kind("any value", lambda v: True, {})
+
+
+def enum(*values: object) -> Rule:
     return kind(
-        "a number" + _range(low, high),
-        lambda v: _is_number(v) and (low is None or v >= low) and (high is None or v <= high),  # type: ignore[operator]
+        "one of " + ", ".join(json.dumps(v) for v in values), lambda v: v in values, {"enum": list(values)}
     )
-
-
-string = kind("a string", lambda v: isinstance(v, str))
-text = kind("a non-empty string", lambda v: isinstance(v, str) and v != "")
-boolean = kind("true or false", lambda v: isinstance(v, bool))
-anything = kind("any value", lambda v: True)
-
-
-def enum(*values: str) -> Rule:
-    return kind("one of " + ", ".join(repr(v) for v in values), lambda v: v in values)
 
 
 def array(item: Rule, *, non_empty: bool = False, what: str = "array") -> Rule:
@@ -149,7 +168,8 @@ def array(item: Rule, *, non_empty: bool = False, what: str = "array") -> Rule:
         for i, element in enumerate(value):
             item(element, f"{param}[{i}]")
 
-    return check
+    schema = {"type": "array", "items": item.schema, **({"minItems": 1} if non_empty else {})}
+    return Rule(check, schema)
 
 
 def obj(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Rule:
@@ -160,7 +180,16 @@ def obj(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Rule:
             raise _refuse(param, "an object", value)
         fields_of(value, fields, required, f"{param}.")
 
-    return check
+    return Rule(check, _object_schema(fields, required))
+
+
+def _object_schema(fields: Mapping[str, Rule], required: Sequence[str]) -> dict[str, Any]:
+    """Optional fields may be null: the check, like llama-server, takes null as absent."""
+    properties = {
+        name: rule.schema if name in required else {"anyOf": [rule.schema, {"type": "null"}]}
+        for name, rule in fields.items()
+    }
+    return {"type": "object", "properties": properties, **({"required": list(required)} if required else {})}
 
 
 def fields_of(
@@ -178,6 +207,14 @@ def fields_of(
             )
 
 
+_JSON_TYPES: dict[type, dict[str, Any]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    dict: {"type": "object"},
+    list: {"type": "array"},
+}
+
+
 def by_type(expected: str, rules: Mapping[type, Rule | None]) -> Rule:
     """One of several JSON types, each checked by its own rule (None: any value of that type)."""
 
@@ -189,19 +226,37 @@ def by_type(expected: str, rules: Mapping[type, Rule | None]) -> Rule:
                 return
         raise _refuse(param, expected, value)
 
-    return check
+    return Rule(check, {"anyOf": [_JSON_TYPES[t] if r is None else r.schema for t, r in rules.items()]})
 
 
-def shape(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Callable[[Mapping[str, Any]], None]:
-    """A request body's check: L{fields_of} bound to one route's fields."""
-    return lambda payload: fields_of(payload, fields, required)
+@attrs.frozen
+class Shape:
+    """A request body's check, and its JSON Schema for the OpenAPI document."""
+
+    fields: Mapping[str, Rule]
+    required: Sequence[str] = ()
+
+    def __call__(self, payload: Mapping[str, Any]) -> None:
+        fields_of(payload, self.fields, self.required)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        return _object_schema(self.fields, self.required)
 
 
+# What every inference body may carry besides its own fields: the model (checked
+# first, by the route) and Ollama's keep_alive.
+DURATION = kind(
+    "a duration like 30, '30s', '5m', '1h' or -1",
+    lambda v: True,  # read, and refused with its own message, by requests.keep_alive
+    {"anyOf": [{"type": "number"}, {"type": "string", "pattern": r"^\s*-?\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"}]},
+)
+COMMON: dict[str, Rule] = {"model": text, "keep_alive": DURATION}
+TOKENS = integer(0, 2**31 - 1)
 # OpenAI's documented ranges; llama-server's extensions (top_k, min_p, ...) pass unchecked
 # except for being finite, which the parser ensures.
-TOKENS = integer(0, 2**31 - 1)
 SAMPLING: dict[str, Rule] = {
-    "model": string,
+    **COMMON,
     "stream": boolean,
     "stream_options": obj({"include_usage": boolean}),
     "temperature": number(0, 2),
@@ -213,9 +268,10 @@ SAMPLING: dict[str, Rule] = {
     "seed": integer(-(2**63), 2**64 - 1),
     "stop": by_type("a string or an array of strings", {str: None, list: array(string)}),
     "logit_bias": kind(
-        "an object of numbers", lambda v: isinstance(v, dict) and all(map(_is_number, v.values()))
+        "an object of numbers",
+        lambda v: isinstance(v, dict) and all(map(_is_number, v.values())),
+        {"type": "object", "additionalProperties": {"type": "number"}},
     ),
-    "logprobs": anything,  # a boolean for chat, an integer for completions: checked per route
     "user": string,
 }
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -246,8 +302,10 @@ INPUT = by_type(
         ),
     },
 )
+# llama-server answers these OpenAI fields with a 500; refused here as what they are.
+UNSUPPORTED = kind("absent: llama.cpp does not support it", lambda v: False, {"not": {}})
 
-chat = shape(
+chat = Shape(
     {
         **SAMPLING,
         "messages": array(MESSAGE, non_empty=True),
@@ -261,50 +319,30 @@ chat = shape(
         "parallel_tool_calls": boolean,
         "response_format": obj({"type": string}, required=("type",)),
     },
-    required=("messages",),
+    required=("model", "messages"),
 )
-# llama-server answers these OpenAI fields with a 500; refused here as what they are.
-UNSUPPORTED = kind("absent: llama.cpp does not support it", lambda v: False)
-completions = shape(
+completions = Shape(
     {
         **SAMPLING,
         "prompt": INPUT,
         "logprobs": integer(0, 20),
-        "echo": kind("false: llama.cpp does not support echo", lambda v: v is False),
+        "echo": kind("false: llama.cpp does not support echo", lambda v: v is False, {"const": False}),
         "best_of": UNSUPPORTED,
         "suffix": UNSUPPORTED,
     },
-    required=("prompt",),
+    required=("model", "prompt"),
 )
-
-
-def embeddings(payload: Mapping[str, Any]) -> None:
-    """OpenAI's C{input}, or llama-server's own C{content}."""
-    fields_of(
-        payload,
-        {
-            "model": string,
-            "input": INPUT,
-            "content": INPUT,
-            "encoding_format": enum("float", "base64"),
-            "dimensions": integer(1),
-        },
-        () if "content" in payload else ("input",),
-    )
-
-
-def rerank(payload: Mapping[str, Any]) -> None:
-    """C{query} and C{documents} (or TEI's C{texts}), C{top_n} a count."""
-    documents = array(string, non_empty=True, what="array of strings")
-    fields_of(
-        payload,
-        {
-            "model": string,
-            "query": string,
-            "documents": documents,
-            "texts": documents,
-            "top_n": integer(0, 2**31 - 1),
-            "return_text": boolean,
-        },
-        ("query", "texts" if "texts" in payload else "documents"),
-    )
+embeddings = Shape(
+    {
+        **COMMON,
+        "input": INPUT,
+        "encoding_format": enum("float", "base64"),
+        "dimensions": integer(1),
+    },
+    required=("model", "input"),
+)
+_DOCUMENTS = array(string, non_empty=True, what="array of strings")
+rerank = Shape(
+    {**COMMON, "query": string, "documents": _DOCUMENTS, "top_n": integer(0, 2**31 - 1)},
+    required=("model", "query", "documents"),
+)
