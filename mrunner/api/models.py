@@ -45,6 +45,8 @@ MODEL = {
         "config": {"type": "object"},
     },
 }
+# Docker's answer to a delete: [{"Untagged": name}, ..., {"Deleted": digest}]
+REMOVED = {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "string"}}}
 PROGRESS = {"application/x-ndjson": {"schema": {"type": "string"}}}
 REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with an error"})
 
@@ -148,7 +150,7 @@ class ModelsAPI:
                     "delete": operation(
                         "Remove a model, stopping its runners",
                         {
-                            "200": answer("what was removed", json_content({"type": "object"})),
+                            "200": answer("what was removed", json_content(REMOVED)),
                             **errors(**{"409": "the model has several tags: give force=true"}),
                         },
                         parameters=[NAME, _query("force", {"type": "boolean"}, "remove every tag of it")],
