@@ -58,6 +58,6 @@ class SchemathesisTests(LlamaCppTestCase):
             *("--report-dir", self.mktemp()),
         ]
         out, err, code = await getProcessOutputAndValue(ST, args, env=env, path=str(self.home))
-        summary = out.decode(errors="replace")
-        sys.__stdout__.write(f"\n--- schemathesis against mrunner ---\n{summary}{err.decode(errors='replace')}\n")
+        summary = (out + err).decode(errors="replace")
+        sys.__stdout__.write(f"\n--- schemathesis against mrunner ---\n{summary}\n")
         self.assertEqual(code, 0, "schemathesis found failures: see its summary above")

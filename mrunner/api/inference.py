@@ -57,12 +57,14 @@ LIST = {
     "required": ["object", "data"],
     "properties": {"data": {"type": "array", "items": MODEL}},
 }
+# One server-sent event: its data is a JSON chunk, or [DONE] at the end.
+EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 INFERENCE_ANSWERS = {
     "200": answer(
         "the runner's answer, as JSON or (stream: true) as server-sent events",
         {
             "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": EVENT},
         },
     ),
     **errors(
@@ -126,6 +128,9 @@ class InferenceAPI:
         body = read_body(request, self._max_request_bytes)
         preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
         model, keep_alive = target(body, None if preload else check)
+        # The body is checked JSON, whatever the client called it: a runner reading the
+        # Content-Type (multipart/form-data, say) must not take it for something else.
+        request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
         lease = await self._scheduler.acquire(name, model, mode, keep_alive)
         try:
             if preload:
