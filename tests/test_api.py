@@ -312,7 +312,7 @@ class APITests(SynchronousTestCase):
         )
         for wrong in [True, 0, -1, 1.5, "2048", 2**40]:
             self.assertError(
-                self.request("POST", url, {"model": "smollm2", "context_size": wrong}), 400, "context-size"
+                self.request("POST", url, {"model": "smollm2", "context_size": wrong}), 400, "context_size"
             )
 
     def test_configure_empty_flags_clear(self) -> None:

@@ -121,9 +121,9 @@ def _is_number(value: object) -> bool:
 def _bounded(name: str, is_kind: Callable[[object], bool], low: float | None, high: float | None) -> Rule:
     words = {"integer": "an integer", "number": "a number"}[name]
     if low is not None and high is not None:
-        words += f" from {low:g} to {high:g}"
+        words += f" from {low!r} to {high!r}"
     elif low is not None:
-        words += f" of at least {low:g}"
+        words += f" of at least {low!r}"
     schema: dict[str, Any] = {"type": name}
     if low is not None:
         schema["minimum"] = low
