@@ -37,6 +37,7 @@ from tests.daemon import (
 from tests.ggufs import write_tiny_gguf
 
 MODEL = "ai/tiny:latest"
+HI = [{"role": "user", "content": "hi"}]
 
 
 class Events(Protocol):
@@ -93,7 +94,7 @@ class DaemonTestCase(TestCase):
             b"POST",
             (self.daemon.url + "/engines/v1/chat/completions").encode(),
             Headers({b"content-type": [b"application/json"]}),
-            BytesBody(json.dumps({"model": MODEL, "stream": True, **body}).encode()),
+            BytesBody(json.dumps({**self.chat(stream=True), **body}).encode()),
         )
         events = Events()
         response.deliverBody(events)
@@ -111,7 +112,7 @@ class DaemonTestCase(TestCase):
         return [runner["pid"] for runner in self.daemon.scheduler.running()]
 
     def chat(self, **body: Any) -> dict[str, Any]:
-        return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
+        return {"model": MODEL, "messages": HI, **body}
 
 
 class PathTests(DaemonTestCase):
@@ -129,7 +130,7 @@ class PathTests(DaemonTestCase):
         self.assertEqual(reply.choices[0].message.content, "echo: hello")
         self.assertEqual(reply.model, MODEL)
         chunks = await deferToThread(
-            lambda: list(client.chat.completions.create(model=MODEL, messages=[], stream=True))
+            lambda: list(client.chat.completions.create(model=MODEL, messages=HI, stream=True))
         )
         self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks), "tok0 tok1 tok2 ")
         embedding = await deferToThread(client.embeddings.create, model=MODEL, input=["a", "bcd"])
@@ -195,7 +196,7 @@ class PathTests(DaemonTestCase):
     async def test_stop_service_ends_every_runner(self) -> None:
         await self.start()
         for mode_path in ("/v1/chat/completions", "/v1/embeddings"):
-            code, _, _ = await self.post(mode_path, {"model": MODEL, "input": "x", "messages": []})
+            code, _, _ = await self.post(mode_path, {"model": MODEL, "input": "x", "messages": HI})
             self.assertEqual(code, 200)
         pids = self.runner_pids()
         self.assertEqual(len(pids), 2)
@@ -243,7 +244,7 @@ class TwistdTests(TestCase):
         with gguf.open("rb") as f:
             response = await client.post("http://d/models/load", params={"name": MODEL}, data=f)
             await response.content()
-        response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": []})
+        response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": HI})
         self.assertEqual(response.code, 200)
         await response.content()
         (runner_pid,) = map(int, lines(home / "starts"))
