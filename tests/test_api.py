@@ -93,6 +93,17 @@ class APITests(SynchronousTestCase):
         self.assertError(self.request("GET", f"{BASE}/nope"), 404)
         self.assertError(self.request("POST", f"{BASE}/engines/v1/nope", {}), 404)
 
+    def test_paths_that_broke_routing(self) -> None:
+        """werkzeug redirects //; Klein answers non-UTF-8 paths in plain text with a logged traceback."""
+        for path, words in [
+            ("/engines//ps", "empty segment"),
+            ("/models//etc/passwd", "empty segment"),
+            ("/v1//models", "empty segment"),
+            ("/engines/%FF/v1/models", "not UTF-8"),
+            ("/v1/models/%FF", "not UTF-8"),
+        ]:
+            self.assertError(self.request("GET", BASE + path), 400, words)
+
     def test_status(self) -> None:
         self.assertEqual(
             self.answer(self.request("GET", f"{BASE}/engines/status"))[1],

@@ -87,7 +87,10 @@ class Routes(Resource):
     def render(self, request: IRequest) -> Any:
         if len(request.postpath) > 1 and request.postpath[-1] == b"":
             request.postpath.pop()  # a trailing slash names the same resource
-        path = (b"/" + b"/".join(request.postpath)).decode("utf-8", errors="replace")  # already unquoted
+        try:
+            path = (b"/" + b"/".join(request.postpath)).decode("utf-8")  # already unquoted
+        except UnicodeDecodeError:  # Klein would answer in plain text, and log a traceback
+            return render_error(request, BadRequest("the path is not UTF-8 once percent-decoded"))
         method = request.method.decode("ascii", errors="replace")
         chosen = self._routes[-1][1]
         for url_map, resource in self._routes:
