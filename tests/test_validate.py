@@ -85,6 +85,26 @@ class ShapeTests(SynchronousTestCase):
             ({"stream": 1}, "stream"),
             ({"logit_bias": {"5": "x"}}, "logit_bias"),
             ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
+            # llama-server's chat parser answers each of these with a 500
+            ({"messages": [{"role": "user"}]}, "messages[0].content"),
+            (
+                {"messages": [{"role": "assistant", "tool_calls": [{"type": "function"}]}]},
+                "messages[0].tool_calls[0].function",
+            ),
+            (
+                {
+                    "messages": [
+                        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+                    ]
+                },
+                "messages[0].tool_calls[0].function.arguments",
+            ),
+            ({"messages": [{**self.message, "reasoning_content": 5}]}, "messages[0].reasoning_content"),
+            (
+                {"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]},
+                "tools[0].function.description",
+            ),
+            ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
         ]:
             self.assertEqual(self.param(validate.chat, {**base, **change}), param, change)
 

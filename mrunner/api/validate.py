@@ -192,6 +192,21 @@ def _object_schema(fields: Mapping[str, Rule], required: Sequence[str]) -> dict[
     return {"type": "object", "properties": properties, **({"required": list(required)} if required else {})}
 
 
+def one_of_keys(keys: Sequence[str], rule: Rule) -> Rule:
+    """C{rule}, on an object that has at least one of C{keys} (null counts: it is there)."""
+
+    def check(value: object, param: str) -> None:
+        rule(value, param)
+        if isinstance(value, dict) and not any(key in value for key in keys):
+            raise BadRequest(
+                f"'{param}' must have {' or '.join(repr(k) for k in keys)}",
+                code="missing_required_parameter",
+                param=f"{param}.{keys[0]}",
+            )
+
+    return Rule(check, {**rule.schema, "anyOf": [{"required": [key]} for key in keys]})
+
+
 def fields_of(
     payload: Mapping[str, Any], fields: Mapping[str, Rule], required: Sequence[str], prefix: str = ""
 ) -> None:
@@ -277,15 +292,36 @@ SAMPLING: dict[str, Rule] = {
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # The runners mrunner starts have no multimodal projector: llama-server answers any other part with a 500.
 PART = obj({"type": enum("text"), "text": string}, required=("type", "text"))
-MESSAGE = obj(
+# llama-server's chat parser answers a 500 to every shape it cannot read: what it reads is checked here.
+FUNCTION = enum("function")
+TOOL_CALL = obj(
     {
-        "role": enum(*ROLES),
-        "content": by_type("a string, null or an array of content parts", {str: None, list: array(PART)}),
-        "name": string,
-        "tool_calls": array(obj({"id": string, "type": string, "function": obj({"name": string})})),
-        "tool_call_id": string,
+        "id": string,
+        "type": FUNCTION,
+        "function": obj({"name": string, "arguments": anything}, ("name", "arguments")),
     },
-    required=("role",),
+    required=("type", "function"),
+)
+TOOL = obj(
+    {
+        "type": FUNCTION,
+        "function": obj({"name": string, "description": string, "parameters": anything}, ("name",)),
+    },
+    required=("type", "function"),
+)
+MESSAGE = one_of_keys(
+    ("content", "tool_calls"),
+    obj(
+        {
+            "role": enum(*ROLES),
+            "content": by_type("a string, null or an array of content parts", {str: None, list: array(PART)}),
+            "name": string,
+            "tool_calls": array(TOOL_CALL),
+            "tool_call_id": string,
+            "reasoning_content": string,
+        },
+        required=("role",),
+    ),
 )
 TOKEN_ID = integer(0, 2**31 - 1)
 TOKEN_IDS = array(TOKEN_ID, what="array of token ids")
@@ -312,9 +348,7 @@ chat = Shape(
         "logprobs": boolean,
         "top_logprobs": integer(0, 20),
         "max_completion_tokens": TOKENS,
-        "tools": array(
-            obj({"type": string, "function": obj({"name": string}, required=("name",))}, required=("type",))
-        ),
+        "tools": array(TOOL),
         "tool_choice": by_type("a string or an object", {str: None, dict: None}),
         "parallel_tool_calls": boolean,
         "response_format": obj({"type": string}, required=("type",)),
