@@ -105,6 +105,8 @@ class ShapeTests(SynchronousTestCase):
                 "tools[0].function.description",
             ),
             ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
+            ({"messages": [{**self.message, "name": None}]}, "messages[0].name"),
+            ({"messages": [{"role": "user", "content": None}]}, None),
         ]:
             self.assertEqual(self.param(validate.chat, {**base, **change}), param, change)
 
@@ -118,6 +120,8 @@ class ShapeTests(SynchronousTestCase):
             (validate.completions, {"model": "m", "prompt": "x", "echo": True}, "echo"),
             (validate.completions, {"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
             (validate.completions, {"model": "m"}, "prompt"),
+            (validate.completions, {"model": "m", "prompt": "x", "suffix": None}, "suffix"),
+            (validate.embeddings, {"model": "m", "input": "x", "encoding_format": None}, "encoding_format"),
             (validate.embeddings, {"model": "m", "input": ["a", "b"]}, None),
             (validate.embeddings, {"model": "m", "input": {"a": 1}}, "input"),
             (validate.embeddings, {"model": "m", "input": [[1], [True]]}, "input[1][0]"),

@@ -89,9 +89,17 @@ class Rule:
 
     check: Callable[[object, str], None]
     schema: dict[str, Any]
+    # As an optional field, null means absent (llama-server's sampling fields read it so);
+    # where llama-server reads null as a value of the wrong type (and answers 500), it is refused.
+    nullable: bool = True
 
     def __call__(self, value: object, param: str) -> None:
         self.check(value, param)
+
+
+def not_null(rule: Rule) -> Rule:
+    """C{rule}, refusing null even as an optional field."""
+    return attrs.evolve(rule, nullable=False)
 
 
 def _refuse(param: str, expected: str, value: object) -> BadRequest:
@@ -172,8 +180,13 @@ def array(item: Rule, *, non_empty: bool = False, what: str = "array") -> Rule:
     return Rule(check, schema)
 
 
-def obj(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Rule:
-    """An object: C{required} fields present, known fields checked (null counts as absent), others free."""
+def obj(fields: Mapping[str, Rule], required: Sequence[str] = (), *, nulls: bool = True) -> Rule:
+    """An object: C{required} fields present, known fields checked, others free.
+
+    With C{nulls} false, no field may be null unless its rule takes null as a value.
+    """
+    if not nulls:
+        fields = {name: not_null(rule) for name, rule in fields.items()}
 
     def check(value: object, param: str) -> None:
         if not isinstance(value, dict):
@@ -184,9 +197,11 @@ def obj(fields: Mapping[str, Rule], required: Sequence[str] = ()) -> Rule:
 
 
 def _object_schema(fields: Mapping[str, Rule], required: Sequence[str]) -> dict[str, Any]:
-    """Optional fields may be null: the check, like llama-server, takes null as absent."""
+    """Optional nullable fields may be null: the check takes null as absent."""
     properties = {
-        name: rule.schema if name in required else {"anyOf": [rule.schema, {"type": "null"}]}
+        name: {"anyOf": [rule.schema, {"type": "null"}]}
+        if rule.nullable and name not in required
+        else rule.schema
         for name, rule in fields.items()
     }
     return {"type": "object", "properties": properties, **({"required": list(required)} if required else {})}
@@ -213,7 +228,7 @@ def fields_of(
     """Check C{payload}'s known C{fields}; each of C{required} must be present and not null."""
     for name, rule in fields.items():
         value = payload.get(name)
-        if value is not None:
+        if value is not None or (name in payload and not rule.nullable and name not in required):
             rule(value, prefix + name)
     for name in required:
         if payload.get(name) is None:
@@ -223,6 +238,7 @@ def fields_of(
 
 
 _JSON_TYPES: dict[type, dict[str, Any]] = {
+    type(None): {"type": "null"},
     str: {"type": "string"},
     int: {"type": "integer"},
     dict: {"type": "object"},
@@ -291,7 +307,7 @@ SAMPLING: dict[str, Rule] = {
 }
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # The runners mrunner starts have no multimodal projector: llama-server answers any other part with a 500.
-PART = obj({"type": enum("text"), "text": string}, required=("type", "text"))
+PART = obj({"type": enum("text"), "text": string}, required=("type", "text"), nulls=False)
 # llama-server's chat parser answers a 500 to every shape it cannot read: what it reads is checked here.
 FUNCTION = enum("function")
 TOOL_CALL = obj(
@@ -314,13 +330,17 @@ MESSAGE = one_of_keys(
     obj(
         {
             "role": enum(*ROLES),
-            "content": by_type("a string, null or an array of content parts", {str: None, list: array(PART)}),
+            "content": by_type(
+                "a string, null or an array of content parts",
+                {str: None, type(None): None, list: array(PART)},
+            ),
             "name": string,
             "tool_calls": array(TOOL_CALL),
             "tool_call_id": string,
             "reasoning_content": string,
         },
         required=("role",),
+        nulls=False,
     ),
 )
 TOKEN_ID = integer(0, 2**31 - 1)
@@ -361,8 +381,8 @@ completions = Shape(
         "prompt": INPUT,
         "logprobs": integer(0, 20),
         "echo": kind("false: llama.cpp does not support echo", lambda v: v is False, {"const": False}),
-        "best_of": UNSUPPORTED,
-        "suffix": UNSUPPORTED,
+        "best_of": not_null(UNSUPPORTED),
+        "suffix": not_null(UNSUPPORTED),
     },
     required=("model", "prompt"),
 )
@@ -370,7 +390,7 @@ embeddings = Shape(
     {
         **COMMON,
         "input": INPUT,
-        "encoding_format": enum("float", "base64"),
+        "encoding_format": not_null(enum("float", "base64")),
         "dimensions": integer(1),
     },
     required=("model", "input"),
