@@ -28,22 +28,23 @@ def parse_json(body: bytes) -> Any:
     """C{body} as standard JSON: no C{NaN}/C{Infinity}, no duplicate keys, at most L{MAX_DEPTH} deep."""
     try:
         value = json.loads(body, parse_constant=_constant, parse_float=_float, object_pairs_hook=_unique)
+    except _JSONError:
+        raise
     except RecursionError:
-        value = None
-        depth = MAX_DEPTH + 1
+        raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as e:
-        if isinstance(e, BadRequest):
-            raise
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    else:
-        depth = _depth(value)
-    if depth > MAX_DEPTH:
-        raise BadRequest(f"request body is nested more than {MAX_DEPTH} levels deep", code="invalid_json")
+    if _deeper_than(MAX_DEPTH, value):
+        raise _too_deep()
     return value
 
 
 class _JSONError(BadRequest, ValueError):
     """Raised from inside the decoder's hooks, so it passes through its ValueError handling."""
+
+
+def _too_deep() -> BadRequest:
+    return BadRequest(f"request body is nested more than {MAX_DEPTH} levels deep", code="invalid_json")
 
 
 def _constant(name: str) -> None:
@@ -58,29 +59,31 @@ def _float(text: str) -> float:
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict, unless a key repeats: mrunner and a runner could read different values."""
     result = dict(pairs)
     if len(result) != len(pairs):
         seen: set[str] = set()
-        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise _JSONError(
-            f"the key {key!r} appears more than once in an object", code="invalid_json", param=key
-        )
+        for key, _ in pairs:
+            if key in seen:
+                raise _JSONError(
+                    f"the key {key!r} appears more than once in an object", code="invalid_json", param=key
+                )
+            seen.add(key)
     return result
 
 
-def _depth(value: Any) -> int:
-    """How deeply C{value} nests, without recursion, stopping once past L{MAX_DEPTH}."""
-    deepest = 0
+def _deeper_than(limit: int, value: Any) -> bool:
+    """Whether C{value}'s arrays and objects nest more than C{limit} deep, found without recursion."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if depth > deepest:
-            deepest = depth
-            if deepest > MAX_DEPTH:
-                break
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest if isinstance(value, dict | list) else 0
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 @attrs.frozen
