@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import schemathesis
 from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
@@ -32,8 +33,6 @@ class OpenAPITests(SynchronousTestCase):
 
     def test_every_operation_loads(self) -> None:
         """schemathesis, which fuzzes the document in test_fuzz, reads each operation without error."""
-        import schemathesis
-
         results = list(schemathesis.openapi.from_dict(self.document).get_all_operations())
         self.assertEqual(len(results), len(described(self.document)))
         self.assertEqual([r for r in results if type(r).__name__ != "Ok"], [])
