@@ -21,6 +21,7 @@ MODEL = os.environ.get("MRUNNER_FUZZ_MODEL", "ai/tiny")
 # _configure restarts runners: it gets a model of its own, so inference keeps a warm one.
 CONFIGURED = os.environ.get("MRUNNER_FUZZ_CONFIGURED", "ai/configured")
 BACKEND = os.environ.get("MRUNNER_FUZZ_BACKEND", "llama.cpp")
+SHORT = 4  # tokens an answer may have
 
 
 # Names and ids the run must not delete (schemathesis learns them from GET /models).
@@ -73,8 +74,10 @@ def map_case(context: Any, case: Any) -> Any:
             body["keep_alive"] = "5m"  # 0 would unload the runner after every request
         for key in ("max_tokens", "max_completion_tokens"):
             value = body.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 8:
-                body[key] = 8  # a valid count stays valid; generating to the context's end takes time
+            if isinstance(value, int) and not isinstance(value, bool) and SHORT < value < 2**31:
+                body[key] = SHORT  # a valid count stays valid; generating to the context's end takes time
+        if case.operation.path.endswith("completions") and body.get("max_tokens") is None:
+            body["max_tokens"] = SHORT
         if body.get("all") is True:
             body["all"] = False  # unloading every runner is tested elsewhere, and reloads cost time
     return case

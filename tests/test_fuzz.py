@@ -8,12 +8,16 @@ answer matching the document. Its summary is printed into the CI log.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 from twisted.internet.utils import getProcessOutputAndValue
 
+from mrunner.tinymodel import write_tiny_llama
+from tests.daemon import http
 from tests.registry_server import SKIP, RealRegistry
 from tests.test_llamacpp_e2e import TINY, LlamaCppTestCase
 
@@ -29,6 +33,7 @@ CHECKS = ",".join(
     )
 )
 EXAMPLES_PER_OPERATION = 6
+CONFIGURED = "ai/configured:latest"  # _configure restarts runners: it gets a model of its own
 
 
 class SchemathesisTests(LlamaCppTestCase):
@@ -41,10 +46,14 @@ class SchemathesisTests(LlamaCppTestCase):
         self.addCleanup(registry.stop)
         await self.start(f'[registry]\ndefault = "{registry.host}"\n')
         await self.tiny()
+        await self.tiny(CONFIGURED, partial(write_tiny_llama, seed=1))  # another digest
+        models = json.loads(await (await http.get(self.daemon.url + "/models")).text())
         env = {
             **os.environ,
             "SCHEMATHESIS_HOOKS": "tests.fuzz_hooks",
             "MRUNNER_FUZZ_MODEL": TINY,
+            "MRUNNER_FUZZ_CONFIGURED": CONFIGURED,
+            "MRUNNER_FUZZ_KEEP": ",".join(name for model in models for name in (model["id"], *model["tags"])),
             "PYTHONPATH": str(Path(__file__).parent.parent),
         }
         args = [

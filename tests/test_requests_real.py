@@ -1,8 +1,8 @@
 """Client mistakes the real llama-server answers with a 500 (or worse): mrunner answers 400 first.
 
-Each case was sent to the pinned llama-server directly and came back a 500
-(the last one kills it); through mrunner each is a 400 naming the field, no
-runner dies, and the same runner then answers a good request.
+Each case was sent to the pinned llama-server directly and came back a 500;
+through mrunner each is a 400 naming the field (or saying the JSON is not
+standard), no runner restarts, and the same runners then answer good requests.
 """
 
 from __future__ import annotations
@@ -33,11 +33,33 @@ CASES: list[tuple[str, Any, str | None]] = [
         },
         "messages[0].content[0].type",
     ),
-    ("/v1/completions", {"model": TINY, "prompt": "x", "echo": True}, "echo"),
-    ("/v1/completions", {"model": TINY, "prompt": "x", "best_of": 2}, "best_of"),
-    ("/v1/completions", {"model": TINY, "prompt": []}, "prompt"),
-    ("/v1/embeddings", {"model": TINY, "input": []}, "input"),
+    (
+        CHAT,
+        {"model": TINY, "messages": [{"role": "user", "content": "hi", "name": None}]},
+        "messages[0].name",
+    ),
+    (
+        CHAT,
+        {
+            "model": TINY,
+            "messages": [
+                {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+            ],
+        },
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        CHAT,
+        {
+            "model": TINY,
+            "messages": HI,
+            "tools": [{"type": "function", "function": {"name": "f", "description": 5}}],
+        },
+        "tools[0].function.description",
+    ),
+    ("/v1/embeddings", {"model": TINY, "input": "x", "encoding_format": None}, "encoding_format"),
     ("/rerank", {"model": "ai/reranker", "query": "q", "documents": ["a", "b"], "top_n": -1}, "top_n"),
+    ("/rerank", {"model": "ai/reranker", "query": "q", "documents": ["a", "b"], "top_n": 2**32 - 1}, "top_n"),
 ]
 
 

@@ -106,6 +106,10 @@ class ShapeTests(SynchronousTestCase):
             ),
             ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
             ({"messages": [{**self.message, "name": None}]}, "messages[0].name"),
+            (
+                {"tools": [{"type": "function", "function": {"name": "f", "description": None}}]},
+                "tools[0].function.description",
+            ),
             ({"messages": [{"role": "user", "content": None}]}, None),
         ]:
             self.assertEqual(self.param(validate.chat, {**base, **change}), param, change)
@@ -117,10 +121,8 @@ class ShapeTests(SynchronousTestCase):
             (validate.completions, {"model": "m", "prompt": [[1, 2], "x"]}, None),
             (validate.completions, {"model": "m", "prompt": []}, "prompt"),
             (validate.completions, {"model": "m", "prompt": [-1]}, "prompt[0]"),
-            (validate.completions, {"model": "m", "prompt": "x", "echo": True}, "echo"),
-            (validate.completions, {"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
+            (validate.completions, {"model": "m", "prompt": "x", "echo": "yes"}, "echo"),
             (validate.completions, {"model": "m"}, "prompt"),
-            (validate.completions, {"model": "m", "prompt": "x", "suffix": None}, "suffix"),
             (validate.embeddings, {"model": "m", "input": "x", "encoding_format": None}, "encoding_format"),
             (validate.embeddings, {"model": "m", "input": ["a", "b"]}, None),
             (validate.embeddings, {"model": "m", "input": {"a": 1}}, "input"),

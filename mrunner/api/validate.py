@@ -317,16 +317,20 @@ TOOL_CALL = obj(
     {
         "id": string,
         "type": FUNCTION,
-        "function": obj({"name": string, "arguments": anything}, ("name", "arguments")),
+        "function": obj({"name": string, "arguments": anything}, ("name", "arguments"), nulls=False),
     },
     required=("type", "function"),
+    nulls=False,
 )
 TOOL = obj(
     {
         "type": FUNCTION,
-        "function": obj({"name": string, "description": string, "parameters": anything}, ("name",)),
+        "function": obj(
+            {"name": string, "description": string, "parameters": anything}, ("name",), nulls=False
+        ),
     },
     required=("type", "function"),
+    nulls=False,
 )
 MESSAGE = one_of_keys(
     ("content", "tool_calls"),
@@ -361,9 +365,6 @@ INPUT = by_type(
         ),
     },
 )
-# llama-server answers these OpenAI fields with a 500; refused here as what they are.
-UNSUPPORTED = kind("absent: llama.cpp does not support it", lambda v: False, {"not": {}})
-
 chat = Shape(
     {
         **SAMPLING,
@@ -383,9 +384,7 @@ completions = Shape(
         **SAMPLING,
         "prompt": INPUT,
         "logprobs": integer(0, 20),
-        "echo": kind("false: llama.cpp does not support echo", lambda v: v is False, {"const": False}),
-        "best_of": not_null(UNSUPPORTED),
-        "suffix": not_null(UNSUPPORTED),
+        "echo": boolean,
     },
     required=("model", "prompt"),
 )
