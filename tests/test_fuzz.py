@@ -32,7 +32,10 @@ CHECKS = ",".join(
         "negative_data_rejection",
     )
 )
-EXAMPLES_PER_OPERATION = 6
+EXAMPLES_PER_OPERATION = 8
+# CI runs a few hundred cases; MRUNNER_FUZZ_PHASES=examples,coverage,fuzzing adds schemathesis's
+# boundary cases (thousands, a few minutes) for a deeper look.
+PHASES = os.environ.get("MRUNNER_FUZZ_PHASES", "examples,fuzzing")
 CONFIGURED = "ai/configured:latest"  # _configure restarts runners: it gets a model of its own
 
 
@@ -60,7 +63,7 @@ class SchemathesisTests(LlamaCppTestCase):
             *("run", self.daemon.url + "/openapi.json"),
             *("--checks", CHECKS),
             *("--max-examples", str(EXAMPLES_PER_OPERATION)),
-            *("--phases", "examples,coverage,fuzzing"),
+            *("--phases", PHASES),
             *("--seed", "1", "--generation-deterministic"),
             *("--workers", "2", "--request-timeout", "60", "--no-color"),
             *("--suppress-health-check", "all"),
