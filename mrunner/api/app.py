@@ -15,18 +15,27 @@ from werkzeug.routing import RequestRedirect
 import mrunner
 from mrunner.api.errors import handle_json_errors, json_body, render_error
 from mrunner.api.openapi import TEXT, Piece, answer, json_content, operation
+from mrunner.api.views import install_ready, preload_json
 from mrunner.errors import BadRequest
+from mrunner.interfaces import IScheduler
+
+READY = {
+    "type": "object",
+    "required": ["ready", "preloads"],
+    "properties": {"ready": {"type": "boolean"}, "preloads": {"type": "array", "items": {"type": "object"}}},
+}
 
 
 class ServiceAPI:
-    """C{/}, C{/health}, C{/version}, C{/metrics}, and the C{/models} routes."""
+    """C{/}, C{/health}, C{/ready}, C{/version}, C{/metrics}, and the C{/models} routes."""
 
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(self, models: Any, metrics: CollectorRegistry):
+    def __init__(self, models: Any, metrics: CollectorRegistry, scheduler: IScheduler):
         self._models = models
         self._metrics = metrics
+        self._scheduler = scheduler
         self.mounts = {"/models": models}
 
     def openapi(self) -> Piece:
@@ -41,6 +50,15 @@ class ServiceAPI:
             "paths": {
                 "/": get("mrunner is running", TEXT),
                 "/health": get("The daemon answers", strings("status")),
+                "/ready": {
+                    "get": operation(
+                        "Whether the default backend is installed and every preload has loaded or failed",
+                        {
+                            "200": answer("ready", json_content(READY)),
+                            "503": answer("not yet", json_content(READY)),
+                        },
+                    )
+                },
                 "/version": get("mrunner's version", strings("version")),
                 "/metrics": get("Prometheus metrics", TEXT),
                 **self._models.openapi()["paths"],
@@ -55,6 +73,19 @@ class ServiceAPI:
     @app.route("/health", methods=["GET"])
     def health(self, request: IRequest) -> bytes:
         return json_body(request, {"status": "ok"})
+
+    @app.route("/ready", methods=["GET"])
+    def ready(self, request: IRequest) -> bytes:
+        """200 once the default backend is installed and every preload has loaded or failed, else 503.
+
+        C{/health} answers 200 all along: the daemon is up. This is for
+        orchestrators that should send work only once the models are in.
+        """
+        backend = self._scheduler.backend_statuses()[self._scheduler.backend_name(None)]
+        preloads = self._scheduler.preloads()
+        ready = install_ready(backend) and all(preload.done for preload in preloads)
+        body = {"ready": ready, "preloads": [preload_json(preload) for preload in preloads]}
+        return json_body(request, body, 200 if ready else 503)
 
     @app.route("/version", methods=["GET"])
     def version(self, request: IRequest) -> bytes:
