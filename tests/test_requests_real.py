@@ -81,11 +81,11 @@ class ClientMistakeTests(LlamaCppTestCase):
             ("/rerank", {"model": "ai/reranker", "query": "q", "documents": ["a"]}),
         ]:
             self.assertEqual((await self.send(path, body))[0], 200)
-        pids = sorted(runner["pid"] for runner in self.daemon.scheduler.running())
+        pids = sorted(runner.pid for runner in self.daemon.scheduler.snapshot())
         for path, body, param in CASES:
             code, answer = await self.send(path, body)
             self.assertEqual(code, 400, (path, body, answer))
             self.assertEqual(answer["error"].get("param"), param, answer)
-        self.assertEqual(sorted(runner["pid"] for runner in self.daemon.scheduler.running()), pids)
+        self.assertEqual(sorted(runner.pid for runner in self.daemon.scheduler.snapshot()), pids)
         code, answer = await self.send(CHAT, {"model": TINY, "messages": HI, "max_tokens": 2})
         self.assertEqual(code, 200, answer)
