@@ -21,6 +21,7 @@ from mrunner.api.app import Routes, ServiceAPI
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
+from mrunner.api.openapi import OpenAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
@@ -124,12 +125,13 @@ def make_parts(
         reactor,
     )
     logs = LogsAPI(home.logs, reactor)
-    groups = [  # the inference routes first: every token's request is matched against them
+    groups: list[Any] = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes),
         ServiceAPI(models, metrics.registry, scheduler),
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
+    groups.append(OpenAPI(groups))  # last: it describes every group before it
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
     return Parts(Routes(groups), scheduler, logs, closers, reloader)
 
