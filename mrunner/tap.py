@@ -22,6 +22,7 @@ from mrunner.api.history import RecordsAPI
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
+from mrunner.api.openapi import OpenAPI
 from mrunner.api.records import Records
 from mrunner.api.ui import PageAPI
 from mrunner.backends.command import CommandBackend
@@ -140,7 +141,7 @@ def make_parts(
         else None
     )
     history = RecordsAPI(records)
-    groups = [  # the inference routes first: every token's request is matched against them
+    groups: list[Any] = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(
             scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes, records
         ),
@@ -150,6 +151,7 @@ def make_parts(
         PageAPI(scheduler, reactor),
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
+    groups.append(OpenAPI(groups))  # last: it describes every group before it
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
     return Parts(Routes(groups), scheduler, logs, history, closers, reloader)
 

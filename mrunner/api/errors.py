@@ -22,9 +22,14 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
 
 
 def error_response(request: IRequest, failure: Failure) -> bytes:
-    """The response for a L{MrunnerError}, with C{Retry-After} when a retry can help."""
+    """The response for a L{MrunnerError} raised by a route."""
     error = failure.value
     assert isinstance(error, MrunnerError)
+    return render_error(request, error)
+
+
+def render_error(request: IRequest, error: MrunnerError) -> bytes:
+    """The response for C{error}, with C{Retry-After} when a retry can help."""
     if error.retry_after is not None:
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
     return json_body(request, error.body(), error.status)

@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.records import Record, Records, record_key
 from mrunner.api.requests import flag, query
 from mrunner.errors import BadRequest, NotFound
@@ -32,6 +33,27 @@ class RecordsAPI(Service):
     def __init__(self, records: Records | None) -> None:
         self._records = records
         self._follows: dict[Deferred[bytes], Callable[[], None]] = {}
+
+    def openapi(self) -> Piece:
+        records = {"type": "array", "items": {"type": "object"}}
+        parameters = [
+            parameter("model", "query", {"type": "string"}, "only this model's requests"),
+            parameter("limit", "query", {"type": "integer", "minimum": 1}, "at most this many"),
+            parameter("follow", "query", {"type": "boolean"}, "then each new record, as server-sent events"),
+        ]
+        answers = {
+            "200": answer(
+                "records, newest first (with follow: server-sent events)",
+                {**json_content(records), "text/event-stream": {"schema": {"type": "string"}}},
+            )
+        }
+        return {
+            "paths": {
+                "/engines/requests": {
+                    "get": operation("The recorded requests", answers, parameters=parameters)
+                }
+            }
+        }
 
     @app.route("/engines/requests", methods=["GET"])
     def requests(self, request: IRequest) -> bytes | Deferred[bytes]:

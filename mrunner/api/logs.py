@@ -20,6 +20,7 @@ from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors
+from mrunner.api.openapi import TEXT, Piece, answer, operation, parameter
 from mrunner.api.records import record_key
 from mrunner.api.requests import flag, query
 from mrunner.errors import NotFound
@@ -39,6 +40,20 @@ class LogsAPI(Service):
         self._directory = directory
         self._clock = clock
         self._follows: dict[Deferred[bytes], LoopingCall] = {}
+
+    def openapi(self) -> Piece:
+        follow = parameter("follow", "query", {"type": "boolean"}, "keep sending lines as they are written")
+        source = parameter("source", "query", {"type": "string"}, "one model's runners' logs, or daemon")
+        lines = answer("lines: [source] text", TEXT)
+        return {
+            "paths": {
+                "/logs": {
+                    "get": operation(
+                        "The daemon's and runners' logs", {"200": lines}, parameters=[source, follow]
+                    )
+                }
+            }
+        }
 
     @app.route("/logs", methods=["GET"])
     def logs(self, request: IRequest) -> bytes | Deferred[bytes]:

@@ -14,6 +14,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.views import runner_json
 from mrunner.errors import NotFound
 from mrunner.interfaces import IScheduler
@@ -50,6 +51,25 @@ class PageAPI:
         self._scheduler = scheduler
         self._clock = clock
         self._files = page_files()
+
+    def openapi(self) -> Piece:
+        html = {"text/html": {"schema": {"type": "string"}}}
+        name = parameter("name", "path", {"type": "string", "enum": sorted(TYPES)}, "one of the page's files")
+        overview = {"type": "object", "required": ["now", "runners", "queue", "memory_budget"]}
+        return {
+            "paths": {
+                "/ui": {"get": operation("The web page", {"200": answer("the page", html)})},
+                "/ui/{name}": {
+                    "get": operation("A file of the page", {"200": answer("the file")}, parameters=[name])
+                },
+                "/engines/overview": {
+                    "get": operation(
+                        "Runners, queue and memory budget, as the page shows them",
+                        {"200": answer("the overview", json_content(overview))},
+                    )
+                },
+            }
+        }
 
     @app.route("/ui", methods=["GET"])
     def page(self, request: IRequest) -> bytes:
