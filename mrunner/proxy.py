@@ -53,6 +53,20 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+# The daemon answers browsers' CORS itself (mrunner/api/gate.py): a runner's own say is dropped.
+RUNNER_CORS = frozenset(
+    {
+        b"access-control-allow-origin",
+        b"access-control-allow-credentials",
+        b"access-control-allow-methods",
+        b"access-control-allow-headers",
+        b"access-control-allow-private-network",
+        b"access-control-expose-headers",
+        b"access-control-max-age",
+    }
+)
+NOT_RELAYED = HOP_BY_HOP | RUNNER_CORS
+
 # Drop pooled connections before llama-server's own 5 s keep-alive does, so a
 # POST never races a server-side close.
 POOL_IDLE_SECONDS = 4
@@ -115,7 +129,7 @@ class BytesBody:
 
 
 def forwarded_headers(headers: Headers) -> Headers:
-    """A copy of C{headers} without hop-by-hop fields, those C{Connection} names included."""
+    """A copy of C{headers} without hop-by-hop fields (those C{Connection} names included) or CORS."""
     named = {
         token.strip().lower()
         for value in headers.getRawHeaders(b"connection", [])
@@ -123,7 +137,7 @@ def forwarded_headers(headers: Headers) -> Headers:
     }
     kept = Headers()
     for name, values in headers.getAllRawHeaders():
-        if name.lower() not in HOP_BY_HOP and name.lower() not in named:
+        if name.lower() not in NOT_RELAYED and name.lower() not in named:
             kept.setRawHeaders(name, values)
     return kept
 

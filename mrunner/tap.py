@@ -13,11 +13,11 @@ from twisted.application.service import IService, MultiService
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.server import Site
 
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
 from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.gate import GatedSite, private_listen
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
@@ -65,9 +65,12 @@ def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBack
 
 @attrs.frozen
 class Parts:
-    """The wired daemon: its HTTP root and the long-lived objects behind it."""
+    """The wired daemon: its HTTP server and the long-lived objects behind it.
 
-    root: Routes
+    C{site.configure(config)} replaces the front-door rules (C{[http]}) at run time.
+    """
+
+    site: GatedSite
     scheduler: Scheduler
     logs: LogsAPI
     pools: tuple[HTTPConnectionPool, ...]
@@ -104,7 +107,8 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes),
     ]
-    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool))
+    site = GatedSite(Routes(groups), config, reactor)
+    return Parts(site, scheduler, logs, (runner_pool, registry_pool))
 
 
 def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiService, Parts]:
@@ -116,11 +120,8 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
         service
     )
     parts.logs.setServiceParent(service)
-    # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
-    # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
-    site = Site(parts.root, parsePOSTFormSubmission=False)
-    site.displayTracebacks = False
-    StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(service)
+    endpoint = serverFromString(reactor, private_listen(config.listen))
+    StreamServerEndpointService(endpoint, parts.site).setServiceParent(service)
     return service, parts
 
 

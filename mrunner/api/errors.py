@@ -1,4 +1,8 @@
-"""Every error a client sees is OpenAI-shaped JSON: C{{"error": {"message", "type", "code"}}}."""
+"""Every error a client sees is rendered here, in the shape of the API the request came in on.
+
+That is OpenAI's C{{"error": {"message", "type", "code"}}} on every route today;
+L{error_document} is the one place that picks a shape from the request's path.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
-from mrunner.errors import MrunnerError
+from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
 
 
 def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
@@ -21,23 +25,34 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     return json.dumps(value).encode() + b"\n"
 
 
-def error_response(request: IRequest, failure: Failure) -> bytes:
-    """The response for a L{MrunnerError}, with C{Retry-After} when a retry can help."""
-    error = failure.value
-    assert isinstance(error, MrunnerError)
+def error_document(path: bytes, error: MrunnerError) -> dict[str, object]:
+    """The JSON body that tells a client on C{path} about C{error}."""
+    return error.body()
+
+
+def render_error(request: IRequest, error: MrunnerError) -> bytes:
+    """Status, headers (C{Retry-After} when a retry can help) and body for C{error}."""
     if error.retry_after is not None:
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
-    return json_body(request, error.body(), error.status)
+    for name, value in error.headers:
+        request.setHeader(name, value)
+    return json_body(request, error_document(request.path, error), error.status)
+
+
+def error_response(request: IRequest, failure: Failure) -> bytes:
+    """The response for a L{MrunnerError} a route raised."""
+    error = failure.value
+    assert isinstance(error, MrunnerError)
+    return render_error(request, error)
 
 
 def routing_error_response(request: IRequest, failure: Failure) -> bytes:
-    """Werkzeug's 404 and 405, in the same JSON shape."""
+    """Werkzeug's 404 and 405, rendered as the daemon's own errors."""
     error = failure.value
     assert isinstance(error, HTTPException)
-    status = error.code or 500
-    kind = "not_found_error" if status == 404 else "invalid_request_error"
     message = f"{request.method.decode()} {request.uri.decode(errors='replace')}: {error.name}"
-    return json_body(request, {"error": {"message": message, "type": kind, "code": None}}, status)
+    kind = MethodNotAllowed if error.code == 405 else NotFound
+    return render_error(request, kind(message))
 
 
 def handle_json_errors(app: Klein) -> None:
