@@ -82,17 +82,22 @@ def alive(pid: int) -> bool:
 
 
 class InProcessDaemon:
-    """The service tree of ``twistd mrunner``, in this process, on a free loopback port."""
+    """The service tree of ``twistd mrunner``, in this process, on a free loopback port.
 
-    def __init__(self, config_path: Path):
+    With C{tls} (a PEM file holding a key and its certificate) it serves HTTPS at C{https://localhost}.
+    """
+
+    def __init__(self, config_path: Path, tls: Path | None = None):
         port = free_port()
-        self.config = configuration.load(
-            config_path, overrides={"listen": f"tcp:{port}:interface=127.0.0.1"}, environ={}
-        )
+        listen = f"tcp:{port}:interface=127.0.0.1"
+        if tls is not None:
+            listen = f"ssl:{port}:interface=127.0.0.1:privateKey={tls}"
+        self.config = configuration.load(config_path, overrides={"listen": listen}, environ={})
         self.service, parts = make_service(self.config, reactor)
         self.scheduler = parts.scheduler
+        self.site = parts.site
         self.service.startService()
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"https://localhost:{port}" if tls is not None else f"http://127.0.0.1:{port}"
 
     async def stop(self) -> None:
         if not self.service.running:

@@ -246,6 +246,11 @@ class GatedSite(Site):
     def forget(self, channel: GatedChannel) -> None:
         self._channels.discard(channel)
 
+    @property
+    def connections(self) -> int:
+        """Connections open now, those being refused for the cap included."""
+        return len(self._channels)
+
     def _sweep(self) -> None:
         now = self.reactor.seconds()
         for channel in list(self._channels):
