@@ -105,9 +105,13 @@ class InProcessDaemon:
         await self.service.stopService()
 
     async def import_model(self, name: str, gguf: Path) -> None:
-        """Put C{gguf} into the store as C{name}, as a user would: C{POST /models/load}."""
+        """Put C{gguf} into the store as C{name} as a user would: C{POST /models/load}, keyed if need be."""
+        keys = self.config.http.admin_api_keys or self.config.http.api_keys
+        headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
         with gguf.open("rb") as f:
-            response = await http.post(f"{self.url}/models/load", params={"name": name}, data=f)
+            response = await http.post(
+                f"{self.url}/models/load", params={"name": name}, data=f, headers=headers
+            )
             body = await response.text()
         if response.code not in (200, 201):
             raise AssertionError(f"import of {name} failed: {response.code} {body}")

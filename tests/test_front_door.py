@@ -27,12 +27,14 @@ from openai import AuthenticationError, OpenAI
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
 from mrunner import config as configuration
 from mrunner.tap import make_service
 from tests.daemon import InProcessDaemon, eventually, short_home, write_config
 from tests.ggufs import write_tiny_gguf
+from tests.test_cli import MRUNNER
 from tests.test_daemon import MODEL, DaemonTestCase
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -244,3 +246,26 @@ class TLSTests(TestCase):
         answer, models = await deferToThread(talk)
         self.assertEqual(answer, "echo: tls 401")
         self.assertIn(MODEL, models)
+
+
+class CommandLineKeyTests(DaemonTestCase):
+    KEY = "sk-cli-test-key"
+    config_text = f'[http]\napi_keys = ["{KEY}"]\n'
+
+    async def mrunner(self, *args: str, **env: str) -> tuple[int, str, str]:
+        environ = {k: v for k, v in os.environ.items() if k != "MRUNNER_API_KEY"}
+        out, err, code = await getProcessOutputAndValue(
+            MRUNNER, args, env={**environ, "MRUNNER_HOST": self.daemon.url, **env}, reactor=reactor
+        )
+        return code, out.decode(), err.decode()
+
+    async def test_the_key_from_the_option_or_the_environment(self) -> None:
+        await self.start()
+        code, _, err = await self.mrunner("ls")
+        self.assertEqual(code, 1)
+        self.assertIn("--api-key", err)
+        self.assertNotIn(self.KEY, err)
+        code, out, _ = await self.mrunner("--api-key", self.KEY, "ls")
+        self.assertEqual((code, MODEL.split(":")[0] in out), (0, True))
+        code, out, _ = await self.mrunner("ls", MRUNNER_API_KEY=self.KEY)
+        self.assertEqual((code, MODEL.split(":")[0] in out), (0, True))
