@@ -15,7 +15,7 @@ from twisted.web.resource import Resource
 
 from mrunner import config as configuration
 from mrunner.api.gate import GatedSite, private_listen
-from mrunner.api.trust import Trust, is_admin, listen_host
+from mrunner.api.trust import Trust, beyond_loopback, is_admin, listen_host
 from mrunner.config import Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge
 from mrunner.proxy import forwarded_headers
@@ -435,6 +435,34 @@ class ConnectionTests(GateTestCase):
 
 
 class ListenTests(SynchronousTestCase):
+    def test_beyond_loopback(self) -> None:
+        for listen in (
+            "tcp:12434",
+            "tcp:1:interface=0.0.0.0",
+            "ssl:1:interface=192.168.1.5",
+            r"tcp6:1:interface=\:\:",
+        ):
+            self.assertTrue(beyond_loopback(listen), listen)
+        for listen in (
+            "tcp:1:interface=127.0.0.1",
+            r"tcp6:1:interface=\:\:1",
+            "unix:/run/a.sock",
+            "tcp:1:interface=localhost",
+        ):
+            self.assertFalse(beyond_loopback(listen), listen)
+
+    def test_listening_beyond_loopback_without_keys_is_warned_of(self) -> None:
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        for keys in ((), ("k",)):
+            GatedSite(
+                Recorder(), attrs.evolve(Config(), listen="tcp:12434", http=HTTPConfig(api_keys=keys)), None
+            )
+        self.assertEqual(
+            [e["listen"] for e in events if "api_keys" in e.get("log_format", "")], ["tcp:12434"]
+        )
+
     def test_a_unix_socket_is_private_unless_a_mode_is_given(self) -> None:
         self.assertEqual(private_listen("unix:/run/api.sock"), "unix:/run/api.sock:mode=600")
         self.assertEqual(private_listen("unix:/run/api.sock:mode=660"), "unix:/run/api.sock:mode=660")

@@ -23,7 +23,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
 from mrunner.api.errors import render_error
-from mrunner.api.trust import Trust
+from mrunner.api.trust import Trust, beyond_loopback
 from mrunner.config import Config
 from mrunner.errors import MrunnerError, PayloadTooLarge, Unavailable
 
@@ -206,6 +206,7 @@ class GatedSite(Site):
     """
 
     protocol = GatedChannel  # type: ignore[assignment]
+    events = Logger()  # (twisted.web's Site.log writes the access log)
 
     def __init__(self, resource: IResource, config: Config, reactor: Any):
         # Twisted's own idle timeout is off: the sweep closes idle connections instead. No route
@@ -221,6 +222,11 @@ class GatedSite(Site):
     def configure(self, config: Config) -> None:
         """Use C{config}'s front-door rules for every request from now on."""
         self.trust = Trust(config)
+        if beyond_loopback(config.listen) and not (config.http.api_keys or config.http.admin_api_keys):
+            self.events.warn(
+                "listening on {listen} without [http] api_keys: whoever reaches it may use every route",
+                listen=config.listen,
+            )
         if self._sweeper.running:
             self._sweeper.stop()
             self._start_sweeping()

@@ -195,5 +195,19 @@ def listen_host(listen: str) -> bytes | None:
     return None
 
 
+def beyond_loopback(listen: str) -> bool:
+    """Whether C{listen} is a TCP or TLS port that other machines may reach."""
+    kind = listen.partition(":")[0]
+    if kind not in ("tcp", "tcp6", "ssl"):
+        return False
+    host = listen_host(listen)
+    if host is None:
+        return True  # all interfaces
+    try:
+        return not ipaddress.ip_address(host.strip(b"[]").decode()).is_loopback
+    except ValueError:
+        return host != b"localhost"
+
+
 def _lower_ascii(text: str) -> bytes:
     return text.lower().encode("ascii", errors="replace")
