@@ -149,18 +149,18 @@ class GatedChannel(HTTPChannel):
                 self.transport.abortConnection()
         elif self._since is not None:
             if now - self._since > http.header_timeout:
-                self._cut_off("its request headers took over {seconds}s", http.header_timeout)
+                self._cut_off("its request headers took over {seconds}s", seconds=http.header_timeout)
         elif self._body_mark is not None:
             when, received = self._body_mark
             if now - when >= http.header_timeout:
                 if self._received - received < http.min_body_rate * (now - when):
-                    self._cut_off("its request body came slower than {seconds} bytes/s", http.min_body_rate)
+                    self._cut_off("its request body came slower than {rate} bytes/s", rate=http.min_body_rate)
                 self._body_mark = (now, self._received)
         elif self._awaiting and now - self._idle_since > http.idle_timeout:
             self.loseConnection()
 
-    def _cut_off(self, why: str, seconds: float) -> None:
-        self.log.info("cut off {peer}: " + why, peer=str(self.transport.getPeer()), seconds=seconds)
+    def _cut_off(self, why: str, **limit: float) -> None:
+        self.log.info("cut off {peer}: " + why, peer=str(self.transport.getPeer()), **limit)
         self.transport.abortConnection()
 
 
