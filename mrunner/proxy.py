@@ -65,7 +65,9 @@ RUNNER_CORS = frozenset(
         b"access-control-max-age",
     }
 )
-NOT_RELAYED = HOP_BY_HOP | RUNNER_CORS
+# The client's key is for mrunner (mrunner/api/trust.py): a runner never sees it, nor logs it.
+DAEMON_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
+NOT_RELAYED = HOP_BY_HOP | RUNNER_CORS | DAEMON_CREDENTIALS
 
 # Drop pooled connections before llama-server's own 5 s keep-alive does, so a
 # POST never races a server-side close.
@@ -129,7 +131,7 @@ class BytesBody:
 
 
 def forwarded_headers(headers: Headers) -> Headers:
-    """A copy of C{headers} without hop-by-hop fields (those C{Connection} names included) or CORS."""
+    """A copy of C{headers} without hop-by-hop fields (those C{Connection} names included), CORS or keys."""
     named = {
         token.strip().lower()
         for value in headers.getRawHeaders(b"connection", [])

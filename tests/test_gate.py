@@ -204,6 +204,12 @@ class OriginTests(GateTestCase):
         preflight = raw_request("OPTIONS", "/v1/models", {"Origin": "http://evil.example"})
         self.assertRefused(self.send(preflight), 403)
 
+    def test_a_key_is_never_relayed_to_a_runner(self) -> None:
+        client = Headers(
+            {b"Authorization": [f"Bearer {KEY}".encode()], b"x-api-key": [KEY.encode()], b"a": [b"b"]}
+        )
+        self.assertEqual(dict(forwarded_headers(client).getAllRawHeaders()), {b"A": [b"b"]})
+
     def test_a_runners_cors_headers_are_never_relayed(self) -> None:
         runner = Headers(
             {
