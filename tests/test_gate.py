@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -19,6 +20,7 @@ from mrunner.api.trust import Trust, beyond_loopback, is_admin, listen_host
 from mrunner.config import Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge
 from mrunner.proxy import forwarded_headers
+from mrunner.tap import make_service
 
 KEY = "sk-local-0123456789"
 ADMIN_KEY = "sk-admin-9876543210"
@@ -332,6 +334,23 @@ class KeyTests(GateTestCase):
         self.site.configure(self.config)
         self.routes.seen.clear()
         self.assertRefused(self.get(), 401)
+
+    def test_a_reload_swaps_the_rules_but_not_the_listen_address_nor_the_body_limit(self) -> None:
+        self.make(listen="tcp:12434:interface=192.168.1.5")
+        reread = attrs.evolve(
+            self.config,
+            listen="tcp:12434:interface=192.168.1.6",
+            max_request_bytes=1,
+            http=HTTPConfig(api_keys=(KEY,)),
+        )
+        parts = make_service(attrs.evolve(self.config, home=Path(self.mktemp())), self.clock, lambda: reread)[
+            1
+        ]
+        parts.reloader.reload()
+        self.site = parts.site
+        self.assertRefused(self.get(), 401)
+        self.assertEqual(self.get(Host="192.168.1.5", x_api_key=KEY)[0], 200)
+        self.assertEqual(self.site.trust.body_limit(b"/v1/embeddings", 1000), 1000)
 
 
 class BodyLimitTests(GateTestCase):

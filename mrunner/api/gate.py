@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from twisted.internet.address import UNIXAddress
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -201,8 +202,9 @@ PREFLIGHT = Preflight()
 class GatedSite(Site):
     """The HTTP server: counts its connections and sweeps them; its trust rules can be replaced.
 
-    C{configure(config)} swaps in the C{[http]} settings (and C{max_request_bytes},
-    C{listen}) of a newly read configuration: requests from then on use them.
+    C{configure(config)} swaps in the C{[http]} settings of a newly read configuration:
+    requests from then on use them. C{listen} and C{max_request_bytes} stay as the daemon
+    started with them, as the routes and the listening port do, until a restart.
     """
 
     protocol = GatedChannel  # type: ignore[assignment]
@@ -217,10 +219,14 @@ class GatedSite(Site):
         self._channels: set[GatedChannel] = set()
         self._sweeper = LoopingCall(self._sweep)
         self._sweeper.clock = reactor
+        self._started = config
         self.configure(config)
 
     def configure(self, config: Config) -> None:
         """Use C{config}'s front-door rules for every request from now on."""
+        config = attrs.evolve(
+            config, listen=self._started.listen, max_request_bytes=self._started.max_request_bytes
+        )
         self.trust = Trust(config)
         if beyond_loopback(config.listen) and not (config.http.api_keys or config.http.admin_api_keys):
             self.events.warn(
