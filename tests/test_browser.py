@@ -85,7 +85,7 @@ class BrowserTests(DaemonTestCase):
         for status, text in refused:
             self.assertEqual(status, "failed", text)
             self.assertIn("Failed to fetch", text)
-        self.assertEqual(len(self.daemon.scheduler.running()), 1, "a refused page unloaded the runner")
+        self.assertEqual(len(self.runner_pids()), 1, "a refused page unloaded the runner")
 
         models, unload, _ = (await deferToThread(visit, [allowed], self.daemon.url))[allowed]
         self.assertEqual(models[0], 200, models)
