@@ -27,7 +27,7 @@ from mrunner.home import Home
 from mrunner.interfaces import IBackend
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, connection_pool, runner_agent
+from mrunner.proxy import Forwarder, health_agent
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
@@ -37,6 +37,7 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+from mrunner.upstream import RunnerPool, unix_connect
 
 log = Logger()
 
@@ -81,7 +82,7 @@ class Parts:
     site: GatedSite
     scheduler: Scheduler
     logs: LogsAPI
-    pools: tuple[HTTPConnectionPool, ...]
+    closers: tuple[Callable[[], object], ...]
     reloader: Reloader
 
 
@@ -92,16 +93,21 @@ def make_parts(
     home = Home(config.home)
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor, config.store.partial_max_age)
-    runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
-    agent = runner_agent(reactor, home.run, runner_pool)
+    runner_pool = RunnerPool(reactor, unix_connect(reactor), str(home.run), max(config.scheduler.parallel, 2))
     options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
         log_max_bytes=config.runner.log_max_bytes,
         log_keep=config.runner.log_keep,
     )
+    probe = health_probe(health_agent(reactor, home.run))
     scheduler = Scheduler(
-        reactor, config, backends, store, partial(start_runner, reactor, health_probe(agent), options), home
+        reactor,
+        config,
+        backends,
+        store,
+        partial(start_runner, reactor, probe, options),
+        home,
     )
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
@@ -119,14 +125,15 @@ def make_parts(
     )
     logs = LogsAPI(home.logs, reactor)
     groups = [  # the inference routes first: every token's request is matched against them
-        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
+        InferenceAPI(scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes),
         ServiceAPI(models, metrics.registry, scheduler),
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
     site = GatedSite(Routes(groups), config, reactor)
     reloadable.append(site.configure)
-    return Parts(site, scheduler, logs, (runner_pool, registry_pool), reloader)
+    closers = (runner_pool.close, registry_pool.closeCachedConnections)
+    return Parts(site, scheduler, logs, closers, reloader)
 
 
 def make_service(
@@ -142,9 +149,7 @@ def make_service(
     service = MultiService()
     lock.setServiceParent(service)
     DaemonLogFile(parts.scheduler.home).setServiceParent(service)
-    SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
-        service
-    )
+    SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     Listener(reactor, private_listen(config.listen), parts.site).setServiceParent(service)
     return service, parts

@@ -19,8 +19,9 @@ from mrunner.api.gate import GatedSite, private_listen
 from mrunner.api.trust import Trust, beyond_loopback, is_admin, listen_host
 from mrunner.config import Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge
-from mrunner.proxy import forwarded_headers
+from mrunner.proxy import answer_fields, forwarded_headers
 from mrunner.tap import make_service
+from mrunner.upstream import Head
 
 KEY = "sk-local-0123456789"
 ADMIN_KEY = "sk-admin-9876543210"
@@ -211,6 +212,14 @@ class OriginTests(GateTestCase):
             {b"Authorization": [f"Bearer {KEY}".encode()], b"x-api-key": [KEY.encode()], b"a": [b"b"]}
         )
         self.assertEqual(dict(forwarded_headers(client).getAllRawHeaders()), {b"A": [b"b"]})
+
+    def test_a_runners_cors_headers_never_reach_the_client(self) -> None:
+        head = Head(
+            b"HTTP/1.1 200 OK\r\nAccess-Control-Allow-Origin: http://evil.example\r\n"
+            b"Access-Control-Allow-Credentials: true\r\nContent-Type: application/json\r\nContent-Length: 2",
+            b"POST",
+        )
+        self.assertEqual(list(answer_fields(head)), [(b"Content-Type", b"application/json")])
 
     def test_a_runners_cors_headers_are_never_relayed(self) -> None:
         runner = Headers(

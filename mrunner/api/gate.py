@@ -21,12 +21,13 @@ from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import Request, Site
+from twisted.web.server import Request
 
 from mrunner.api.errors import render_error
 from mrunner.api.trust import Trust, beyond_loopback
 from mrunner.config import Config
 from mrunner.errors import MrunnerError, PayloadTooLarge, Unavailable
+from mrunner.logfiles import BatchedLogSite
 
 ALLOWED_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
 PREFLIGHT_MAX_AGE = b"600"
@@ -199,7 +200,7 @@ class Preflight(Resource):
 PREFLIGHT = Preflight()
 
 
-class GatedSite(Site):
+class GatedSite(BatchedLogSite):
     """The HTTP server: counts its connections and sweeps them; its trust rules can be replaced.
 
     C{configure(config)} swaps in the C{[http]} settings of a newly read configuration:
@@ -214,7 +215,9 @@ class GatedSite(Site):
         # Twisted's own idle timeout is off: the sweep closes idle connections instead. No route
         # takes an HTML form, and parsing one means an email.message.EmailMessage per POST to
         # read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
-        super().__init__(resource, GatedRequest, timeout=None, reactor=reactor, parsePOSTFormSubmission=False)
+        super().__init__(
+            resource, reactor, requestFactory=GatedRequest, timeout=None, parsePOSTFormSubmission=False
+        )
         self.displayTracebacks = False
         self._channels: set[GatedChannel] = set()
         self._sweeper = LoopingCall(self._sweep)

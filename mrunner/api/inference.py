@@ -64,8 +64,7 @@ class InferenceAPI:
         started = self._clock.seconds()
 
         def finished(result: object) -> None:
-            self._metrics.requests.labels(mode, str(request.code)).inc()
-            self._metrics.seconds.labels(mode).observe(self._clock.seconds() - started)
+            self._metrics.finished(mode, request.code, self._clock.seconds() - started)
 
         request.notifyFinish().addBoth(finished)
 
