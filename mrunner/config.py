@@ -152,6 +152,14 @@ class HTTPConfig:
 
 
 @attrs.frozen
+class HuggingFaceConfig:
+    """Where ``hf.co/...`` pulls go; C{HF_ENDPOINT} and C{HF_TOKEN} override it. The token is never shown."""
+
+    endpoint: str = "https://huggingface.co"
+    token: str | None = attrs.field(default=None, repr=False)
+
+
+@attrs.frozen
 class StoreConfig:
     partial_max_age: float = _duration(7 * 24 * 3600.0)
 
@@ -167,6 +175,7 @@ class Config:
     registry: RegistryConfig = RegistryConfig()
     http: HTTPConfig = HTTPConfig()
     store: StoreConfig = StoreConfig()
+    huggingface: HuggingFaceConfig = HuggingFaceConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     models: ModelsConfig = ModelsConfig()
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
@@ -275,6 +284,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "registry": RegistryConfig,
         "http": HTTPConfig,
         "store": StoreConfig,
+        "huggingface": HuggingFaceConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

@@ -10,9 +10,10 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import read_body, target
+from mrunner.api.requests import read_body, target, wants_images
 from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
+from mrunner.errors import BadRequest
 from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder
@@ -73,6 +74,8 @@ class InferenceAPI:
         name = self._scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
         model, keep_alive = target(body)
+        if wants_images(body):
+            self._check_vision(model)
         lease = await self._scheduler.acquire(name, model, mode, keep_alive)
         try:
             if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
@@ -81,6 +84,17 @@ class InferenceAPI:
         finally:
             lease.release()
         return None
+
+    def _check_vision(self, name: str) -> None:
+        """A request with images needs a projector: say so before any runner loads."""
+        model = self._store.resolve(name)
+        if "mmproj" not in model.files:
+            raise BadRequest(
+                f"model {model.name} cannot read images: it has no multimodal projector (mmproj) layer;"
+                " use a vision model, e.g. one pulled from a Hugging Face repository with an mmproj-*.gguf,"
+                " or add a projector with `mrunner package --mmproj FILE`",
+                code="model_has_no_vision",
+            )
 
     @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
     def chat(self, request: Request, backend: str | None = None) -> Any:
