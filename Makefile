@@ -20,9 +20,11 @@ $(VENV)/.installed: pyproject.toml
 backend: install
 	$(PY) -m mrunner.backends.llamacpp
 
-# Debian packages the tests use: the CNCF distribution registry.
+# Debian packages the tests use: the CNCF distribution registry, and Chromium (driven by Playwright
+# from PyPI through its executable path: no browser is downloaded).
 system-deps:
 	@command -v docker-registry >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q docker-registry; }
+	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 
 run: backend
 	@$(VENV)/bin/twistd -n --pidfile= mrunner & daemon=$$!; \

@@ -18,6 +18,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
 from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.gate import GatedSite, private_listen
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
@@ -26,7 +27,7 @@ from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
-from mrunner.logfiles import BatchedLogSite, DaemonLogFile
+from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, health_agent
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
@@ -76,9 +77,12 @@ def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBack
 
 @attrs.frozen
 class Parts:
-    """The wired daemon: its HTTP root and the long-lived objects behind it."""
+    """The wired daemon: its HTTP server and the long-lived objects behind it.
 
-    root: Routes
+    C{site.configure(config)} replaces the front-door rules (C{[http]}) at run time.
+    """
+
+    site: GatedSite
     scheduler: Scheduler
     logs: LogsAPI
     closers: tuple[Callable[[], object], ...]
@@ -132,8 +136,10 @@ def make_parts(
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
     groups.append(OpenAPI(groups))  # last: it describes every group before it
+    site = GatedSite(Routes(groups), config, reactor)
+    reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
-    return Parts(Routes(groups), scheduler, logs, closers, reloader)
+    return Parts(site, scheduler, logs, closers, reloader)
 
 
 def make_service(
@@ -151,11 +157,7 @@ def make_service(
     DaemonLogFile(parts.scheduler.home).setServiceParent(service)
     SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
-    # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
-    # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
-    site = BatchedLogSite(parts.root, reactor, parsePOSTFormSubmission=False)
-    site.displayTracebacks = False
-    Listener(reactor, config.listen, site).setServiceParent(service)
+    Listener(reactor, private_listen(config.listen), parts.site).setServiceParent(service)
     return service, parts
 
 
