@@ -99,6 +99,15 @@ class RegistryConfig:
 
 
 @attrs.frozen
+class ResponsesConfig:
+    """The Responses API's store of responses (memory only)."""
+
+    ttl: float = _duration(3600.0)
+    max_count: int = 1000
+    max_bytes: int = attrs.field(default=64 * 1024 * 1024, metadata={"parse": parse_size})
+
+
+@attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
     home: Path = attrs.field(factory=lambda: Path("~/.mrunner").expanduser())
@@ -107,6 +116,7 @@ class Config:
     scheduler: SchedulerConfig = SchedulerConfig()
     runner: RunnerConfig = RunnerConfig()
     registry: RegistryConfig = RegistryConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
     def backend(self, name: str) -> Mapping[str, Any]:
@@ -165,6 +175,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "scheduler": SchedulerConfig,
         "runner": RunnerConfig,
         "registry": RegistryConfig,
+        "responses": ResponsesConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

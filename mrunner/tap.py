@@ -17,10 +17,16 @@ from twisted.web.server import Site
 
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
+from mrunner.api.anthropic import AnthropicAPI
 from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.gateway import Gateway
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
+from mrunner.api.ollama import OllamaAPI
+from mrunner.api.response_store import ResponseStore
+from mrunner.api.responses import ResponsesAPI
+from mrunner.api.upstream import RunnerClient
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.interfaces import IBackend
@@ -90,16 +96,20 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
     metrics = Metrics(scheduler)
     registry_pool = HTTPConnectionPool(reactor)
     registry = RegistryClient(config.registry, reactor, HTTPClient(Agent(reactor, pool=registry_pool)))
-    models = ModelsAPI(
-        store,
-        scheduler,
-        Puller(store, registry, config.registry.max_pulls),
-        Pusher(store, registry, reactor),
-        reactor,
-    )
+    puller = Puller(store, registry, config.registry.max_pulls)
+    pusher = Pusher(store, registry, reactor)
+    models = ModelsAPI(store, scheduler, puller, pusher, reactor)
     logs = LogsAPI(config.home / "logs", reactor)
+    gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes)
+    runners = RunnerClient(agent)
+    responses = config.responses
     groups = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
+        AnthropicAPI(gateway, runners),
+        ResponsesAPI(
+            gateway, runners, ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)
+        ),
+        OllamaAPI(gateway, runners, store, puller, pusher),
         ServiceAPI(models, metrics.registry),
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes),

@@ -10,7 +10,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import read_body, target
+from mrunner.api.gateway import Gateway
+from mrunner.api.requests import target
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.interfaces import IModelStore
 from mrunner.metrics import Metrics
@@ -56,31 +57,17 @@ class InferenceAPI:
         self._scheduler = scheduler
         self._store = store
         self._forwarder = forwarder
-        self._metrics = metrics
-        self._clock = clock
-        self._max_request_bytes = max_request_bytes
-
-    def _measure(self, request: Request, mode: str) -> None:
-        started = self._clock.seconds()
-
-        def finished(result: object) -> None:
-            self._metrics.requests.labels(mode, str(request.code)).inc()
-            self._metrics.seconds.labels(mode).observe(self._clock.seconds() - started)
-
-        request.notifyFinish().addBoth(finished)
+        self._gateway = Gateway(scheduler, metrics, clock, max_request_bytes)
 
     async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes) -> Any:
-        self._measure(request, mode)
-        name = self._scheduler.backend_name(backend)
-        body = read_body(request, self._max_request_bytes)
+        self._gateway.measure(request, mode)
+        self._scheduler.backend_name(backend)
+        body = self._gateway.body(request)
         model, keep_alive = target(body)
-        lease = await self._scheduler.acquire(name, model, mode, keep_alive)
-        try:
+        async with self._gateway.lease(backend, model, mode, keep_alive) as lease:
             if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
                 return json_body(request, {"status": "loaded", "model": lease.runner.request.model.name})
             await self._forwarder.forward(request, lease.runner.socket, path, body)
-        finally:
-            lease.release()
         return None
 
     @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
