@@ -1,4 +1,4 @@
-"""The official anthropic, openai (Responses) and ollama clients → mrunner → the real llama-server with SmolLM2.
+"""The official anthropic, openai (Responses) and ollama clients → mrunner → llama-server with SmolLM2.
 
 One daemon per API, each test walking that API's list; disconnects and runner
 death are checked with the stand-in runner in test_compat_daemon.
@@ -218,7 +218,7 @@ class OllamaTests(LlamaCppTestCase):
         self.assertEqual(shown.details.family, "llama")
         self.assertIn("completion", shown.capabilities)
 
-        # keep_alive=0 (the client sends 0.0) unloads after the answer; an empty chat loads, and unloads with 0.
+        # keep_alive=0 (sent as 0.0) unloads after the answer; an empty chat loads, and unloads with 0.
         await self.call(
             client.chat, model="smollm2", messages=question, keep_alive=0, options={"num_predict": 2}
         )
