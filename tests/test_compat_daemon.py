@@ -160,6 +160,9 @@ class ErrorShapeTests(CompatDaemonTestCase):
                 self.assertEqual((code, answer["type"], answer["error"]["type"]), (status, "error", kind))
         code, answer = await self.post("/engines/nope/v1/messages", {"model": MODEL})
         self.assertEqual((code, answer["error"]["type"]), (404, "not_found_error"))
+        code, answer = await self.post("/anthropic/v1/messages/batches", {})
+        self.assertEqual((code, answer["type"]), (404, "error"))
+        self.assertIn("batches", answer["error"]["message"])
 
     async def test_ollama_errors(self) -> None:
         await self.start()
@@ -178,6 +181,11 @@ class ErrorShapeTests(CompatDaemonTestCase):
         )
         self.assertEqual(code, 400)
         self.assertIn("projector", answer["error"])
+        code, answer = await self.post("/api/create", {"model": "x"})
+        self.assertEqual(code, 404)
+        self.assertIn("/api/create", answer["error"])
+        response = await http.get(self.daemon.url + "/api/chat")
+        self.assertEqual((response.code, list(json.loads(await response.text()))), (405, ["error"]))
 
     async def test_responses_errors(self) -> None:
         await self.start()

@@ -22,7 +22,7 @@ from mrunner.api.inference import routes
 from mrunner.api.requests import target
 from mrunner.api.upstream import RunnerClient
 from mrunner.backends.base import COMPLETION
-from mrunner.errors import MrunnerError
+from mrunner.errors import MrunnerError, NotFound
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
 PREFIXES = ("/anthropic", "", "/engines", "/engines/<backend>")
@@ -57,6 +57,12 @@ class AnthropicAPI:
                 _, error = anthropic_shape(e)
                 request.write(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
         return b""
+
+    @app.route("/anthropic/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
+    def unserved(self, request: Request, rest: str) -> bytes:
+        raise NotFound(
+            f"Anthropic's /{rest} is not served by mrunner; served: /v1/messages, /v1/messages/count_tokens"
+        )
 
     @routes(app, _paths("/v1/messages"), methods=["POST"])
     def messages(self, request: Request, backend: str | None = None) -> Any:

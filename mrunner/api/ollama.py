@@ -22,13 +22,13 @@ from twisted.web.server import Request
 
 from mrunner.api import ollama_shapes as shapes
 from mrunner.api.completions import Tally
-from mrunner.api.errors import handle_json_errors, json_body, ollama_shape
+from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.gateway import Gateway
 from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream
 from mrunner.api.requests import json_object, keep_alive, model_name, read_body
 from mrunner.api.upstream import RunnerClient
 from mrunner.backends.base import COMPLETION, EMBEDDING
-from mrunner.errors import BadRequest, MrunnerError
+from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.scheduling.scheduler import ModelSettings
 from mrunner.store.model import Model
 from mrunner.store.names import parse
@@ -40,6 +40,20 @@ from mrunner.store.store import ModelStore
 #: The Ollama API version these routes follow; clients check it to enable features.
 OLLAMA_VERSION = "0.12.0"
 CHAT, GENERATE = "chat", "generate"
+SERVED = (
+    "version",
+    "tags",
+    "ps",
+    "show",
+    "chat",
+    "generate",
+    "embed",
+    "embeddings",
+    "pull",
+    "push",
+    "copy",
+    "delete",
+)
 
 
 def _name(payload: dict[str, Any]) -> str:
@@ -62,6 +76,14 @@ class OllamaAPI:
         self._store = store
         self._puller = puller
         self._pusher = pusher
+
+    @app.route("/api/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
+    def unserved(self, request: IRequest, rest: str) -> bytes:
+        if rest in SERVED:
+            raise MethodNotAllowed(f"{request.method.decode()} /api/{rest}: method not allowed")
+        raise NotFound(
+            f"Ollama's /api/{rest} is not served by mrunner; served: {', '.join(f'/api/{r}' for r in SERVED)}"
+        )
 
     # Models
 
@@ -92,7 +114,10 @@ class OllamaAPI:
     def ps(self, request: IRequest) -> bytes:
         models = []
         for runner in self._gateway.scheduler.running():
-            model = self._store.resolve(runner["model_id"])
+            try:
+                model = self._store.resolve(runner["model_id"])
+            except NotFound:  # deleted while its runner stops
+                continue
             models.append(
                 {
                     **self._entries(model)[0],
