@@ -202,6 +202,31 @@ class ErrorShapeTests(CompatDaemonTestCase):
         code, answer = await self.post("/v1/responses", {"model": MODEL, "input": "x", "background": True})
         self.assertEqual(code, 400)
         self.assertIn("background", answer["error"]["message"])
+        for field, value in [
+            ("tools", "x"),
+            ("text", "x"),
+            ("instructions", 3),
+            ("input", 3),
+            ("tools", [1]),
+        ]:
+            code, answer = await self.post("/v1/responses", {"model": MODEL, "input": "x", field: value})
+            self.assertEqual(code, 400, (field, answer))
+
+    async def test_ollama_malformed_fields_are_400(self) -> None:
+        await self.start()
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+        for path, body in [
+            ("/api/chat", {**chat, "tools": "x"}),
+            ("/api/chat", {**chat, "messages": "x"}),
+            ("/api/chat", {**chat, "messages": [{"role": "assistant", "tool_calls": [1]}]}),
+            ("/api/chat", {**chat, "options": []}),
+            ("/api/generate", {"model": MODEL, "prompt": 3}),
+            ("/api/embed", {"model": MODEL, "input": [1]}),
+            ("/api/chat", {**chat, "keep_alive": "soon"}),
+        ]:
+            code, answer = await self.post(path, body)
+            self.assertEqual(code, 400, (body, answer))
+            self.assertEqual(list(answer), ["error"])
 
 
 class TranslationTests(CompatDaemonTestCase):

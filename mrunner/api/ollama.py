@@ -25,7 +25,7 @@ from mrunner.api.completions import Tally
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.gateway import Gateway
 from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream
-from mrunner.api.requests import json_object, keep_alive, model_name, read_body
+from mrunner.api.requests import json_object, keep_alive, model_name, read_body, typed
 from mrunner.api.upstream import RunnerClient
 from mrunner.backends.base import COMPLETION, EMBEDDING
 from mrunner.errors import BadRequest, MrunnerError, NotFound
@@ -280,19 +280,17 @@ class OllamaAPI:
             body: dict[str, Any] = {
                 "messages": shapes.chat_messages(payload.get("messages") or [], projector, model.name)
             }
-            if payload.get("tools"):
+            if typed(payload, "tools", list, "a list of tools"):
                 body["tools"] = payload["tools"]
             return b"/v1/chat/completions", body
-        prompt = payload.get("prompt") or ""
-        if not isinstance(prompt, str):
-            raise BadRequest("'prompt' must be a string")
+        prompt = typed(payload, "prompt", str, "a string") or ""
         if payload.get("raw"):
             if payload.get("images"):
                 raise BadRequest("'images' cannot be sent with 'raw': true")
             return b"/v1/completions", {"prompt": prompt}
         if not prompt:
             return b"/v1/chat/completions", {}
-        system = payload.get("system")
+        system = typed(payload, "system", str, "a string")
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": prompt, "images": payload.get("images")})
         return b"/v1/chat/completions", {"messages": shapes.chat_messages(messages, projector, model.name)}

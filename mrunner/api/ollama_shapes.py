@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from mrunner.api.requests import typed
 from mrunner.errors import BadRequest
 
 #: Ollama's sampling options and llama-server's names for them.
@@ -54,9 +55,7 @@ def refuse_unsupported(payload: Mapping[str, Any]) -> None:
 
 def options(payload: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
     """llama-server's sampling fields from C{options}, and C{num_ctx} when given."""
-    given = payload.get("options") or {}
-    if not isinstance(given, dict):
-        raise BadRequest("'options' must be an object")
+    given = typed(payload, "options", dict, "an object") or {}
     unknown = sorted(set(given) - set(OPTIONS) - {NUM_CTX})
     if unknown:
         raise BadRequest(
@@ -128,8 +127,12 @@ def chat_messages(messages: object, projector: bool, model: str) -> list[dict[st
             out["reasoning_content"] = message["thinking"]
         if message.get("tool_calls"):
             out["tool_calls"] = []
-            for call in message["tool_calls"]:
-                function = call.get("function") or {}
+            for call in typed(message, "tool_calls", list, "a list of tool calls"):
+                function = typed(call, "function", dict, "an object") if isinstance(call, dict) else None
+                if not function:
+                    raise BadRequest(
+                        f"messages[{i}].tool_calls: each is {{'function': {{'name', 'arguments'}}}}"
+                    )
                 calls.append(f"call_{i}_{len(out['tool_calls'])}")
                 arguments = function.get("arguments", {})
                 out["tool_calls"].append(

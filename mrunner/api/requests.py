@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.web.iweb import IRequest
@@ -75,3 +76,11 @@ def flag(request: IRequest, key: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise BadRequest(f"?{key}= must be true or false, not {value!r}")
     return value in ("true", "1")
+
+
+def typed(payload: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """C{payload[key]} if of C{kind}, None when absent, else L{BadRequest} saying what it must be."""
+    value = payload.get(key)
+    if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
+        raise BadRequest(f"'{key}' must be {what}, not {type(value).__name__}")
+    return value

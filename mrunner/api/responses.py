@@ -26,7 +26,7 @@ from mrunner.api.completions import Tally
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.inference import routes
-from mrunner.api.requests import json_object, keep_alive, model_name, query
+from mrunner.api.requests import json_object, keep_alive, model_name, query, typed
 from mrunner.api.response_store import ResponseStore, StoredResponse
 from mrunner.api.upstream import RunnerClient
 from mrunner.backends.base import COMPLETION
@@ -118,10 +118,11 @@ class ResponsesAPI:
         keep = keep_alive(payload.get("keep_alive"))
         shapes.refuse_unsupported(payload)
         items = shapes.input_items(payload.get("input"))
-        previous = payload.get("previous_response_id")
+        previous = typed(payload, "previous_response_id", str, "a response id")
         history = self._store.get(previous).conversation if previous else []
         conversation = history + shapes.chat_messages(items)
-        instructions = payload.get("instructions")
+        instructions = typed(payload, "instructions", str, "a string")
+        typed(payload, "metadata", dict, "an object")
         system = [{"role": "system", "content": instructions}] if instructions else []
         stream = payload.get("stream") is True
         body = {

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mrunner.api.completions import Tally
+from mrunner.api.requests import typed
 from mrunner.errors import BadRequest
 
 #: Request fields that ask for what mrunner does not do.
@@ -112,15 +113,16 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def chat_tools(payload: Mapping[str, Any]) -> dict[str, Any]:
     """C{tools} and C{tool_choice} as chat completions' fields; built-in tools are refused by name."""
-    tools = payload.get("tools") or []
+    tools = typed(payload, "tools", list, "a list of tools") or []
     converted = []
     for tool in tools:
-        if tool.get("type") != "function":
-            raise BadRequest(f"tool type {tool.get('type')!r} is not supported: only function tools are")
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else tool
+            raise BadRequest(f"tool type {kind!r} is not supported: only function tools are")
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
         converted.append({"type": "function", "function": function})
     fields: dict[str, Any] = {"tools": converted} if converted else {}
-    choice = payload.get("tool_choice")
+    choice = typed(payload, "tool_choice", (str, dict), "a string or an object")
     if isinstance(choice, dict):
         if choice.get("type") != "function":
             raise BadRequest(f"tool_choice of type {choice.get('type')!r} is not supported")
@@ -134,14 +136,14 @@ def chat_tools(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 def sampling(payload: Mapping[str, Any]) -> dict[str, Any]:
     """Sampling and C{text.format} as chat completions' fields."""
-    fields = {key: payload[key] for key in ("temperature", "top_p") if payload.get(key) is not None}
-    if payload.get("max_output_tokens") is not None:
-        fields["max_tokens"] = payload["max_output_tokens"]
-    text_format = (payload.get("text") or {}).get("format") or {"type": "text"}
-    kind = text_format.get("type")
+    fields = {key: typed(payload, key, (int, float), "a number") for key in ("temperature", "top_p")}
+    fields["max_tokens"] = typed(payload, "max_output_tokens", int, "an integer")
+    fields = {key: value for key, value in fields.items() if value is not None}
+    text_format = typed(typed(payload, "text", dict, "an object") or {}, "format", dict, "an object")
+    kind = (text_format or {"type": "text"}).get("type")
     if kind == "json_object":
         fields["response_format"] = {"type": "json_object"}
-    elif kind == "json_schema":
+    elif kind == "json_schema" and text_format is not None:
         schema = {key: text_format[key] for key in ("name", "schema", "strict") if key in text_format}
         fields["response_format"] = {"type": "json_schema", "json_schema": schema}
     elif kind != "text":
