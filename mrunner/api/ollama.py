@@ -228,12 +228,20 @@ class OllamaAPI:
     def generate(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._generate(request, GENERATE))
 
-    async def _generate(self, request: Request, kind: str) -> bytes:
-        self._gateway.measure(request, COMPLETION)
+    def _asked(self, request: Request, mode: str) -> tuple[float, dict[str, Any], str, float | None]:
+        """Start measuring C{request}: its start time, body, model name and C{keep_alive}."""
+        self._gateway.measure(request, mode)
         started = self._gateway.clock.seconds()
         payload = json_object(self._gateway.body(request))
-        name = _name(payload)
-        keep = keep_alive(payload.get("keep_alive"))
+        return started, payload, _name(payload), keep_alive(payload.get("keep_alive"))
+
+    async def _context_size(self, name: str, num_ctx: int | None) -> None:
+        """C{options.num_ctx}: the context size the model's runner starts with, as C{_configure} sets it."""
+        if num_ctx is not None:
+            await self._gateway.scheduler.configure(None, name, ModelSettings(context_size=num_ctx))
+
+    async def _generate(self, request: Request, kind: str) -> bytes:
+        started, payload, name, keep = self._asked(request, COMPLETION)
         shapes.refuse_unsupported(payload)
         sampling, num_ctx = shapes.options(payload)
         model = self._store.resolve(name)
@@ -242,8 +250,7 @@ class OllamaAPI:
         body.update(shapes.response_format(payload.get("format")))
         if kind == CHAT or path == b"/v1/chat/completions":
             body.update(shapes.thinking(payload.get("think")))
-        if num_ctx is not None:
-            await self._gateway.scheduler.configure(None, name, ModelSettings(context_size=num_ctx))
+        await self._context_size(name, num_ctx)
         if not body.get("messages") and not body.get("prompt"):
             return await self._load_only(request, kind, name, keep, started)
         stream = payload.get("stream") is not False
@@ -345,11 +352,7 @@ class OllamaAPI:
 
     async def _embed(self, request: Request, legacy: bool) -> bytes:
         """C{/api/embed} (C{input}: text or texts) and the older C{/api/embeddings} (C{prompt})."""
-        self._gateway.measure(request, EMBEDDING)
-        started = self._gateway.clock.seconds()
-        payload = json_object(self._gateway.body(request))
-        name = _name(payload)
-        keep = keep_alive(payload.get("keep_alive"))
+        started, payload, name, keep = self._asked(request, EMBEDDING)
         if payload.get("dimensions") is not None:
             raise BadRequest("'dimensions' is not supported: embeddings have the model's own size")
         _, num_ctx = shapes.options(payload)
@@ -357,8 +360,7 @@ class OllamaAPI:
         texts = [texts] if isinstance(texts, str) else texts
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             raise BadRequest(f"'{'prompt' if legacy else 'input'}' must be a string or a list of strings")
-        if num_ctx is not None:
-            await self._gateway.scheduler.configure(None, name, ModelSettings(context_size=num_ctx))
+        await self._context_size(name, num_ctx)
         async with self._gateway.lease(None, name, EMBEDDING, keep) as lease:
             loaded = self._gateway.clock.seconds()
             vectors: list[Any] = []

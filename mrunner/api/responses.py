@@ -161,6 +161,7 @@ class ResponsesAPI:
         events.emit("response.in_progress", response=started)
         tally = Tally()
         message = shapes.message_item("", "in_progress")
+        where = {"item_id": message["id"], "output_index": 0, "content_index": 0}
         try:
             async for chunk in answer.events():
                 text, _ = tally.add(chunk)
@@ -169,21 +170,8 @@ class ResponsesAPI:
                 if len(tally.text) == len(text):  # the first text: the message starts
                     events.emit("response.output_item.added", output_index=0, item=message)
                     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    events.emit(
-                        "response.content_part.added",
-                        item_id=message["id"],
-                        output_index=0,
-                        content_index=0,
-                        part=part,
-                    )
-                events.emit(
-                    "response.output_text.delta",
-                    item_id=message["id"],
-                    output_index=0,
-                    content_index=0,
-                    delta=text,
-                    logprobs=[],
-                )
+                    events.emit("response.content_part.added", **where, part=part)
+                events.emit("response.output_text.delta", **where, delta=text, logprobs=[])
         except MrunnerError as e:
             self.log.warn("runner stopped mid-answer: {message}", message=e.message)
             error = {"code": "server_error", "message": e.message}
