@@ -14,8 +14,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from openai import OpenAI
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
+from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
@@ -284,6 +286,8 @@ class TranslationTests(CompatDaemonTestCase):
         self.assertEqual(answer[-1]["done_reason"], "stop")
         (sent,) = self.sent_to_runner()
         self.assertEqual([m["role"] for m in sent["messages"]], ["system", "user"])
+        metrics = await (await http.get(self.daemon.url + "/metrics")).text()
+        self.assertIn('mrunner_requests_total{mode="completion",status="200"} 1.0', metrics)
 
     async def test_ollama_num_ctx_configures(self) -> None:
         await self.start()
@@ -315,6 +319,26 @@ class TranslationTests(CompatDaemonTestCase):
         self.assertEqual(sent[1]["messages"][3]["tool_call_id"], "c1")
         code, items = await self.post_get(f"/v1/responses/{second['id']}/input_items?order=asc")
         self.assertEqual([item["type"] for item in items["data"]], ["function_call", "function_call_output"])
+
+    async def test_openai_stream_helper_accumulates(self) -> None:
+        """The openai client's own event accumulator accepts the event sequence."""
+        await self.start()
+        self.open_gates()
+        client = OpenAI(
+            base_url=self.daemon.url + "/v1",
+            api_key="none",
+            max_retries=0,
+            default_headers={"Connection": "close"},
+        )
+
+        def stream() -> tuple[str, str]:
+            with client.responses.stream(model=MODEL, input="hi") as events:
+                for _ in events:
+                    pass
+                final = events.get_final_response()
+            return final.output_text, final.status
+
+        self.assertEqual(await deferToThread(stream), ("tok0 tok1 tok2 ", "completed"))
 
     async def test_store_false_leaves_nothing(self) -> None:
         await self.start()

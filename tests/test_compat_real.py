@@ -20,6 +20,7 @@ from tests.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 
 SMOLLM2 = "ai/smollm2"
 QUESTION = "What is 2+2?"
+CLOSE = {"Connection": "close"}  # leave no connection open after a test
 
 
 class AnthropicTests(LlamaCppTestCase):
@@ -27,7 +28,9 @@ class AnthropicTests(LlamaCppTestCase):
         await self.start()
         await self.daemon.import_model(SMOLLM2, smollm2())
         for base in ("/anthropic", ""):
-            client = anthropic.Anthropic(base_url=self.daemon.url + base, api_key="unused", max_retries=0)
+            client = anthropic.Anthropic(
+                base_url=self.daemon.url + base, api_key="unused", max_retries=0, default_headers=CLOSE
+            )
             message = await self.call(
                 client.messages.create,
                 model=SMOLLM2,
@@ -80,7 +83,9 @@ class ResponsesTests(LlamaCppTestCase):
     async def test_responses(self) -> None:
         await self.start()
         await self.daemon.import_model(SMOLLM2, smollm2())
-        client = openai.OpenAI(base_url=self.daemon.url + "/v1", api_key="unused", max_retries=0)
+        client = openai.OpenAI(
+            base_url=self.daemon.url + "/v1", api_key="unused", max_retries=0, default_headers=CLOSE
+        )
         first = await self.call(
             client.responses.create, model=SMOLLM2, input=QUESTION, temperature=0, max_output_tokens=32
         )
@@ -165,7 +170,7 @@ class ResponsesTests(LlamaCppTestCase):
 
 class OllamaTests(LlamaCppTestCase):
     def client(self) -> ollama.Client:
-        return ollama.Client(host=self.daemon.url, headers={"Connection": "close"})
+        return ollama.Client(host=self.daemon.url, headers=CLOSE)
 
     async def loaded(self) -> list[str]:
         return [model.model for model in (await self.call(self.client().ps)).models]

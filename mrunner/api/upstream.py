@@ -40,13 +40,14 @@ _JSON = Headers({b"content-type": [b"application/json"]})
 
 
 class RunnerRefused(MrunnerError):
-    """The runner answered with an error status; its status (4xx) and message are kept."""
+    """The runner answered with an error status: a 4xx is kept, "not supported" (501) is the request's
+    fault (400), and any other failure of the runner is a 502."""
 
     type = "invalid_request_error"
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
-        self.status = status if 400 <= status < 500 else 502
+        self.status = 400 if status == 501 else status if 400 <= status < 500 else 502
         if self.status == 502:
             self.type = "server_error"
 
