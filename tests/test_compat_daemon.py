@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import ollama
 from openai import OpenAI
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
@@ -25,6 +26,7 @@ from twisted.web.http_headers import Headers
 from mrunner.proxy import BytesBody
 from tests.daemon import InProcessDaemon, eventually, http, lines, short_home, write_config
 from tests.ggufs import write_tiny_gguf
+from tests.registry_server import SKIP, RealRegistry
 from tests.test_daemon import MODEL, Events
 
 
@@ -350,3 +352,41 @@ class TranslationTests(CompatDaemonTestCase):
     async def post_get(self, path: str) -> tuple[int, Any]:
         response = await http.get(self.daemon.url + path)
         return response.code, json.loads(await response.text())
+
+
+class OllamaModelsTests(CompatDaemonTestCase):
+    """The official ollama client's model routes, pushing to and pulling from the real registry."""
+
+    async def test_models(self) -> None:
+        if SKIP:
+            self.skipTest(SKIP)
+        await self.start()
+        registry = RealRegistry(self.home / "registry")
+        await registry.start()
+        self.addCleanup(lambda: ensureDeferred(registry.stop()))
+        client = ollama.Client(host=self.daemon.url, headers={"Connection": "close"})
+        probe = await http.head(self.daemon.url + "/")
+        self.assertEqual(probe.code, 200)
+        version = await http.get(self.daemon.url + "/api/version")
+        self.assertIn("version", json.loads(await version.text()))
+
+        remote = f"{registry.host}/team/tiny:v1"
+        await deferToThread(client.copy, "tiny", remote)
+        names = [model.model for model in (await deferToThread(client.list)).models]
+        self.assertEqual(sorted(names), sorted(["ai/tiny:latest", remote]))
+        pushed = await deferToThread(lambda: [p.status for p in client.push(remote, stream=True)])
+        self.assertEqual(pushed[-1], "success")
+        self.assertTrue(any(status.startswith("pushing ") for status in pushed), pushed)
+
+        await deferToThread(client.delete, remote)  # a copy: only that name goes
+        names = [model.model for model in (await deferToThread(client.list)).models]
+        self.assertEqual(names, ["ai/tiny:latest"])
+        pulled = await deferToThread(lambda: [p.status for p in client.pull(remote, stream=True)])
+        self.assertEqual((pulled[0], pulled[-1]), ("pulling manifest", "success"))
+        self.assertEqual((await deferToThread(client.pull, remote)).status, "success")
+        await deferToThread(client.delete, "tiny")
+        await deferToThread(client.delete, remote)
+        self.assertEqual((await deferToThread(client.list)).models, [])
+        with self.assertRaises(ollama.ResponseError) as caught:
+            await deferToThread(client.show, "tiny")
+        self.assertEqual(caught.exception.status_code, 404)

@@ -6,16 +6,11 @@ death are checked with the stand-in runner in test_compat_daemon.
 
 from __future__ import annotations
 
-import json
-
 import anthropic
 import ollama
 import openai
-from twisted.internet.defer import ensureDeferred
 
-from mrunner.tinymodel import write_tiny_llama
-from tests.daemon import eventually, http
-from tests.registry_server import SKIP, RealRegistry
+from tests.daemon import eventually
 from tests.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 
 SMOLLM2 = "ai/smollm2"
@@ -236,40 +231,3 @@ class OllamaTests(LlamaCppTestCase):
         self.assertEqual(unloaded.done_reason, "unload")
         await eventually(lambda: not self.daemon.scheduler.running(), 10)
         self.assertEqual(self.daemon.scheduler.running(), [])
-
-    async def test_models(self) -> None:
-        if SKIP:
-            self.skipTest(SKIP)
-        await self.start()
-        gguf = self.home / "tiny.gguf"
-        write_tiny_llama(gguf)
-        await self.daemon.import_model("tiny", gguf)
-        registry = RealRegistry(self.home / "registry")
-        await registry.start()
-        self.addCleanup(lambda: ensureDeferred(registry.stop()))
-        client = self.client()
-        probe = await http.head(self.daemon.url + "/")
-        self.assertEqual(probe.code, 200)
-        version = await http.get(self.daemon.url + "/api/version")
-        self.assertIn("version", json.loads(await version.text()))
-
-        remote = f"{registry.host}/team/tiny:v1"
-        await self.call(client.copy, "tiny", remote)
-        names = [model.model for model in (await self.call(client.list)).models]
-        self.assertEqual(sorted(names), sorted(["ai/tiny:latest", remote]))
-        pushed = await self.call(lambda: [p.status for p in client.push(remote, stream=True)])
-        self.assertEqual(pushed[-1], "success")
-        self.assertTrue(any(status.startswith("pushing ") for status in pushed), pushed)
-
-        await self.call(client.delete, remote)  # a copy: only that name goes
-        names = [model.model for model in (await self.call(client.list)).models]
-        self.assertEqual(names, ["ai/tiny:latest"])
-        pulled = await self.call(lambda: [p.status for p in client.pull(remote, stream=True)])
-        self.assertEqual((pulled[0], pulled[-1]), ("pulling manifest", "success"))
-        self.assertEqual((await self.call(client.pull, remote)).status, "success")
-        await self.call(client.delete, "tiny")
-        await self.call(client.delete, remote)
-        self.assertEqual((await self.call(client.list)).models, [])
-        with self.assertRaises(ollama.ResponseError) as caught:
-            await self.call(client.show, "tiny")
-        self.assertEqual(caught.exception.status_code, 404)
