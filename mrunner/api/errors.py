@@ -67,7 +67,7 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     return json.dumps(value).encode() + b"\n"
 
 
-def error_response(request: IRequest, error: MrunnerError, shape: Shape = openai_shape) -> bytes:
+def render_error(request: IRequest, error: MrunnerError, shape: Shape = openai_shape) -> bytes:
     """The response for C{error} in C{shape}, with C{Retry-After} when a retry can help."""
     if error.retry_after is not None:
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
@@ -88,10 +88,10 @@ def handle_json_errors(app: Klein, shape: Shape = openai_shape) -> None:
     def mrunner_error(self: object, request: IRequest, failure: Failure) -> bytes:
         error = failure.value
         assert isinstance(error, MrunnerError)
-        return error_response(request, error, shape)
+        return render_error(request, error, shape)
 
     @app.handle_errors(HTTPException)
     def route_error(self: object, request: IRequest, failure: Failure) -> bytes:
         error = failure.value
         assert isinstance(error, HTTPException)
-        return error_response(request, routing_error(request, error), shape)
+        return render_error(request, routing_error(request, error), shape)
