@@ -342,6 +342,31 @@ class TranslationTests(CompatDaemonTestCase):
 
         self.assertEqual(await deferToThread(stream), ("tok0 tok1 tok2 ", "completed"))
 
+    async def test_function_tool_round_trip_with_the_openai_client(self) -> None:
+        await self.start()
+        client = OpenAI(
+            base_url=self.daemon.url + "/engines/v1",
+            api_key="none",
+            max_retries=0,
+            default_headers={"Connection": "close"},
+        )
+        tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+        asked = await deferToThread(
+            client.responses.create, model=MODEL, input="weather?", tools=tools, tool_choice="required"
+        )
+        (call,) = asked.output
+        self.assertEqual(
+            (call.type, call.name, call.arguments), ("function_call", "get_weather", '{"city": "Paris"}')
+        )
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+        answered = await deferToThread(
+            client.responses.create, model=MODEL, input=[output], previous_response_id=asked.id, tools=tools
+        )
+        self.assertEqual(answered.output_text, "echo: sunny")
+        sent = self.sent_to_runner()[-1]["messages"]
+        self.assertEqual([m["role"] for m in sent], ["user", "assistant", "tool"])
+        self.assertEqual(sent[1]["tool_calls"][0]["id"], sent[2]["tool_call_id"])
+
     async def test_store_false_leaves_nothing(self) -> None:
         await self.start()
         code, answer = await self.post("/v1/responses", {"model": MODEL, "input": "x", "store": False})
