@@ -168,12 +168,17 @@ class OllamaTests(LlamaCppTestCase):
         self.assertEqual((parts[-1].done_reason, parts[-1].eval_count), ("length", 3))
 
         generated = await self.call(
-            client.generate, model="smollm2", prompt=QUESTION, options={"num_predict": 2}
+            client.generate, model="smollm2", prompt=QUESTION, options={"num_predict": 2, "temperature": 0}
         )
         self.assertEqual((generated.done_reason, generated.eval_count), ("length", 2))
         chunks = await self.call(
             lambda: list(
-                client.generate(model="smollm2", prompt=QUESTION, stream=True, options={"num_predict": 2})
+                client.generate(
+                    model="smollm2",
+                    prompt=QUESTION,
+                    stream=True,
+                    options={"num_predict": 2, "temperature": 0},
+                )
             )
         )
         self.assertEqual("".join(chunk.response for chunk in chunks), generated.response)
