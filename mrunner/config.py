@@ -14,6 +14,9 @@ from typing import Any
 
 import attrs
 
+from mrunner.errors import BadRequest
+from mrunner.store.names import parse
+
 DEFAULT_LISTEN = "tcp:12434:interface=127.0.0.1"
 DEFAULT_BACKEND = "llama.cpp"
 
@@ -87,6 +90,25 @@ class SchedulerConfig:
 class RunnerConfig:
     context_size: int | None = None
     threads: int = 0
+    log_max_bytes: int = attrs.field(default=10_000_000, metadata={"parse": parse_size})
+    log_keep: int = 3
+
+
+@attrs.frozen
+class ModelConfig:
+    """``[models."NAME"]``: what that model's runners start with; None keeps the default."""
+
+    context_size: int | None = None
+    keep_alive: float | None = attrs.field(default=None, metadata={"parse": parse_duration})
+    pinned: bool = False
+
+
+@attrs.frozen
+class ModelsConfig:
+    """``[models]``: models to load at start, in order, and per-model settings by normalised name."""
+
+    preload: tuple[str, ...] = ()
+    settings: Mapping[str, ModelConfig] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -118,6 +140,7 @@ class Config:
     registry: RegistryConfig = RegistryConfig()
     responses: ResponsesConfig = ResponsesConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    models: ModelsConfig = ModelsConfig()
 
     def backend(self, name: str) -> Mapping[str, Any]:
         """The ``[backends."name"]`` table, empty when absent."""
@@ -136,8 +159,13 @@ def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
             value = parse(value, f"{where}.{key}")
         elif isinstance(default, tuple):
             value = tuple(value)
-        elif isinstance(default, bool) or (isinstance(default, int) and not isinstance(value, int)):
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+        elif isinstance(default, int) and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
+        elif key == "context_size" and value is not None and (not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{where}.{key}: expected a positive integer, got {value!r}")
         values[key] = value
     return cls(**values)
 
@@ -179,6 +207,7 @@ def _config(table: Mapping[str, Any]) -> Config:
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})
+    values["models"] = _models(top.pop("models", {}))
     if "home" in top:
         values["home"] = Path(str(top.pop("home"))).expanduser()
     scalars = _section(_Scalars, top, "tap.conf")
@@ -191,3 +220,25 @@ class _Scalars:
     listen: str = DEFAULT_LISTEN
     default_backend: str = DEFAULT_BACKEND
     max_request_bytes: int = 10 * 1024 * 1024
+
+
+def _models(table: Mapping[str, Any]) -> ModelsConfig:
+    """``[models]``: ``preload`` is a list of names; every sub-table is one model's settings."""
+
+    def name(text: object, key: str) -> str:
+        try:
+            return str(parse(text))
+        except BadRequest as e:
+            raise ConfigError(f"{key}: {e.message}") from None
+
+    preload = table.get("preload", [])
+    if not isinstance(preload, list):
+        raise ConfigError(f"models.preload: expected a list of model names, got {preload!r}")
+    settings = {}
+    for key, value in table.items():
+        if key == "preload":
+            continue
+        if not isinstance(value, Mapping):
+            raise ConfigError(f'models.{key}: expected a table of settings ([models."{key}"]) or preload')
+        settings[name(key, f"models.{key}")] = _section(ModelConfig, value, f"models.{key}")
+    return ModelsConfig(tuple(name(item, "models.preload") for item in preload), settings)

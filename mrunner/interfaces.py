@@ -10,8 +10,9 @@ from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
     from mrunner.backends.base import Command, RunnerSettings
-    from mrunner.scheduling.loader import Lease
+    from mrunner.scheduling.installer import InstallStatus
     from mrunner.scheduling.scheduler import ModelSettings
+    from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
     from mrunner.store.model import Model
 
 
@@ -67,27 +68,74 @@ class IBackend(Interface):
         """Remove what C{install} put in place."""
 
 
-class IScheduler(Interface):
-    """Gets a request a runner: install the backend, find the model, load it, queue for a slot."""
+class IRunnerProcess(Interface):
+    """One started runner process, as the loader sees it (see L{mrunner.scheduling.runner})."""
 
-    def backend_statuses() -> dict[str, str]:
-        """C{{backend: "Running: …" | "Installing: …" | "Not Installed" | "Error: …"}}."""
+    socket = Attribute("The UNIX socket path it serves on.")
+    pid = Attribute("Its process id, or None once it has ended.")
+    ready = Attribute("Deferred: fires when it answers, fails (L{RunnerFailed}) if it cannot start.")
+    ended = Attribute("Deferred: fires once the process has exited, whatever the reason.")
+
+    def stop() -> None:
+        """SIGTERM now, SIGKILL after the grace period; a no-op once it has ended."""
+
+    def rss() -> int | None:
+        """Its resident memory in bytes, None when it cannot be read."""
+
+
+class ILease(Interface):
+    """A request's hold on a slot of a ready runner: what forwarding needs, and nothing else."""
+
+    socket = Attribute("The runner's UNIX socket path.")
+    model = Attribute("The model's name, as the runner serves it.")
+
+    def release() -> None:
+        """Give the slot back (idempotent): call it when the answer has ended, however it ended."""
+
+
+class IScheduler(Interface):
+    """Gets a request a runner: install the backend, find the model, load it, queue for a slot.
+
+    The API and metrics see the scheduler through this alone: frozen snapshots,
+    leases and plain values, never the loader's records.
+    """
+
+    def backend_name(backend: str | None) -> str:
+        """C{backend}, or the default backend's name.
+
+        @raise NotFound: a backend mrunner does not have.
+        """
+
+    def backend_statuses() -> dict[str, InstallStatus]:
+        """Each backend's install status."""
 
     def acquire(
         backend: str | None, model: str, mode: str, keep_alive: float | None = None
-    ) -> Deferred[Lease]:
-        """A L{Lease} on a ready runner for C{model} in C{mode}.
+    ) -> Deferred[ILease]:
+        """An L{ILease} on a ready runner for C{model} in C{mode}.
 
         A C{keep_alive} (seconds, -1 for ever) replaces the runner's own from
         this request on. Cancelling the result drops the request from the
-        wait queue.
+        wait queue. Every failure comes through the Deferred.
         """
 
-    def running() -> list[dict[str, Any]]:
-        """Descriptions of the runners, for C{GET /engines/ps}."""
+    def snapshot() -> list[RunnerSnapshot]:
+        """The runners as they are now, as frozen values."""
+
+    def queued() -> int:
+        """How many requests wait for a runner."""
+
+    def preloads() -> list[Preload]:
+        """The configured preloads and how each went."""
 
     def unload(backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:
         """Stop idle runners (and drain busy ones) that match; fires with how many, once gone."""
 
-    def configure(backend: str | None, model: str, settings: ModelSettings) -> Deferred[Any]:
-        """Set runner settings for C{model}; L{Conflict} while its runner is busy."""
+    def configuration(backend: str | None, model: str) -> dict[str, Any]:
+        """What C{model}'s next runner starts with (context size, flags, keep-alive, pin)."""
+
+    def configure(backend: str | None, model: str, settings: ModelSettings) -> Deferred[bool]:
+        """Set runner settings for C{model}; fires with whether anything changed.
+
+        Fails with L{Conflict} while a runner it would restart is busy.
+        """

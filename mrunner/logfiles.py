@@ -13,6 +13,8 @@ from twisted.application.service import Service
 from twisted.logger import ILogObserver, LogPublisher, globalLogPublisher, textFileLogObserver
 from twisted.python.logfile import LogFile
 
+from mrunner.home import PRIVATE_FILE, Home
+
 DAEMON = "daemon"
 ROTATE_BYTES = 10_000_000
 KEEP_ROTATED = 3
@@ -20,18 +22,26 @@ BACKLOG_BYTES = 1024 * 1024
 
 
 class DaemonLogFile(Service):
-    """Writes every log event of this process to C{directory}/daemon.log while running, rotated at 10 MB."""
+    """Writes every log event of this process to C{home.logs}/daemon.log while running, rotated at 10 MB.
 
-    def __init__(self, directory: Path, publisher: LogPublisher = globalLogPublisher) -> None:
-        self._directory = directory
+    The first service to start: it makes the home (owner-only) before anything writes there.
+    """
+
+    def __init__(self, home: Home, publisher: LogPublisher = globalLogPublisher) -> None:
+        self._home = home
+        self._directory = home.logs
         self._publisher = publisher
         self._file: LogFile | None = None
         self._observer: ILogObserver | None = None
 
     def startService(self) -> None:
-        self._directory.mkdir(parents=True, exist_ok=True)
+        self._home.prepare()
         self._file = LogFile(
-            f"{DAEMON}.log", str(self._directory), rotateLength=ROTATE_BYTES, maxRotatedFiles=KEEP_ROTATED
+            f"{DAEMON}.log",
+            str(self._directory),
+            rotateLength=ROTATE_BYTES,
+            maxRotatedFiles=KEEP_ROTATED,
+            defaultMode=PRIVATE_FILE,
         )
         self._observer = textFileLogObserver(self._file)  # type: ignore[arg-type]  # LogFile takes str
         self._publisher.addObserver(self._observer)

@@ -8,13 +8,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.interfaces import IScheduler
 
 
 class SchedulerCollector(Collector):
     """Runners by state, their memory, and the wait queue, as they are at scrape time."""
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: IScheduler):
         self._scheduler = scheduler
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -33,22 +33,20 @@ class SchedulerCollector(Collector):
             "Resident memory of a runner process.",
             labels=["backend", "model", "mode"],
         )
-        for runner in self._scheduler.running():
-            labels = [runner["backend_name"], runner["model_name"], runner["mode"]]
-            state = "loading" if runner["loading"] else "draining" if runner["draining"] else "ready"
-            runners.add_metric([*labels, state], 1)
-            in_use.add_metric(labels, runner["in_use"])
-            if runner.get("memory") is not None:
-                memory.add_metric(labels, runner["memory"])
+        for runner in self._scheduler.snapshot():
+            labels = [runner.backend, runner.model_name, runner.mode]
+            runners.add_metric([*labels, runner.state.value], 1)
+            in_use.add_metric(labels, runner.in_use)
+            memory.add_metric(labels, runner.memory)
         queue = GaugeMetricFamily("mrunner_queue_waiting", "Requests waiting for a runner.")
-        queue.add_metric([], self._scheduler.loader.queued)
+        queue.add_metric([], self._scheduler.queued())
         yield from (runners, in_use, memory, queue)
 
 
 class Metrics:
     """One registry per daemon, so tests and several daemons never share counters."""
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: IScheduler):
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(scheduler))
         self.requests = Counter(

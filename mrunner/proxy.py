@@ -35,6 +35,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from mrunner.errors import BadGateway
+from mrunner.home import SOCKET_SUFFIX
 
 # RFC 9110 §7.6.1 hop-by-hop fields, and those twisted.web sets itself.
 HOP_BY_HOP = frozenset(
@@ -56,9 +57,8 @@ HOP_BY_HOP = frozenset(
 # Drop pooled connections before llama-server's own 5 s keep-alive does, so a
 # POST never races a server-side close.
 POOL_IDLE_SECONDS = 4
-# Runner sockets are <run_dir>/<name>.sock; requests name them as http://<name>/. The
-# names are spelled with os.path: pathlib interns every part, per request.
-SOCKET_SUFFIX = ".sock"
+# Runner sockets are <run_dir>/<name>.sock (see mrunner.home); requests name them as
+# http://<name>/. The names are spelled with os.path: pathlib interns every part, per request.
 
 
 @implementer(IAgentEndpointFactory)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -29,11 +30,13 @@ from mrunner.api.responses import ResponsesAPI
 from mrunner.api.upstream import RunnerClient
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.home import Home
 from mrunner.interfaces import IBackend
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, connection_pool, runner_agent
-from mrunner.scheduling.runner import RunnerProcess
+from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
+from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.store.pull import Puller
@@ -53,11 +56,13 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         try:
-            self.config = configuration.load(
-                self["config"], overrides={"listen": self["listen"], "home": self["home"]}
-            )
+            self.config = self.read_config()
         except configuration.ConfigError as e:
             raise usage.UsageError(str(e)) from None
+
+    def read_config(self) -> configuration.Config:
+        """The configuration as the file says now, with these options over it (again on reload)."""
+        return configuration.load(self["config"], overrides={"listen": self["listen"], "home": self["home"]})
 
 
 def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBackend]:
@@ -77,29 +82,38 @@ class Parts:
     scheduler: Scheduler
     logs: LogsAPI
     pools: tuple[HTTPConnectionPool, ...]
+    reloader: Reloader
 
 
-def make_parts(config: configuration.Config, reactor: Any) -> Parts:
-    """Build every part of the daemon from C{config}."""
+def make_parts(
+    config: configuration.Config, reactor: Any, read_config: Callable[[], configuration.Config] | None = None
+) -> Parts:
+    """Build every part of the daemon from C{config}; C{read_config} reads it again for a reload."""
+    home = Home(config.home)
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor)
     runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
-    agent = runner_agent(reactor, config.home / "run", runner_pool)
-    start_runner = partial(
-        RunnerProcess,
-        reactor,
-        agent,
+    agent = runner_agent(reactor, home.run, runner_pool)
+    options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
+        log_max_bytes=config.runner.log_max_bytes,
+        log_keep=config.runner.log_keep,
     )
-    scheduler = Scheduler(reactor, config, backends, store, start_runner)
+    scheduler = Scheduler(
+        reactor, config, backends, store, partial(start_runner, reactor, health_probe(agent), options), home
+    )
+    # What a reload hands the new configuration to, in order. The Reloader holds this list:
+    # a part built further down (the front door's trust settings) is appended to it.
+    reloadable: list[Reconfigure] = [scheduler.reconfigure]
+    reloader = Reloader(read_config or (lambda: config), config, reloadable)
     metrics = Metrics(scheduler)
     registry_pool = HTTPConnectionPool(reactor)
     registry = RegistryClient(config.registry, reactor, HTTPClient(Agent(reactor, pool=registry_pool)))
     puller = Puller(store, registry, config.registry.max_pulls)
     pusher = Pusher(store, registry, reactor)
     models = ModelsAPI(store, scheduler, puller, pusher, reactor)
-    logs = LogsAPI(config.home / "logs", reactor)
+    logs = LogsAPI(home.logs, reactor)
     gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes)
     runners = RunnerClient(agent)
     responses = config.responses
@@ -110,18 +124,20 @@ def make_parts(config: configuration.Config, reactor: Any) -> Parts:
             gateway, runners, ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)
         ),
         OllamaAPI(gateway, runners, store, puller, pusher),
-        ServiceAPI(models, metrics.registry),
+        ServiceAPI(models, metrics.registry, scheduler),
         logs,
-        AdminAPI(scheduler, store, backends, config.max_request_bytes),
+        AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
-    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool))
+    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool), reloader)
 
 
-def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiService, Parts]:
+def make_service(
+    config: configuration.Config, reactor: Any, read_config: Callable[[], configuration.Config] | None = None
+) -> tuple[MultiService, Parts]:
     """The service tree: the daemon's log file, the scheduler, log follows, then the HTTP server."""
-    parts = make_parts(config, reactor)
+    parts = make_parts(config, reactor, read_config)
     service = MultiService()
-    DaemonLogFile(config.home / "logs").setServiceParent(service)
+    DaemonLogFile(parts.scheduler.home).setServiceParent(service)
     SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
         service
     )
@@ -137,7 +153,8 @@ def make_service(config: configuration.Config, reactor: Any) -> tuple[MultiServi
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
-    service = make_service(options.config, reactor)[0]
+    service, parts = make_service(options.config, reactor, options.read_config)
+    ReloadOnHangup(reactor, parts.reloader).setServiceParent(service)
     # Everything imported and built so far lives as long as the daemon: keep it
     # out of full garbage collections, which otherwise pause the proxy path.
     gc.freeze()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -86,10 +87,15 @@ class InProcessDaemon:
 
     def __init__(self, config_path: Path):
         port = free_port()
-        self.config = configuration.load(
-            config_path, overrides={"listen": f"tcp:{port}:interface=127.0.0.1"}, environ={}
-        )
-        self.service, parts = make_service(self.config, reactor)
+        self.config_path = config_path
+
+        def read() -> configuration.Config:
+            return configuration.load(
+                config_path, overrides={"listen": f"tcp:{port}:interface=127.0.0.1"}, environ={}
+            )
+
+        self.config = read()
+        self.service, parts = make_service(self.config, reactor, read)
         self.scheduler = parts.scheduler
         self.service.startService()
         self.url = f"http://127.0.0.1:{port}"
@@ -112,12 +118,27 @@ def sleep(seconds: float) -> Deferred[None]:
     return deferLater(reactor, seconds, lambda: None)
 
 
-async def eventually(condition: Callable[[], object], seconds: float = 1.0) -> None:
-    """Wait until C{condition()} is true, for at most C{seconds}; the caller asserts after."""
+async def eventually(
+    condition: Callable[[], object], seconds: float = 5.0, what: Callable[[], str] | None = None
+) -> None:
+    """Wait until C{condition()} is true; fail the test if it is not within C{seconds}.
+
+    The failure says what was awaited: C{what()}, else the condition's source line.
+    """
     for _ in range(int(seconds / 0.01)):
         if condition():
             return
         await sleep(0.01)
+    if condition():
+        return
+    raise AssertionError(f"waited {seconds:g}s in vain for {what() if what else _source(condition)}")
+
+
+def _source(condition: Callable[[], object]) -> str:
+    try:
+        return inspect.getsource(condition).strip()
+    except (OSError, TypeError):
+        return repr(condition)
 
 
 class _Output(ProcessProtocol):

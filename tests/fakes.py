@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, BinaryIO
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
-from mrunner.errors import NotFound
-from mrunner.interfaces import IBackend, IModelStore
+from mrunner.errors import NotFound, RunnerFailed
+from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
 
 
+@implementer(IRunnerProcess)
 @attrs.define(eq=False)
 class FakeProcess:
     """A runner process the test makes ready, crash or end."""
 
     socket: str
+    pid: int | None = 1
     ready: Deferred[None] = attrs.field(factory=Deferred)
     ended: Deferred[None] = attrs.field(factory=Deferred)
     stops: int = 0
@@ -33,14 +36,14 @@ class FakeProcess:
             self.exit()
 
     def exit(self) -> None:
+        """The process ends; like a real one, it fails C{ready} first if it never got there."""
+        if not self.ready.called:
+            self.ready.errback(RunnerFailed("the runner exited before it was ready"))
         if not self.ended.called:
             self.ended.callback(None)
 
     def rss(self) -> int | None:
         return self.resident
-
-    def describe(self) -> dict[str, Any]:
-        return {"pid": 1, "socket": self.socket}
 
 
 @attrs.define
@@ -82,8 +85,10 @@ class FakeStore:
     def list(self) -> list[Model]:
         return list(self.models.values())
 
-    def import_gguf(self, name: str, source: Any) -> Deferred[Model]:
-        raise NotImplementedError
+    def import_gguf(
+        self, name: str, source: BinaryIO, licenses: Sequence[bytes] = (), context_size: int | None = None
+    ) -> Deferred[Model]:
+        raise NotImplementedError("the API tests import through test_models_api's real store")
 
     def disk_usage(self) -> int:
         return 0

@@ -47,7 +47,7 @@ class APITests(SynchronousTestCase):
         )
         metrics = Metrics(self.scheduler)
         groups = [
-            ServiceAPI(NoModelsAPI(), metrics.registry),
+            ServiceAPI(NoModelsAPI(), metrics.registry, self.scheduler),
             InferenceAPI(self.scheduler, self.store, Forwarder(None), metrics, self.clock, max_request_bytes),
             AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
         ]
@@ -304,6 +304,7 @@ class APITests(SynchronousTestCase):
                 "context_size": 512,
                 "runtime_flags": [],
                 "keep_alive": 300,
+                "pinned": False,
             },
         )
         self.assertError(self.request("GET", f"{url}?model=nothing"), 404)
@@ -311,7 +312,52 @@ class APITests(SynchronousTestCase):
 
     def test_metrics(self) -> None:
         _, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
-        self.assertIn(b"mrunner_queue_waiting", body)
+        self.assertIn(b"mrunner_queue_waiting 0.0", body)
+        self.install()
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        _, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
+        self.assertIn(b'state="loading"} 1.0', body)
+        self.spawn.processes[0].ready.callback(None)
+        _, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
+        self.assertIn(b'state="ready"} 1.0', body)
+
+    def test_ps_shows_pins_and_stale_runners(self) -> None:
+        self.install()
+        d = self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        self.spawn.processes[0].ready.callback(None)
+        self.answer(d)
+        url = f"{BASE}/engines/_configure"
+        code, body, _ = self.answer(self.request("POST", url, {"model": "smollm2", "pinned": True}))
+        self.assertEqual((code, body["status"]), (200, "configured"))
+        (runner,) = self.answer(self.request("GET", f"{BASE}/engines/ps"))[1]
+        self.assertEqual((runner["pinned"], runner["keep_alive"], runner["expires_at"]), (True, None, None))
+        self.assertFalse(runner["stale"])
+        self.assertError(self.request("POST", url, {"model": "smollm2", "pinned": "yes"}), 400, "pinned")
+
+    def test_ps_survives_a_keep_alive_no_clock_holds(self) -> None:
+        self.install()
+        for keep_alive in (1e12, 1e308):
+            d = self.request(
+                "POST",
+                CHAT,
+                {"model": "smollm2", "keep_alive": keep_alive},
+                headers={"X-Preload-Only": "true"},
+            )
+            if len(self.spawn.processes) == 1 and not self.spawn.processes[0].ready.called:
+                self.spawn.processes[0].ready.callback(None)
+            self.assertEqual(self.answer(d)[0], 200)
+            code, ps, _ = self.answer(self.request("GET", f"{BASE}/engines/ps"))
+            self.assertEqual(code, 200)
+            self.assertIsNone(ps[0]["expires_at"], "no calendar holds it: shown as never")
+            self.assertEqual(self.answer(self.request("GET", f"{BASE}/metrics"))[0], 200)
+
+    def test_ready_and_reload_without_a_reloader(self) -> None:
+        code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
+        self.assertEqual((code, body), (503, {"ready": False, "preloads": []}))
+        self.install()
+        code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
+        self.assertEqual((code, body), (200, {"ready": True, "preloads": []}))
+        self.assertError(self.request("POST", f"{BASE}/engines/_reload"), 400, "without a configuration")
 
 
 class RuntimeFlagTests(SynchronousTestCase):

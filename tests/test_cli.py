@@ -64,11 +64,12 @@ class Child(ProcessProtocol):
 
     async def shows(self, text: str, after: int = 0) -> int:
         """Wait until C{text} appears after position C{after}; the position just past it."""
-        await eventually(lambda: text in self.output[after:], WAIT)
-        position = self.output.find(text, after)
-        if position < 0:
-            raise AssertionError(f"{text!r} never appeared; the command printed:\n{self.output}")
-        return position + len(text)
+        await eventually(
+            lambda: text in self.output[after:],
+            WAIT,
+            what=lambda: f"{text!r} to appear; the command printed:\n{self.output}",
+        )
+        return self.output.find(text, after) + len(text)
 
 
 class CLITestCase(TestCase):
@@ -123,6 +124,7 @@ class DaemonCommandTests(CLITestCase):
         out = await self.ok("status")
         self.assertIn(f"mrunner is running at {self.daemon.url}", out)
         self.assertIn("test: Running", out)
+        self.assertNotIn("preload", out, "none configured")
         self.assertTrue(json.loads(await self.ok("status", "--json"))["test"].startswith("Running"))
         out = await self.ok("version")
         self.assertIn(f"mrunner client {mrunner.__version__}", out)
@@ -172,6 +174,14 @@ class DaemonCommandTests(CLITestCase):
         self.assertEqual(await self.ok("unload", "tiny"), "Unloaded 1 runner\n")
         self.assertEqual(json.loads(await self.ok("ps", "--json")), [])
         self.assertEqual(await self.ok("unload", "--all"), "Unloaded 0 runners\n")
+
+    async def test_configure_pin_and_reload(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        self.assertEqual(await self.ok("configure", "tiny", "--pin"), "tiny: configured\n")
+        await self.ok("run", "tiny", "hi")
+        listing = (await self.ok("ps")).splitlines()
+        self.assertRegex(listing[1], r" idle, pinned .* forever *$")
+        self.assertEqual(await self.ok("reload"), "Reloaded tap.conf\n")
 
     async def test_missing_model_suggests_pull(self) -> None:
         for args in (

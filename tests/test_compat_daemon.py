@@ -91,13 +91,13 @@ class DisconnectTests(CompatDaemonTestCase):
         Path(f"{self.gate}0").touch()
         events = await self.open_stream(path, {"model": MODEL, "stream": True, **body})
         await events.arrived(marker)
-        (runner,) = self.daemon.scheduler.loader.runners.values()
+        (runner,) = self.daemon.scheduler.snapshot()
         self.assertEqual(runner.in_use, 1)
         events.transport.stopProducing()
         await eventually(lambda: lines(self.home / "events") == ["cancelled"], 10)
         self.assertEqual(lines(self.home / "events"), ["cancelled"])
-        await eventually(lambda: runner.in_use == 0)
-        self.assertEqual(runner.in_use, 0)
+        await eventually(lambda: [r.in_use for r in self.daemon.scheduler.snapshot()] == [0])
+        self.assertEqual([r.in_use for r in self.daemon.scheduler.snapshot()], [0])
 
     async def test_anthropic(self) -> None:
         await self.check_disconnect("anthropic")
@@ -118,8 +118,8 @@ class RunnerDiesTests(CompatDaemonTestCase):
         events = await self.open_stream(path, {"model": MODEL, "stream": True, **body})
         Path(f"{self.gate}1").touch()
         await events.arrived(STREAMS_MARKERS[path])
-        (runner,) = self.daemon.scheduler.running()
-        os.kill(runner["pid"], signal.SIGKILL)
+        (runner,) = self.daemon.scheduler.snapshot()
+        os.kill(runner.pid, signal.SIGKILL)
         await events.done
         return events.data
 

@@ -140,7 +140,7 @@ class OllamaTests(LlamaCppTestCase):
         return ollama.Client(host=self.daemon.url, headers=CLOSE)
 
     def modes(self) -> list[str]:
-        return sorted(runner["mode"] for runner in self.daemon.scheduler.running())
+        return sorted(runner.mode for runner in self.daemon.scheduler.snapshot())
 
     async def test_generation(self) -> None:
         await self.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http_headers import Headers
 
+from mrunner.home import Home
 from mrunner.proxy import BytesBody
 from tests.daemon import (
     InProcessDaemon,
@@ -108,7 +110,7 @@ class DaemonTestCase(TestCase):
         return gate, events
 
     def runner_pids(self) -> list[int]:
-        return [runner["pid"] for runner in self.daemon.scheduler.running()]
+        return [runner.pid for runner in self.daemon.scheduler.snapshot()]
 
     def chat(self, **body: Any) -> dict[str, Any]:
         return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
@@ -144,9 +146,9 @@ class PathTests(DaemonTestCase):
         response, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
         self.assertEqual(response.code, 200)
         self.assertEqual(response.headers.getRawHeaders(b"content-type"), [b"text/event-stream"])
-        await events.arrived(b"tok0")
-        await sleep(0.2)
-        self.assertNotIn(b"tok1", events.data, "the second event was not released yet")
+        await events.arrived(b"tok0")  # while the runner holds tok1 back: the first was not buffered
+        self.assertFalse(events.done.called, "the stream is still open")
+        self.assertNotIn(b"tok1", events.data)
         Path(f"{gate}1").touch()
         await events.arrived(b"tok1")
         self.assertTrue(await events.done)
@@ -155,12 +157,11 @@ class PathTests(DaemonTestCase):
     async def test_client_disconnect_cancels_upstream_and_releases(self) -> None:
         await self.start()
         _, events = await self.gated_stream()
-        (runner,) = self.daemon.scheduler.loader.runners.values()
+        (runner,) = self.daemon.scheduler.snapshot()
         self.assertEqual(runner.in_use, 1)
         events.transport.stopProducing()
         await eventually(lambda: lines(self.home / "events") == ["cancelled"])
-        self.assertEqual(lines(self.home / "events"), ["cancelled"])
-        self.assertEqual(runner.in_use, 0)
+        self.assertEqual([r.in_use for r in self.daemon.scheduler.snapshot()], [0])
 
     async def test_twenty_concurrent_requests_start_one_runner(self) -> None:
         await self.start()
@@ -178,8 +179,7 @@ class PathTests(DaemonTestCase):
         self.assertIn(b"tok0", events.data)
         self.assertIn(b'"error"', events.data)
         # The socket may close a reactor turn before the child's exit is reaped.
-        await eventually(lambda: not self.daemon.scheduler.loader.runners)
-        self.assertEqual(self.daemon.scheduler.loader.runners, {})
+        await eventually(lambda: not self.daemon.scheduler.snapshot())
         code, body, _ = await self.post("/v1/chat/completions", self.chat())
         self.assertEqual((code, body["choices"][0]["message"]["content"]), (200, "echo: hi"))
         self.assertEqual(len(lines(self.home / "starts")), 2)
@@ -231,7 +231,8 @@ class TwistdTests(TestCase):
 
     timeout = 60
 
-    async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
+    async def start(self) -> tuple[Path, Path, Any, Any]:
+        """``twistd`` on a UNIX socket, with the tiny model imported: its home, config, process, client."""
         home = short_home(self)
         config = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
         process = spawn_twistd(config, home)
@@ -243,14 +244,44 @@ class TwistdTests(TestCase):
         with gguf.open("rb") as f:
             response = await client.post("http://d/models/load", params={"name": MODEL}, data=f)
             await response.content()
+        return home, config, process, client
+
+    async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
+        home, _, process, client = await self.start()
         response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": []})
         self.assertEqual(response.code, 200)
         await response.content()
         (runner_pid,) = map(int, lines(home / "starts"))
         self.assertTrue(alive(runner_pid))
         os.kill(process.pid, signal.SIGKILL)
-        await eventually(lambda: not alive(runner_pid))
-        self.assertFalse(alive(runner_pid), "the runner outlived its daemon by a second")
+        await eventually(lambda: not alive(runner_pid), 1, what=lambda: "the runner to die with its daemon")
+
+    async def test_sighup_reloads_pins_and_preloads(self) -> None:
+        _, config, process, client = await self.start()
+        config.write_text(
+            config.read_text().replace(
+                "[backends.test]",
+                f'[models]\npreload = ["{MODEL}"]\n[models."{MODEL}"]\npinned = true\n[backends.test]',
+            )
+        )
+        os.kill(process.pid, signal.SIGHUP)
+        ready: dict[str, Any] = {}
+
+        async def poll() -> None:
+            response = await client.get("http://d/ready")
+            ready.update(await response.json())
+
+        for _ in range(1000):
+            await poll()
+            if ready.get("ready"):
+                break
+            await sleep(0.01)
+        self.assertEqual(
+            ready, {"ready": True, "preloads": [{"model": MODEL, "state": "loaded", "error": None}]}
+        )
+        response = await client.get("http://d/engines/ps")
+        (runner,) = await response.json()
+        self.assertEqual((runner["model_name"], runner["pinned"], runner["keep_alive"]), (MODEL, True, None))
 
 
 class QueueTests(DaemonTestCase):
@@ -261,14 +292,60 @@ class QueueTests(DaemonTestCase):
         gate, events = await self.gated_stream()
         waiting = ensureDeferred(self.post("/v1/chat/completions", self.chat()))
         waiting.addErrback(lambda _: None)
-        loader = self.daemon.scheduler.loader
-        await eventually(lambda: loader.queued)
-        self.assertEqual(loader.queued, 1)
+        scheduler = self.daemon.scheduler
+        await eventually(lambda: scheduler.queued() == 1)
         waiting.cancel()
-        await eventually(lambda: not loader.queued)
-        self.assertEqual(loader.queued, 0)
+        await eventually(lambda: scheduler.queued() == 0)
         Path(f"{gate}1").touch()
         self.assertTrue(await events.done)
         code, _, _ = await self.post("/v1/chat/completions", self.chat())
         self.assertEqual(code, 200)
         self.assertEqual(len(lines(self.home / "starts")), 1)
+
+
+class LifecycleTests(DaemonTestCase):
+    config_text = '[scheduler]\nkeep_alive = "5m"\n'
+
+    async def test_files_are_private_and_the_environment_minimal(self) -> None:
+        os.environ["MRUNNER_TEST_SECRET"] = "not for runners"
+        self.addCleanup(os.environ.pop, "MRUNNER_TEST_SECRET", None)
+        await self.start()
+        code, _, _ = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual(code, 200)
+        (runner,) = self.daemon.scheduler.snapshot()
+        home = self.daemon.scheduler.home
+        modes = {
+            path: stat.S_IMODE(path.stat().st_mode)
+            for path in (home.root, home.run, home.logs, Path(runner.socket), Home.pid_file(runner.socket))
+        }
+        modes.update({path: stat.S_IMODE(path.stat().st_mode) for path in home.logs.glob("*.log")})
+        expected = {path: 0o700 if path.is_dir() else 0o600 for path in modes}
+        self.assertEqual(modes, expected)
+        with open(f"/proc/{runner.pid}/environ", "rb") as f:
+            names = {item.split(b"=", 1)[0].decode() for item in f.read().split(b"\0") if item}
+        self.assertNotIn("MRUNNER_TEST_SECRET", names)
+        self.assertIn("PATH", names)
+
+    async def test_reload_over_http(self) -> None:
+        await self.start()
+        await self.post("/v1/chat/completions", self.chat())
+        text = self.daemon.config_path.read_text()
+        self.daemon.config_path.write_text(text.replace('keep_alive = "5m"', 'keep_alive = "1m"'))
+        code, body, _ = await self.post("/engines/_reload", {})
+        self.assertEqual((code, body), (200, {"status": "reloaded", "restart_required": []}))
+        (runner,) = self.daemon.scheduler.snapshot()
+        self.assertEqual(runner.keep_alive, 60, "the idle runner's keep-alive follows the new default")
+        self.daemon.config_path.write_text(
+            text.replace('keep_alive = "5m"', 'keep_alive = "5m"\nmax_runners = "many"')
+        )
+        code, body, _ = await self.post("/engines/_reload", {})
+        self.assertEqual(code, 422)
+        self.assertIn("scheduler.max_runners: expected an integer", body["error"]["message"])
+        self.assertIn("nothing changed", body["error"]["message"])
+        self.daemon.config_path.write_text(text.replace("[scheduler]", 'home = "/elsewhere"\n[scheduler]', 1))
+        code, body, _ = await self.post("/engines/_reload", {})
+        self.assertEqual(code, 422, "home twice is invalid TOML")
+        self.daemon.config_path.write_text(text.replace(f'home = "{self.home}"', f'home = "{self.home}/x"'))
+        code, body, _ = await self.post("/engines/_reload", {})
+        self.assertEqual((code, body["restart_required"]), (200, ["home"]))
+        self.assertEqual([r.pid for r in self.daemon.scheduler.snapshot()], [runner.pid], "no runner dropped")

@@ -4,7 +4,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import NotFound, Unavailable
-from mrunner.scheduling.installer import Installer
+from mrunner.scheduling.installer import Installer, InstallState, InstallStatus
 from tests.fakes import FakeBackend
 
 
@@ -15,13 +15,18 @@ class InstallerTests(SynchronousTestCase):
         self.installer = Installer({"llama.cpp": self.backend}, self.clock)
 
     def test_statuses(self) -> None:
-        self.assertEqual(self.installer.statuses(), {"llama.cpp": "Not Installed"})
+        self.assertEqual(self.installer.statuses(), {"llama.cpp": InstallStatus()})
         self.installer.start("llama.cpp")
-        self.assertEqual(self.installer.statuses(), {"llama.cpp": "Installing"})
+        self.assertEqual(self.installer.statuses(), {"llama.cpp": InstallStatus(InstallState.INSTALLING)})
         self.backend.reports[0]("compiling 12/410")
-        self.assertEqual(self.installer.statuses(), {"llama.cpp": "Installing: compiling 12/410"})
+        self.assertEqual(
+            self.installer.statuses(),
+            {"llama.cpp": InstallStatus(InstallState.INSTALLING, "compiling 12/410")},
+        )
         self.backend.installs[0].callback("llama.cpp 0c1e570")
-        self.assertEqual(self.installer.statuses(), {"llama.cpp": "Running: llama.cpp 0c1e570"})
+        self.assertEqual(
+            self.installer.statuses(), {"llama.cpp": InstallStatus(InstallState.RUNNING, "llama.cpp 0c1e570")}
+        )
 
     def test_waiters_share_one_install(self) -> None:
         self.installer.start("llama.cpp")
@@ -41,18 +46,21 @@ class InstallerTests(SynchronousTestCase):
         self.assertIn("compiling 1/2", error.message)
         self.assertIsNotNone(error.retry_after)
         self.backend.installs[0].callback("v1")
-        self.assertTrue(self.installer.statuses()["llama.cpp"].startswith("Running"))
+        self.assertIs(self.installer.statuses()["llama.cpp"].state, InstallState.RUNNING)
 
     def test_failure_is_reported_and_retried(self) -> None:
         self.installer.start("llama.cpp")
         d = self.installer.wait("llama.cpp", 10)
         self.backend.installs[0].errback(FileNotFoundError("no llama-server at /nope"))
         self.assertIn("/nope", self.failureResultOf(d, Unavailable).value.message)
-        self.assertEqual(self.installer.statuses()["llama.cpp"], "Error: no llama-server at /nope")
+        self.assertEqual(
+            self.installer.statuses()["llama.cpp"],
+            InstallStatus(InstallState.ERROR, "no llama-server at /nope"),
+        )
         retry = self.installer.wait("llama.cpp", 10)
         self.assertEqual(len(self.backend.installs), 2)
         self.backend.installs[1].callback("v2")
         self.successResultOf(retry)
 
     def test_unknown_backend(self) -> None:
-        self.assertRaises(NotFound, self.installer.wait, "vllm", 1)
+        self.failureResultOf(self.installer.wait("vllm", 1), NotFound)

@@ -8,9 +8,9 @@ from zope.interface.verify import verifyObject
 
 from mrunner.backends.command import CommandBackend
 from mrunner.config import Config
-from mrunner.interfaces import IBackend, IScheduler
+from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess, IScheduler
 from mrunner.scheduling.scheduler import Scheduler
-from tests.fakes import FakeBackend, FakeSpawner, FakeStore
+from tests.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
 
 
 class InterfaceTests(SynchronousTestCase):
@@ -29,3 +29,5 @@ class InterfaceTests(SynchronousTestCase):
 
     def test_fakes_keep_to_the_interfaces(self) -> None:
         self.assertTrue(verifyObject(IBackend, FakeBackend()))
+        self.assertTrue(verifyObject(IModelStore, FakeStore()))
+        self.assertTrue(verifyObject(IRunnerProcess, FakeProcess("/run/r.sock")))

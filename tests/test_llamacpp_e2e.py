@@ -101,7 +101,7 @@ class TinyModelTests(LlamaCppTestCase):
 
         models = await self.call(self.client.models.list)
         self.assertEqual([m.id for m in models.data], [TINY])
-        modes = sorted(runner["mode"] for runner in self.daemon.scheduler.running())
+        modes = sorted(runner.mode for runner in self.daemon.scheduler.snapshot())
         self.assertEqual(modes, ["completion", "embedding"])
 
     async def test_rerank(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -39,6 +41,9 @@ class LoaderTests(SynchronousTestCase):
     def lease(self, d) -> Lease:
         return self.successResultOf(d)
 
+    def state(self, name: str) -> State:
+        return self.loader.runners[request(name).key].state
+
     def test_concurrent_requests_share_one_load(self) -> None:
         self.loader = Loader(self.clock, self.spawn, Limits(2), max_queue=20)
         waiting = [self.loader.acquire(request(parallel=20)) for _ in range(20)]
@@ -47,7 +52,8 @@ class LoaderTests(SynchronousTestCase):
             self.assertNoResult(d)
         self.ready()
         leases = [self.lease(d) for d in waiting]
-        self.assertEqual({id(lease.runner) for lease in leases}, {id(leases[0].runner)})
+        self.assertEqual({lease.socket for lease in leases}, {"/run/r0.sock"})
+        self.assertEqual(self.loader.runners[request().key].in_use, 20)
 
     def test_parallel_slots(self) -> None:
         first, second, third = (self.loader.acquire(request(parallel=2)) for _ in range(3))
@@ -106,8 +112,8 @@ class LoaderTests(SynchronousTestCase):
         waiting = self.loader.acquire(request("c"))
         self.assertNoResult(waiting)
         self.assertEqual([p.stops for p in self.spawn.processes], [0, 0])
-        self.assertEqual(leases[0].runner.state, State.DRAINING, "a, the older, makes room for c")
-        self.assertEqual(leases[1].runner.state, State.READY)
+        self.assertEqual(self.state("a"), State.DRAINING, "a, the older, makes room for c")
+        self.assertEqual(self.state("b"), State.READY)
         leases[1].release()
         self.assertEqual(self.spawn.processes[1].stops, 0, "b is idle but a is already making room")
         leases[0].release()
@@ -152,7 +158,7 @@ class LoaderTests(SynchronousTestCase):
         self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=2)
         self.loader.acquire(request())
         self.loader.acquire(request())
-        error = self.assertRaises(Unavailable, self.loader.acquire, request())
+        error = self.failureResultOf(self.loader.acquire(request()), Unavailable).value
         self.assertEqual(error.code, "queue_full")
         self.assertIsNotNone(error.retry_after)
 
@@ -245,7 +251,7 @@ class LoaderTests(SynchronousTestCase):
             self.assertEqual(self.failureResultOf(d, RunnerFailed).value.message, "boom: stderr tail")
         delays = []
         for expected in (1, 2, 4):
-            error = self.assertRaises(Unavailable, self.loader.acquire, request())
+            error = self.failureResultOf(self.loader.acquire(request()), Unavailable).value
             self.assertAlmostEqual(error.retry_after, expected)
             delays.append(error.retry_after)
             self.clock.advance(expected)
@@ -275,7 +281,7 @@ class LoaderTests(SynchronousTestCase):
         lease = self.lease(d)
         self.successResultOf(self.loader.unload(lambda key: True))
         self.assertEqual(self.spawn.processes[0].stops, 0)
-        self.assertEqual(lease.runner.state, State.DRAINING)
+        self.assertEqual(self.state("a"), State.DRAINING)
         waiting = self.loader.acquire(request())
         lease.release()
         self.assertEqual(self.spawn.processes[0].stops, 1)
@@ -292,7 +298,7 @@ class LoaderTests(SynchronousTestCase):
         self.successResultOf(closed)
         self.failureResultOf(loading)
         self.assertEqual([p.stops for p in self.spawn.processes], [1, 1])
-        self.assertRaises(Unavailable, self.loader.acquire, request("a"))
+        self.failureResultOf(self.loader.acquire(request("a")), Unavailable)
 
 
 class MemoryBudgetTests(SynchronousTestCase):
@@ -335,12 +341,13 @@ class MemoryBudgetTests(SynchronousTestCase):
 
     def test_measured_memory_counts_when_larger(self) -> None:
         lease = self.hold("a", 2)
+        runner = self.loader.runners[request("a").key]
         self.spawn.processes[0].resident = 9
         lease.release()
-        self.assertEqual(lease.runner.memory, 2, "measured when ready, and not again within a second")
+        self.assertEqual(runner.memory, 2, "measured when ready, and not again within a second")
         self.clock.advance(MEASURE_EVERY)
         self.successResultOf(self.loader.acquire(request("a", memory=2))).release()
-        self.assertEqual(lease.runner.memory, 9)
+        self.assertEqual(runner.memory, 9)
         self.loader.acquire(request("b", memory=2))
         self.assertEqual(self.spawn.processes[0].stops, 1, "a really uses 9 of 10: it makes room")
 
@@ -352,3 +359,92 @@ class MemoryBudgetTests(SynchronousTestCase):
         held.release()
         loaded = [key.model[-1] for key in self.spawn.keys]
         self.assertEqual(loaded, ["a", "b", "c"], "a made room for both, 8 + 1 of 10, in order")
+
+
+class PinTests(SynchronousTestCase):
+    """A pinned runner never expires and is never stopped for room; it still counts."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.spawn = FakeSpawner()
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=4)
+
+    def load(self, req: LoadRequest) -> None:
+        d = self.loader.acquire(req)
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(d).release()
+
+    def test_never_expires_until_unpinned(self) -> None:
+        self.load(attrs.evolve(request(keep_alive=10), pinned=True))
+        self.clock.advance(10**6)
+        self.assertEqual(self.spawn.processes[0].stops, 0)
+        self.loader.pin(lambda key: True, False)
+        self.clock.advance(10)
+        self.assertEqual(self.spawn.processes[0].stops, 1, "its keep-alive runs again from now")
+
+    def test_never_evicted(self) -> None:
+        self.load(attrs.evolve(request("a"), pinned=True))
+        waiting = self.loader.acquire(request("b"))
+        self.assertNoResult(waiting)
+        self.assertEqual([p.stops for p in self.spawn.processes], [0], "b waits: the only slot is pinned")
+        self.successResultOf(self.loader.unload(lambda key: True))
+        self.assertEqual(self.spawn.processes[0].stops, 1, "an explicit unload still stops it")
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(waiting)
+
+    def test_fits(self) -> None:
+        self.assertTrue(self.loader.fits(0))
+        self.load(request("a"))
+        self.assertFalse(self.loader.fits(0), "no slot left")
+
+
+ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["acquire", "ready", "fail", "exit", "release", "unload", "pin", "tick"]),
+        st.integers(0, 3),
+    ),
+    max_size=40,
+)
+
+
+class LifecyclePropertyTests(SynchronousTestCase):
+    """In any order of events, the loader makes only the lifecycle's moves and its records agree."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(ACTIONS)
+    def test_any_sequence(self, actions: list[tuple[str, int]]) -> None:
+        clock = Clock()
+        spawn = FakeSpawner()
+        loader = Loader(clock, spawn, Limits(2, memory_budget=10), max_queue=4)
+        leases: list[Lease] = []
+        for action, n in actions:
+            name = "abcd"[n]
+            process = spawn.processes[n % len(spawn.processes)] if spawn.processes else None
+            if action == "acquire":
+                d = loader.acquire(request(name, keep_alive=n, memory=4, parallel=2))
+                d.addCallbacks(leases.append, lambda failure: None)
+            elif action == "ready" and process is not None and not process.ready.called:
+                process.ready.callback(None)
+            elif action == "fail" and process is not None and not process.ready.called:
+                process.ready.errback(RunnerFailed("no"))
+            elif action == "exit" and process is not None:
+                process.exit()
+            elif action == "release" and leases:
+                leases.pop(n % len(leases)).release()
+            elif action == "unload":
+                model = request(name).key.model
+                loader.unload(lambda key, model=model: key.model == model)
+            elif action == "pin":
+                loader.pin(lambda key: True, n % 2 == 0)
+            elif action == "tick":
+                clock.advance(n)
+            for key, runner in loader.runners.items():
+                self.assertEqual(runner.key, key)
+                self.assertIn(runner.state, (State.LOADING, State.READY, State.DRAINING))
+            for runner in loader._stopping:
+                self.assertIs(runner.state, State.STOPPING)
+            self.assertLessEqual(len(loader.runners) + len(loader._stopping), 2)
+        for lease in leases:
+            lease.release()
+        self.successResultOf(loader.close())
+        self.assertEqual((loader.runners, loader._stopping), ({}, set()))

@@ -52,7 +52,7 @@ class BudgetTestCase(LlamaCppTestCase):
         return await self.post("/v1/chat/completions", {**body, **extra})
 
     def loaded(self) -> list[str]:
-        return [runner["model_name"] for runner in self.daemon.scheduler.running()]
+        return [runner.model_name for runner in self.daemon.scheduler.snapshot()]
 
 
 class EstimateTests(LlamaCppTestCase):
@@ -81,10 +81,10 @@ class EvictionTests(BudgetTestCase):
     async def test_the_second_model_evicts_the_idle_first(self) -> None:
         await self.two_models()
         self.assertEqual((await self.chat(A))[0], 200)
-        (first,) = self.daemon.scheduler.running()
+        (first,) = self.daemon.scheduler.snapshot()
         self.assertEqual((await self.chat(B))[0], 200)
         self.assertEqual(self.loaded(), [f"{B}:latest"])
-        self.assertNotIn(first["pid"], live_children(), "the first runner has exited")
+        self.assertNotIn(first.pid, live_children(), "the first runner has exited")
 
     async def test_the_second_model_waits_for_a_stream_to_finish(self) -> None:
         await self.two_models()

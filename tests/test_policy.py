@@ -18,12 +18,14 @@ class Runner:
     parallel: int = 1
     finished_at: float = 0.0
     memory: int = 0
+    pinned: bool = False
 
 
 @attrs.frozen
 class Waiter:
     key: str
     memory: int = 0
+    pinned: bool = False
 
 
 def ready(memory: int, finished_at: float = 0.0, in_use: int = 0, parallel: int = 1) -> Runner:
@@ -35,6 +37,11 @@ def busy(memory: int, finished_at: float = 0.0) -> Runner:
 
 
 LOADING = Runner(State.LOADING, memory=4)
+
+
+def pinned(runner: Runner) -> Runner:
+    return attrs.evolve(runner, pinned=True)
+
 
 # (why, runners, queue as "key:memory", stopping, limits, expected assign/load/evict/drain)
 CASES = [
@@ -129,6 +136,38 @@ CASES = [
         ("", "", "", ""),
     ),
     (
+        "a pinned idle runner is never evicted: the waiter waits",
+        {"a": pinned(ready(6))},
+        ["b:6"],
+        [],
+        Limits(8, 10),
+        ("", "", "", ""),
+    ),
+    (
+        "a pinned runner counts in the budget but the next oldest goes",
+        {"a": pinned(ready(4, 1.0)), "b": ready(4, 2.0)},
+        ["c:4"],
+        [],
+        Limits(8, 10),
+        ("", "", "b", ""),
+    ),
+    (
+        "a pinned busy runner never drains",
+        {"a": pinned(busy(6))},
+        ["b:6"],
+        [],
+        Limits(8, 10),
+        ("", "", "", ""),
+    ),
+    (
+        "a pinned runner serves like any other",
+        {"a": pinned(ready(6))},
+        ["a"],
+        [],
+        Limits(1, 10),
+        ("a", "", "", ""),
+    ),
+    (
         "a loading runner is neither evicted nor drained",
         {"a": LOADING},
         ["b:8"],
@@ -192,11 +231,12 @@ class PlanTableTests(SynchronousTestCase):
 
 runner_states = st.builds(
     Runner,
-    state=st.sampled_from(State),
+    state=st.sampled_from([State.LOADING, State.READY, State.DRAINING]),  # the loader's `runners`
     in_use=st.integers(0, 2),
     parallel=st.just(2),
     finished_at=st.floats(0, 100),
     memory=st.integers(0, 10),
+    pinned=st.booleans(),
 )
 
 
@@ -214,6 +254,8 @@ class PlanPropertyTests(SynchronousTestCase):
         for key in decision.evict:
             self.assertEqual(runners[key].in_use, 0, "only idle runners are evicted")
             self.assertIs(runners[key].state, State.READY)
+        for key in (*decision.evict, *decision.drain):
+            self.assertFalse(runners[key].pinned, "a pinned runner is never stopped to make room")
         for key in decision.drain:
             self.assertIs(runners[key].state, State.READY)
             self.assertNotIn(key, decision.evict)

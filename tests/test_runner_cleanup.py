@@ -8,13 +8,16 @@ import sys
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.home import Home
 from mrunner.scheduling.runner import clean_stale
 from tests.daemon import short_home
 
 
 class CleanStaleTests(SynchronousTestCase):
     def test_kills_orphans_and_removes_sockets(self) -> None:
-        run = short_home(self)
+        home = Home(short_home(self))
+        run = home.run
+        run.mkdir()
         socket = run / "r1-1.sock"
         orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(socket)])
         self.addCleanup(orphan.kill)
@@ -23,7 +26,7 @@ class CleanStaleTests(SynchronousTestCase):
         bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         self.addCleanup(bystander.kill)
         (run / "r1-2.pid").write_text(str(bystander.pid))
-        clean_stale(run)
+        clean_stale(home)
         self.assertEqual(orphan.wait(5), -9)
         self.assertIsNone(bystander.poll(), "a pid file naming someone else's process kills nothing")
         self.assertEqual(list(run.iterdir()), [])

@@ -9,6 +9,7 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
+from mrunner.scheduling.installer import InstallStatus
 from mrunner.tap import Options, make_service
 
 
@@ -86,4 +87,4 @@ class OptionsTests(SynchronousTestCase):
             [type(child).__name__ for child in service],
             ["DaemonLogFile", "SchedulerService", "LogsAPI", "StreamServerEndpointService"],
         )
-        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": "Not Installed"})
+        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})

@@ -1,9 +1,9 @@
-"""Runner administration under C{/engines}: ps, df, unload and _configure."""
+"""Runner administration under C{/engines}: ps, df, unload, _configure and _reload."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
@@ -11,9 +11,10 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.requests import json_object, keep_alive, model_name, query, read_body
+from mrunner.api.views import runner_json
 from mrunner.errors import BadRequest
-from mrunner.interfaces import IBackend, IModelStore
-from mrunner.scheduling.scheduler import ModelSettings, Scheduler
+from mrunner.interfaces import IBackend, IModelStore, IScheduler
+from mrunner.scheduling.scheduler import ModelSettings
 
 # Runtime flags a client may add: sampling and performance knobs, never a path,
 # a network address or anything that fetches.
@@ -79,10 +80,14 @@ def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
     if context_size is not None and (not isinstance(context_size, int) or context_size <= 0):
         raise BadRequest("context-size must be a positive integer")
     flags = field("runtime_flags") or field("raw_runtime_flags")
+    pinned = field("pinned")
+    if pinned is not None and not isinstance(pinned, bool):
+        raise BadRequest("pinned must be true or false", code="invalid_pinned")
     return ModelSettings(
         context_size=context_size,
         flags=None if flags is None else runtime_flags(flags),
         keep_alive=keep_alive(field("keep_alive")),
+        pinned=pinned,
     )
 
 
@@ -94,15 +99,17 @@ class AdminAPI:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: IScheduler,
         store: IModelStore,
         backends: Mapping[str, IBackend],
         max_request_bytes: int,
+        reload: Callable[[], dict[str, Any]] | None = None,
     ):
         self._scheduler = scheduler
         self._store = store
         self._backends = backends
         self._max_request_bytes = max_request_bytes
+        self._reload = reload
 
     def _payload(self, request: IRequest) -> dict[str, Any]:
         body = read_body(request, self._max_request_bytes)
@@ -110,7 +117,7 @@ class AdminAPI:
 
     @app.route("/engines/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:
-        return json_body(request, self._scheduler.running())
+        return json_body(request, [runner_json(runner) for runner in self._scheduler.snapshot()])
 
     @app.route("/engines/df", methods=["GET"])
     def df(self, request: IRequest) -> bytes:
@@ -151,3 +158,10 @@ class AdminAPI:
         if not name:
             raise BadRequest("name a model: GET /engines/_configure?model=NAME", code="model_required")
         return json_body(request, self._scheduler.configuration(backend, name))
+
+    @app.route("/engines/_reload", methods=["POST"])
+    def reload(self, request: IRequest) -> bytes:
+        """Read C{tap.conf} again and apply it without a restart (as SIGHUP does)."""
+        if self._reload is None:
+            raise BadRequest("this daemon was started without a configuration to reload", code="no_reload")
+        return json_body(request, self._reload())

@@ -49,7 +49,7 @@ class AnthropicAPI:
         body = self._gateway.body(request)
         model, keep_alive = target(body)
         async with self._gateway.lease(backend, model, COMPLETION, keep_alive) as lease:
-            answer = await self._runners.post(lease.runner.socket, path, body)
+            answer = await self._runners.post(lease.socket, path, body)
             try:
                 await answer.relay(request)
             except MrunnerError as e:

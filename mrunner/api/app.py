@@ -13,17 +13,20 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 import mrunner
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.views import install_ready, preload_json
+from mrunner.interfaces import IScheduler
 
 
 class ServiceAPI:
-    """C{/}, C{/health}, C{/version}, C{/metrics}, and the C{/models} routes."""
+    """C{/}, C{/health}, C{/ready}, C{/version}, C{/metrics}, and the C{/models} routes."""
 
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(self, models: Any, metrics: CollectorRegistry):
+    def __init__(self, models: Any, metrics: CollectorRegistry, scheduler: IScheduler):
         self._models = models
         self._metrics = metrics
+        self._scheduler = scheduler
 
     @app.route("/", methods=["GET"])
     def root(self, request: IRequest) -> bytes:
@@ -33,6 +36,19 @@ class ServiceAPI:
     @app.route("/health", methods=["GET"])
     def health(self, request: IRequest) -> bytes:
         return json_body(request, {"status": "ok"})
+
+    @app.route("/ready", methods=["GET"])
+    def ready(self, request: IRequest) -> bytes:
+        """200 once the default backend is installed and every preload has loaded or failed, else 503.
+
+        C{/health} answers 200 all along: the daemon is up. This is for
+        orchestrators that should send work only once the models are in.
+        """
+        backend = self._scheduler.backend_statuses()[self._scheduler.backend_name(None)]
+        preloads = self._scheduler.preloads()
+        ready = install_ready(backend) and all(preload.done for preload in preloads)
+        body = {"ready": ready, "preloads": [preload_json(preload) for preload in preloads]}
+        return json_body(request, body, 200 if ready else 503)
 
     @app.route("/version", methods=["GET"])
     def version(self, request: IRequest) -> bytes:

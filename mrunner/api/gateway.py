@@ -17,14 +17,14 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.requests import read_body
+from mrunner.interfaces import IScheduler
 from mrunner.metrics import Metrics
-from mrunner.scheduling.scheduler import Scheduler
 
 
 class Gateway:
     """Measures, reads and leases for a route; the route decides what to send the runner."""
 
-    def __init__(self, scheduler: Scheduler, metrics: Metrics, clock: IReactorTime, max_request_bytes: int):
+    def __init__(self, scheduler: IScheduler, metrics: Metrics, clock: IReactorTime, max_request_bytes: int):
         self.scheduler = scheduler
         self._metrics = metrics
         self.clock = clock

@@ -12,11 +12,11 @@ from twisted.web.server import Request
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.requests import target
+from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
-from mrunner.interfaces import IModelStore
+from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder
-from mrunner.scheduling.scheduler import Scheduler
 from mrunner.store.model import Model
 
 # Every OpenAI-style route is served with and without a backend, and under /v1.
@@ -47,7 +47,7 @@ class InferenceAPI:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: IScheduler,
         store: IModelStore,
         forwarder: Forwarder,
         metrics: Metrics,
@@ -66,8 +66,8 @@ class InferenceAPI:
         model, keep_alive = target(body)
         async with self._gateway.lease(backend, model, mode, keep_alive) as lease:
             if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
-                return json_body(request, {"status": "loaded", "model": lease.runner.request.model.name})
-            await self._forwarder.forward(request, lease.runner.socket, path, body)
+                return json_body(request, {"status": "loaded", "model": lease.model})
+            await self._forwarder.forward(request, lease.socket, path, body)
         return None
 
     @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
@@ -111,7 +111,8 @@ class InferenceAPI:
 
     @app.route("/engines/status", methods=["GET"])
     def status(self, request: Request) -> bytes:
-        return json_body(request, self._scheduler.backend_statuses())
+        statuses = self._scheduler.backend_statuses()
+        return json_body(request, {name: install_text(status) for name, status in statuses.items()})
 
 
 def openai_models(model: Model) -> list[dict[str, Any]]:

@@ -40,6 +40,8 @@ from mrunner.store.store import ModelStore
 #: The Ollama API version these routes follow; clients check it to enable features.
 OLLAMA_VERSION = "0.12.0"
 CHAT, GENERATE = "chat", "generate"
+#: Ollama's C{expires_at} for a model kept loaded for ever.
+NEVER = "2318-01-01T00:00:00Z"
 SERVED = (
     "version",
     "tags",
@@ -113,16 +115,17 @@ class OllamaAPI:
     @app.route("/api/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:
         models = []
-        for runner in self._gateway.scheduler.running():
+        for runner in self._gateway.scheduler.snapshot():
             try:
-                model = self._store.resolve(runner["model_id"])
+                model = self._store.resolve(runner.model_id)
             except NotFound:  # deleted while its runner stops
                 continue
+            expires = None if runner.expires_at is None else shapes.timestamp(runner.expires_at)
             models.append(
                 {
                     **self._entries(model)[0],
-                    "expires_at": runner["expires_at"] or "2318-01-01T00:00:00Z",
-                    "size": runner["memory"] or _size(model),
+                    "expires_at": expires or NEVER,
+                    "size": runner.memory or _size(model),
                     "size_vram": 0,
                 }
             )
@@ -257,7 +260,7 @@ class OllamaAPI:
         body.update(model=name, stream=stream)
         async with self._gateway.lease(None, name, COMPLETION, keep) as lease:
             loaded = self._gateway.clock.seconds()
-            answer = await self._runners.post(lease.runner.socket, path, json.dumps(body).encode())
+            answer = await self._runners.post(lease.socket, path, json.dumps(body).encode())
             if not stream:
                 tally = Tally().whole(await answer.json())
                 line = self._line(
@@ -367,7 +370,7 @@ class OllamaAPI:
             prompt_tokens = 0
             if texts:
                 body = json.dumps({"model": name, "input": texts}).encode()
-                result = await (await self._runners.post(lease.runner.socket, b"/v1/embeddings", body)).json()
+                result = await (await self._runners.post(lease.socket, b"/v1/embeddings", body)).json()
                 vectors = [
                     item["embedding"] for item in sorted(result["data"], key=lambda item: item["index"])
                 ]

@@ -136,7 +136,7 @@ class ResponsesAPI:
         created = int(self._gateway.clock.seconds())
         async with self._gateway.lease(backend, model, COMPLETION, keep) as lease:
             answer = await self._runners.post(
-                lease.runner.socket, b"/v1/chat/completions", json.dumps(body).encode()
+                lease.socket, b"/v1/chat/completions", json.dumps(body).encode()
             )
             if stream:
                 response = await self._stream(request, answer, response_id, created, payload)

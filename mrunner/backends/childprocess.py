@@ -8,6 +8,7 @@ after it never races a process that is still writing.
 from __future__ import annotations
 
 import os
+import shutil
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from twisted.python.failure import Failure
 
 #: How long a child may take to exit after SIGTERM before it gets SIGKILL.
 KILL_GRACE = 5.0
+SETPRIV = shutil.which("setpriv")
 
 
 @attrs.frozen
@@ -54,7 +56,7 @@ class _Collector(ProcessProtocol):
         self.argv = argv
         self._on_line = on_line
         self._partial = {1: b"", 2: b""}
-        self._tail: deque[str] = deque(maxlen=keep)
+        self.tail: deque[str] = deque(maxlen=keep)
         self.exit: Exit | None = None
         self.observers: list[Deferred[Exit]] = []
 
@@ -65,7 +67,7 @@ class _Collector(ProcessProtocol):
 
     def _line(self, raw: bytes) -> None:
         line = raw.decode("utf-8", "replace").rstrip("\r")
-        self._tail.append(line)
+        self.tail.append(line)
         self._on_line(line)
 
     def processEnded(self, reason: Failure) -> None:
@@ -73,7 +75,7 @@ class _Collector(ProcessProtocol):
             if rest:
                 self._line(rest)
         status: Any = reason.value  # ProcessDone or ProcessTerminated
-        self.exit = Exit(self.argv, status.exitCode, status.signal, tuple(self._tail))
+        self.exit = Exit(self.argv, status.exitCode, status.signal, tuple(self.tail))
         observers, self.observers = self.observers, []
         for observer in observers:
             observer.callback(self.exit)
@@ -89,6 +91,7 @@ class Child:
         self._reactor = reactor
         self._collector = collector
         self._transport = transport
+        self._killing = False
 
     @property
     def pid(self) -> int | None:
@@ -110,15 +113,22 @@ class Child:
         self._collector.observers.append(observer)
         return observer
 
+    def tail(self) -> tuple[str, ...]:
+        """The last lines of its output so far."""
+        return tuple(self._collector.tail)
+
     def _cancel(self, observer: Deferred[Exit]) -> None:
         self._collector.observers.remove(observer)
         self.kill()
 
-    def kill(self) -> None:
-        """SIGTERM now, SIGKILL if it is still there after L{KILL_GRACE} seconds."""
+    def kill(self, grace: float = KILL_GRACE) -> None:
+        """SIGTERM now, SIGKILL if it is still there after C{grace} seconds; once, however often called."""
+        if self._killing or self._collector.exit is not None:
+            return
+        self._killing = True
         if self._signal("TERM"):
             self.log.info("stopping {argv[0]} (pid {pid})", argv=self.argv, pid=self.pid)
-            escalation = self._reactor.callLater(KILL_GRACE, self._signal, "KILL")
+            escalation = self._reactor.callLater(grace, self._signal, "KILL")
             self.ended().addCallback(lambda _: escalation.active() and escalation.cancel())
 
     def _signal(self, name: str) -> bool:
@@ -136,15 +146,19 @@ def spawn(
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], object] = lambda line: None,
     keep: int = 40,
+    die_with_parent: bool = False,
 ) -> Child:
     """Start C{argv}; a program name without a slash is looked up on C{PATH}.
 
     C{env} ``None`` inherits the daemon's environment. C{on_line} sees every
     line of stdout and stderr as it arrives; the last C{keep} lines are kept
-    for the L{Exit}.
+    for the L{Exit}. With C{die_with_parent}, C{setpriv --pdeathsig KILL}
+    makes the kernel kill the child when the daemon dies, even by SIGKILL.
     """
     argv = tuple(argv)
     collector = _Collector(argv, on_line, keep)
+    if die_with_parent and SETPRIV is not None:
+        argv = (SETPRIV, "--pdeathsig", "KILL", "--", *argv)
     transport = reactor.spawnProcess(collector, argv[0], argv, env=None if env is None else dict(env))
     return Child(reactor, collector, transport)
 

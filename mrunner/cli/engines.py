@@ -1,4 +1,4 @@
-"""Commands on the daemon and its runners: run, ps, df, unload, status, logs, version, wait."""
+"""Commands on the daemon and its runners: run, ps, df, unload, configure, reload, status, logs and more."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import mrunner
 from mrunner.cli.chat import Chat, converse, flushing
 from mrunner.cli.client import lines
 from mrunner.cli.context import Context
-from mrunner.cli.errors import CommandError
+from mrunner.cli.errors import CommandError, DaemonError
 from mrunner.cli.output import duration, table
 from mrunner.sizes import format_size
 
@@ -51,10 +51,13 @@ def ps(ctx: Context, args: Namespace) -> None:
 
 
 def state(runner: dict[str, Any]) -> str:
-    """Loading or draining; a ready runner is idle or serving so many requests."""
+    """Loading or draining; a ready runner is idle or serving so many requests; pinned, stale."""
     if runner["state"] != "ready":
-        return str(runner["state"])
-    return f"serving {runner['in_use']}" if runner["in_use"] else "idle"
+        text = str(runner["state"])
+    else:
+        text = f"serving {runner['in_use']}" if runner["in_use"] else "idle"
+    marks = [mark for mark in ("pinned", "stale") if runner.get(mark)]
+    return ", ".join([text, *marks])
 
 
 def until(runner: dict[str, Any], now: float) -> str:
@@ -82,6 +85,27 @@ def unload(ctx: Context, args: Namespace) -> None:
     ctx.out.print(f"Unloaded {count} runner{'' if count == 1 else 's'}")
 
 
+def configure(ctx: Context, args: Namespace) -> None:
+    """Set a model's runner settings: pin, keep-alive, context size."""
+    body: dict[str, Any] = {"model": args.model}
+    if args.pin is not None:
+        body["pinned"] = args.pin
+    if args.keep_alive is not None:
+        body["keep_alive"] = args.keep_alive
+    if args.context_size is not None:
+        body["context_size"] = args.context_size
+    result = ctx.daemon.call("POST", "/engines/_configure", body)
+    ctx.out.print(f"{result['model']}: {result['status']}", markup=False)
+
+
+def reload(ctx: Context, args: Namespace) -> None:
+    """Make the daemon read its tap.conf again."""
+    result = ctx.daemon.call("POST", "/engines/_reload", {})
+    ctx.out.print("Reloaded tap.conf", markup=False)
+    if result["restart_required"]:
+        ctx.out.print(f"Restart the daemon to apply: {', '.join(result['restart_required'])}", markup=False)
+
+
 def status(ctx: Context, args: Namespace) -> None:
     statuses = ctx.listing("/engines/status", args)
     if statuses is None:
@@ -89,6 +113,16 @@ def status(ctx: Context, args: Namespace) -> None:
     ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
     for backend, text in statuses.items():
         ctx.out.print(f"{backend}: {text}", markup=False, highlight=False)
+    try:
+        preloads = ctx.daemon.call("GET", "/ready")["preloads"]
+    except DaemonError as e:
+        if e.status != 503:
+            raise
+        ctx.out.print("preloads: still loading", markup=False)
+        return
+    for preload in preloads:
+        outcome = f"failed: {preload['error']}" if preload["error"] else preload["state"]
+        ctx.out.print(f"preload {preload['model']}: {outcome}", markup=False, highlight=False)
 
 
 def logs(ctx: Context, args: Namespace) -> None:

@@ -61,6 +61,16 @@ def parser() -> argparse.ArgumentParser:
     unload = command("unload", engines.unload, "unload the named models' runners, or all of them")
     unload.add_argument("models", nargs="*", metavar="MODEL")
     unload.add_argument("--all", action="store_true", help="unload every runner")
+    configure = command("configure", engines.configure, "set a model's runner settings (pin, keep-alive)")
+    configure.add_argument("model")
+    pin = configure.add_mutually_exclusive_group()
+    pin.add_argument(
+        "--pin", action="store_true", default=None, help="keep it loaded: no expiry, no eviction"
+    )
+    pin.add_argument("--unpin", dest="pin", action="store_false", help="let it expire and be evicted again")
+    configure.add_argument("--keep-alive", help="idle time before unloading, e.g. 10m; -1 for ever")
+    configure.add_argument("--context-size", type=_positive, help="context size of its next runner")
+    command("reload", engines.reload, "make the daemon read its tap.conf again (as SIGHUP does)")
     command("status", engines.status, "is the daemon running, and its backends' install state", json=True)
     command("logs", engines.logs, "show the daemon's and the runners' logs").add_argument(
         "-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
 
 import attrs
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -16,21 +17,41 @@ from mrunner.interfaces import IBackend
 INSTALL_RETRY_AFTER = 5.0
 
 
+class InstallState(Enum):
+    NOT_INSTALLED = "Not Installed"
+    INSTALLING = "Installing"
+    RUNNING = "Running"
+    ERROR = "Error"
+
+
+@attrs.frozen
+class InstallStatus:
+    """Where a backend's install is; C{detail} is the version, the progress or the error."""
+
+    state: InstallState = InstallState.NOT_INSTALLED
+    detail: str = ""
+
+
 @attrs.define
 class _Install:
-    """One backend's lifecycle: Not Installed → Installing → Running | Error (→ Installing)."""
+    """One backend's lifecycle: NOT_INSTALLED → INSTALLING → RUNNING | ERROR (→ INSTALLING)."""
 
     backend: IBackend
-    status: str = "Not Installed"
+    status: InstallStatus = InstallStatus()
     waiters: list[Deferred[None]] = attrs.field(factory=list)
 
     @property
     def running(self) -> bool:
-        return self.status.startswith("Running")
+        return self.status.state is InstallState.RUNNING
 
     @property
     def installing(self) -> bool:
-        return self.status.startswith("Installing")
+        return self.status.state is InstallState.INSTALLING
+
+    def describe(self) -> str:
+        """For an error message: C{"installing (building llama.cpp 40%)"}."""
+        state = self.status.state.value.lower()
+        return f"{state} ({self.status.detail})" if self.status.detail else state
 
 
 class Installer:
@@ -48,18 +69,18 @@ class Installer:
     def __contains__(self, name: object) -> bool:
         return name in self._installs
 
-    def statuses(self) -> dict[str, str]:
+    def statuses(self) -> dict[str, InstallStatus]:
         return {name: install.status for name, install in self._installs.items()}
 
     def start(self, name: str) -> None:
         """Begin installing C{name} ahead of its first request; the service does it for the default."""
         self._begin(name)
 
-    def wait(self, name: str, timeout: float) -> Deferred[None]:
-        """Fire once C{name} is installed; 503 if that fails or takes longer than C{timeout}."""
+    def wait(self, name: str, timeout: float | None) -> Deferred[None]:
+        """Fire once C{name} is installed; 503 if that fails or takes over C{timeout} (None: no limit)."""
         install = self._installs.get(name)
         if install is None:
-            raise NotFound(f"unknown backend {name!r}", code="backend_not_found")
+            return fail(NotFound(f"there is no backend named {name!r}", code="backend_not_found"))
         if install.running:
             return succeed(None)
         if not install.installing:
@@ -71,34 +92,39 @@ class Installer:
 
         def still_installing(result: object, timeout: float) -> None:
             raise Unavailable(
-                f"backend {name} is not ready yet ({install.status}); try again shortly",
+                f"backend {name} is not ready yet ({install.describe()}); try again shortly",
                 code="backend_installing",
                 retry_after=INSTALL_RETRY_AFTER,
             )
 
+        if timeout is None:
+            return waiter
         return waiter.addTimeout(timeout, self._clock, onTimeoutCancel=still_installing)
 
     def _begin(self, name: str) -> None:
         install = self._installs[name]
         if install.installing or install.running:
             return
-        install.status = "Installing"
+        install.status = InstallStatus(InstallState.INSTALLING)
         self.log.info("installing backend {backend}", backend=name)
 
         def report(message: str) -> None:
             if install.installing:
-                install.status = f"Installing: {message}"
+                install.status = InstallStatus(InstallState.INSTALLING, message)
 
         def installed(version: str) -> None:
-            install.status = f"Running: {version}"
+            install.status = InstallStatus(InstallState.RUNNING, version)
             self.log.info("backend {backend} ready: {version}", backend=name, version=version)
             self._wake(install, None)
 
         def failed(reason: Failure) -> None:
-            message = reason.getErrorMessage() or repr(reason.value)
-            install.status = f"Error: {message}"
+            message = reason.getErrorMessage() or f"{type(reason.value).__name__} without a message"
+            install.status = InstallStatus(InstallState.ERROR, message)
             self.log.error("backend {backend} failed to install: {error}", backend=name, error=message)
-            self._wake(install, Unavailable(f"backend {name} failed to install: {message}"))
+            self._wake(
+                install,
+                Unavailable(f"backend {name} failed to install: {message}; see GET /logs, then try again"),
+            )
 
         install.backend.install(report).addCallbacks(installed, failed)
 

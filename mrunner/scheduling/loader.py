@@ -8,23 +8,27 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
+from mrunner.interfaces import ILease, IRunnerProcess
 from mrunner.scheduling import policy
-from mrunner.scheduling.policy import Limits, State
+from mrunner.scheduling.lifecycle import Lifecycle, State
+from mrunner.scheduling.policy import Limits
 from mrunner.store.model import Model
 
 NEVER = -1.0
 #: Seconds between two readings of a runner's resident memory, which is read from /proc when it goes idle.
 MEASURE_EVERY = 1.0
+SHUTTING_DOWN = "mrunner is shutting down; try again once it has restarted"
 
 
 @attrs.frozen
@@ -36,21 +40,7 @@ class RunnerKey:
     mode: str
 
 
-class RunnerProcess(Protocol):
-    """What the loader needs of a started runner (see L{mrunner.scheduling.runner})."""
-
-    socket: str
-    ready: Deferred[None]
-    ended: Deferred[None]
-
-    def stop(self) -> None: ...
-
-    def rss(self) -> int | None: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-Spawn = Callable[[RunnerKey, Model, RunnerSettings], RunnerProcess]
+Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]
 
 
 @attrs.frozen
@@ -63,26 +53,35 @@ class LoadRequest:
     keep_alive: float
     memory: int = 0
     sets_keep_alive: bool = False
+    pinned: bool = False
 
 
 @attrs.define(eq=False)
 class Runner:
-    """The loader's record of one runner process."""
+    """The loader's record of one runner process; its state is its L{Lifecycle}'s."""
 
     request: LoadRequest
-    process: RunnerProcess
-    state: State = State.LOADING
+    process: IRunnerProcess
+    lifecycle: Lifecycle = attrs.field(factory=Lifecycle)
     in_use: int = 0
     finished_at: float = 0.0
     expiry: IDelayedCall | None = None
-    alive: bool = True
     measured: int = 0
     measured_at: float = -MEASURE_EVERY
     keep_alive: float = attrs.field()
+    pinned: bool = attrs.field()
 
     @keep_alive.default
     def _keep_alive(self) -> float:
         return self.request.keep_alive
+
+    @pinned.default
+    def _pinned(self) -> bool:
+        return self.request.pinned
+
+    @property
+    def state(self) -> State:
+        return self.lifecycle.state
 
     @property
     def key(self) -> RunnerKey:
@@ -124,18 +123,21 @@ class _Waiter:
         return self.request.memory
 
 
-@attrs.define(eq=False)
+@implementer(ILease)
 class Lease:
-    """A request's hold on one of a runner's parallel slots; release it exactly once."""
+    """A request's hold on one of a runner's parallel slots: where to send it, and C{release}."""
 
-    runner: Runner
-    _loader: Loader
-    released: bool = False
+    def __init__(self, runner: Runner, release: Callable[[Runner], None]):
+        self.socket = runner.socket
+        self.model = runner.request.model.name
+        self._runner: Runner | None = runner
+        self._release = release
 
     def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self._loader._release(self.runner)
+        """Give the slot back; only the first call counts."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            self._release(runner)
 
 
 @attrs.define
@@ -155,7 +157,7 @@ class Loader:
         self._limits = limits
         self._max_queue = max_queue
         self.runners: dict[RunnerKey, Runner] = {}
-        self._stopping: set[Runner] = set()
+        self._stopping: set[Runner] = set()  # in STOPPING: out of `runners`, memory counted until ENDED
         self._queue: deque[_Waiter] = deque()
         self._backoff: dict[RunnerKey, _Backoff] = {}
         self._closed = False
@@ -167,22 +169,39 @@ class Loader:
     def queued(self) -> int:
         return len(self._queue)
 
+    def reconfigure(self, limits: Limits, max_queue: int) -> None:
+        """New limits from a reloaded configuration, applied at once; no runner is stopped for them."""
+        self._limits = limits
+        self._max_queue = max_queue
+        self._pump()
+
+    def fits(self, memory: int) -> bool:
+        """Whether a runner of C{memory} bytes fits now beside every other, without stopping one."""
+        used = sum(r.memory for r in self.runners.values()) + sum(self._stopping_memory())
+        slots = len(self.runners) + len(self._stopping)
+        budget = self._limits.memory_budget
+        return slots < self._limits.max_runners and (not budget or used + memory <= budget)
+
     def acquire(self, request: LoadRequest) -> Deferred[Lease]:
         """A lease on a ready runner for C{request.key}; cancel it to leave the queue."""
         if self._closed:
-            raise Unavailable("mrunner is shutting down", code="shutting_down")
+            return fail(Unavailable(SHUTTING_DOWN, code="shutting_down"))
         backoff = self._backoff.get(request.key)
         if backoff is not None and self._clock.seconds() < backoff.until:
-            raise Unavailable(
-                f"model {request.model.name} failed to load recently; retrying is paused",
-                code="load_backoff",
-                retry_after=backoff.until - self._clock.seconds(),
+            return fail(
+                Unavailable(
+                    f"model {request.model.name} failed to load recently; retrying is paused, try again soon",
+                    code="load_backoff",
+                    retry_after=backoff.until - self._clock.seconds(),
+                )
             )
         if len(self._queue) >= self._max_queue and not self._has_room(request.key):
-            raise Unavailable(
-                f"too many requests waiting ({self._max_queue}); try again shortly",
-                code="queue_full",
-                retry_after=1.0,
+            return fail(
+                Unavailable(
+                    f"too many requests waiting ({self._max_queue}); try again shortly",
+                    code="queue_full",
+                    retry_after=1.0,
+                )
             )
         runner = self.runners.get(request.key)
         if not self._queue and runner is not None and self._has_room(request.key):
@@ -206,7 +225,8 @@ class Loader:
         ended = []
         for runner in [r for r in self.runners.values() if match(r.key)]:
             if runner.in_use:
-                runner.state = State.DRAINING
+                if runner.state is State.READY:
+                    runner.lifecycle.drain()
             else:
                 ended.append(self._when_ended(runner))
                 self._stop(runner)
@@ -215,9 +235,18 @@ class Loader:
 
     def keep_alive(self, match: Callable[[RunnerKey], bool], seconds: float) -> None:
         """Give the runners that C{match} a new keep-alive, counted from now if they are idle."""
+        self._retime(match, keep_alive=seconds)
+
+    def pin(self, match: Callable[[RunnerKey], bool], pinned: bool) -> None:
+        """Pin the runners that C{match} (no expiry, no eviction), or let them go again."""
+        self._retime(match, pinned=pinned)
+
+    def _retime(self, match: Callable[[RunnerKey], bool], **changes: Any) -> None:
+        """Change what decides the expiry of the runners that C{match}, and restart their clocks."""
         for runner in list(self.runners.values()):
             if match(runner.key):
-                runner.keep_alive = seconds
+                for name, value in changes.items():
+                    setattr(runner, name, value)
                 _cancel_expiry(runner)
                 self._sync_expiry(runner)
 
@@ -225,9 +254,7 @@ class Loader:
         """Refuse new work, fail the queue, stop every runner; fire when all have exited."""
         self._closed = True
         while self._queue:
-            self._queue.popleft().deferred.errback(
-                Unavailable("mrunner is shutting down", code="shutting_down")
-            )
+            self._queue.popleft().deferred.errback(Unavailable(SHUTTING_DOWN, code="shutting_down"))
         for runner in list(self.runners.values()):
             self._stop(runner)
         if not self.runners and not self._stopping:
@@ -256,7 +283,7 @@ class Loader:
         if request.sets_keep_alive:
             runner.keep_alive = request.keep_alive
         self._sync_expiry(runner)
-        return Lease(runner, self)
+        return Lease(runner, self._release)
 
     def _release(self, runner: Runner) -> None:
         runner.in_use -= 1
@@ -264,8 +291,7 @@ class Loader:
             runner.finished_at = self._clock.seconds()
             if runner.finished_at - runner.measured_at >= MEASURE_EVERY:
                 self._measure(runner)
-        current = self.runners.get(runner.key) is runner  # not if it exited while serving
-        if current and runner.state is State.READY and not self._queue:
+        if runner.state is State.READY and not self._queue:
             self._sync_expiry(runner)  # with no one waiting, the plan would decide nothing
         else:
             self._pump()
@@ -310,7 +336,7 @@ class Loader:
             runner = self.runners.get(key)
             if runner is not None and runner.state is State.READY:
                 self.log.info("draining busy runner {key} to make room", key=key)
-                runner.state = State.DRAINING
+                runner.lifecycle.drain()
         for waiter in decision.load:
             if waiter.key not in self.runners:
                 self._load(waiter.request)
@@ -320,8 +346,11 @@ class Loader:
             self._sync_expiry(runner)
 
     def _sync_expiry(self, runner: Runner) -> None:
-        """Start C{runner}'s keep-alive clock if it is idle, else stop it; keep-alive 0 stops it now."""
-        if runner.state is not State.READY or runner.in_use:
+        """Start C{runner}'s keep-alive clock if it is idle, else stop it; keep-alive 0 stops it now.
+
+        A pinned runner has no keep-alive clock.
+        """
+        if runner.state is not State.READY or runner.in_use or runner.pinned:
             _cancel_expiry(runner)
         elif runner.keep_alive == 0:
             self._stop(runner)
@@ -342,7 +371,8 @@ class Loader:
             self._fail_waiters(request.key, Failure(e))  # e.g. a model the backend cannot serve
             return
         except Exception as e:
-            self._fail_waiters(request.key, Failure(RunnerFailed(f"cannot start a runner: {e}")))
+            error = RunnerFailed(f"mrunner could not start a runner for {request.model.name}: {e}")
+            self._fail_waiters(request.key, Failure(error))
             return
         runner = Runner(request, process)
         self.runners[request.key] = runner
@@ -353,13 +383,13 @@ class Loader:
 
     def _loaded(self, result: object, runner: Runner) -> None:
         self._backoff.pop(runner.key, None)
-        runner.state = State.READY
+        runner.lifecycle.ready()
         runner.finished_at = self._clock.seconds()
         self._measure(runner)
         self._pump()
 
     def _load_failed(self, reason: Failure, runner: Runner) -> None:
-        if runner in self._stopping:
+        if runner.state is not State.LOADING:
             return  # stopped on purpose; its waiters stay queued for the next load
         key = runner.key
         previous = self._backoff.get(key)
@@ -371,8 +401,8 @@ class Loader:
             error=reason.getErrorMessage(),
             delay=delay,
         )
+        self._fail_waiters(key, reason)  # first: stopping it must not start a load for them
         self._stop(runner)
-        self._fail_waiters(key, reason)
         self._pump()
 
     def _fail_waiters(self, key: RunnerKey, reason: Failure) -> None:
@@ -382,8 +412,7 @@ class Loader:
 
     def _exited(self, result: object, runner: Runner) -> None:
         """A runner's process is gone, stopped or crashed: it no longer exists."""
-        runner.alive = False
-        if runner.state is not State.LOADING and self.runners.get(runner.key) is runner:
+        if runner.lifecycle.end() in (State.READY, State.DRAINING):
             self.log.warn("runner {key} exited unexpectedly; evicted", key=runner.key)
         self._forget(runner)
         self._stopping.discard(runner)
@@ -400,8 +429,10 @@ class Loader:
         _cancel_expiry(runner)
 
     def _stop(self, runner: Runner) -> None:
+        """SIGTERM it (SIGKILL later): it leaves C{runners}, its memory counts until it has ended."""
         self._forget(runner)
-        if runner.alive and runner not in self._stopping:
+        if runner.lifecycle.running:
+            runner.lifecycle.stop()
             self._stopping.add(runner)
             runner.process.stop()
 

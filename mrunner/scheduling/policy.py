@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from enum import Enum
 from typing import Generic, Protocol, TypeVar
 
 import attrs
 
+from mrunner.scheduling.lifecycle import State
+
+__all__ = ["Limits", "Plan", "State", "drained", "next_backoff", "plan"]
+
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
-
-
-class State(Enum):
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
 
 
 class RunnerView(Protocol):
@@ -30,6 +27,8 @@ class RunnerView(Protocol):
     def finished_at(self) -> float: ...
     @property
     def memory(self) -> int: ...
+    @property
+    def pinned(self) -> bool: ...
 
 
 class WaiterView(Protocol):
@@ -100,7 +99,8 @@ def plan(
     served at once. Another claims a new runner's slot and memory: from what
     is free, else from what stopping or draining runners will free, else by
     evicting idle runners, least recently finished first, else by draining
-    busy runners in the same order. A draining runner finishes what it
+    busy runners in the same order; a pinned runner is never chosen, though
+    its memory counts. A draining runner finishes what it
     serves but takes no new request, so a model that is always busy cannot
     starve the one waiting for its memory; only the runners needed to make
     room drain, and none when even stopping them all would not make room
@@ -119,7 +119,9 @@ def plan(
         coming_slots=len(stopping) + len(draining),
         coming_memory=sum(stopping) + sum(runner.memory for runner in draining),
     )
-    by_age = sorted(free, key=lambda key: runners[key].finished_at)
+    by_age = sorted(
+        (key for key in free if not runners[key].pinned), key=lambda key: runners[key].finished_at
+    )
     claimed: set[Hashable] = set(runners)
     assign: list[W] = []
     load: list[W] = []

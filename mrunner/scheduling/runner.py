@@ -1,109 +1,157 @@
-"""A runner: one inference server process on a UNIX socket, started with spawnProcess.
+"""A runner: one inference server process on a UNIX socket, started by L{RunnerProcess.start}.
 
-It is ready when C{GET /health} says 200. Stopping it is SIGTERM, then SIGKILL
-after a grace period. Its output goes to a log file and the tail of it into
-the error of a failed start. C{setpriv --pdeathsig KILL} makes the kernel kill
-it if the daemon dies, even by SIGKILL.
+It is ready when C{GET /health} says 200. The process itself is a
+L{childprocess} child: stopping it is SIGTERM, then SIGKILL after a grace
+period, and the tail of its output goes into the error of a failed start.
+Its output is also written to a log that rotates by size. C{setpriv
+--pdeathsig KILL} makes the kernel kill it if the daemon dies, even by
+SIGKILL; it gets a minimal environment, not the daemon's.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessDone
 from twisted.internet.interfaces import IDelayedCall
-from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
-from twisted.python.failure import Failure
+from twisted.python.logfile import LogFile
 from twisted.web.client import Agent, readBody
+from zope.interface import implementer
 
+from mrunner.backends import childprocess
 from mrunner.backends.base import Command
 from mrunner.errors import RunnerFailed
+from mrunner.home import PRIVATE_FILE, Home, write_private
+from mrunner.interfaces import IRunnerProcess
 from mrunner.proxy import runner_url
 
 POLL_FIRST = 0.02
 POLL_MAX = 0.25
 TAIL_LINES = 20
-SETPRIV = shutil.which("setpriv")
+#: What a runner keeps of the daemon's environment: enough to find its libraries, devices and locale.
+KEPT_VARIABLES = frozenset(("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "USER"))
+KEPT_PREFIXES = ("LC_", "CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_", "GGML_", "VK_")
+
+#: Is the runner on this socket answering? Never fails: False while it is not listening yet.
+Probe = Callable[[str], Deferred[bool]]
 
 
-def with_death_signal(command: Command) -> tuple[str, list[str]]:
-    """The executable and argv that make the kernel kill the runner when its parent dies."""
-    argv = [command.executable, *command.args]
-    if SETPRIV is None:
-        return command.executable, argv
-    return SETPRIV, [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+def runner_environment(
+    extra: Mapping[str, str] | None, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """The daemon's variables a runner needs (L{KEPT_VARIABLES}, L{KEPT_PREFIXES}), plus the backend's own."""
+    kept = {k: v for k, v in environ.items() if k in KEPT_VARIABLES or k.startswith(KEPT_PREFIXES)}
+    return {**kept, **(extra or {})}
 
 
-class RunnerProcess(ProcessProtocol):
-    """One runner process and its lifecycle: starting → ready → stopping → ended."""
+def health_probe(agent: Agent) -> Probe:
+    """A L{Probe} that asks the runner's C{GET /health} through C{agent}."""
+
+    async def probe(socket: str) -> bool:
+        try:
+            response = await agent.request(b"GET", runner_url(socket, b"/health"))
+            await readBody(response)
+        except Exception:
+            return False  # not listening yet
+        return bool(response.code == 200)
+
+    return lambda socket: Deferred.fromCoroutine(probe(socket))
+
+
+@attrs.frozen
+class RunnerOptions:
+    """How runners are started and stopped, and their logs kept."""
+
+    load_timeout: float
+    stop_grace: float
+    log_max_bytes: int = 10_000_000
+    log_keep: int = 3
+
+
+@implementer(IRunnerProcess)
+class RunnerProcess:
+    """One runner process: C{start} spawns it; C{ready} and C{ended} report what became of it."""
 
     log = Logger()
 
     def __init__(
         self,
         reactor: Any,
-        agent: Agent,
+        probe: Probe,
         command: Command,
         socket: str,
         log_path: Path,
         label: str,
-        *,
-        load_timeout: float,
-        stop_grace: float,
+        options: RunnerOptions,
+        environ: Mapping[str, str] = os.environ,
     ):
         self._reactor = reactor
-        self._agent = agent
-        self._stop_grace = stop_grace
+        self._probe = probe
+        self._command = command
+        self._options = options
+        self._environ = environ
         self._label = label
         self.socket = socket
+        self.log_path = log_path
+        self.pid: int | None = None
         self.ready: Deferred[None] = Deferred()
         self.ended: Deferred[None] = Deferred()
-        self.started_at = reactor.seconds()
-        self._tail: deque[bytes] = deque(maxlen=TAIL_LINES)
-        self._partial = b""
-        self._kill_call: IDelayedCall | None = None
+        self._child: childprocess.Child | None = None
+        self._output: LogFile | None = None
+        self._deadline: IDelayedCall | None = None
         self._poll_call: IDelayedCall | None = None
-        self._exited = False
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file: IO[bytes] = log_path.open("ab", buffering=0)  # unbuffered: `logs -f` follows it
-        self.log_path = log_path
-        executable, argv = with_death_signal(command)
-        self.log.info("starting runner {label}: {argv}", label=label, argv=" ".join(argv))
-        self._log_file.write(f"--- mrunner: {' '.join(argv)}\n".encode())
-        self._process = reactor.spawnProcess(
-            self, executable, argv, env=command.env if command.env is not None else os.environ
+
+    def start(self) -> None:
+        """Open the log, spawn the process, write its pid file, and start looking for readiness."""
+        self.started_at = self._reactor.seconds()
+        self._output = LogFile(
+            self.log_path.name,
+            str(self.log_path.parent),
+            rotateLength=self._options.log_max_bytes,
+            defaultMode=PRIVATE_FILE,
+            maxRotatedFiles=self._options.log_keep,
         )
-        self.pid: int = self._process.pid
-        self._pid_file = Path(socket).with_suffix(".pid")
-        self._pid_file.write_text(str(self.pid))
-        self._deadline = reactor.callLater(load_timeout, self._timed_out, load_timeout)
+        argv = [self._command.executable, *self._command.args]
+        self.log.info("starting runner {label}: {argv}", label=self._label, argv=" ".join(argv))
+        self._write(f"--- mrunner: {' '.join(argv)}")
+        try:
+            self._child = childprocess.spawn(
+                self._reactor,
+                argv,
+                env=runner_environment(self._command.env, self._environ),
+                on_line=self._line,
+                keep=TAIL_LINES,
+                die_with_parent=True,
+            )
+        except BaseException:
+            self._output.close()  # the loader reports the error; no log file is left open
+            self._output = None
+            raise
+        self.pid = self._child.pid
+        try:
+            write_private(Home.pid_file(self.socket), str(self.pid))
+        except OSError as e:  # only the clean-up after a crash reads it, and pdeathsig does most of that
+            self.log.warn("no pid file for runner {label}: {error}", label=self._label, error=e.strerror)
+        self._deadline = self._reactor.callLater(self._options.load_timeout, self._timed_out)
         self._poll(POLL_FIRST)
+        self._child.ended().addCallback(self._ended)
 
     def rss(self) -> int | None:
-        return None if self._exited else rss_bytes(self.pid)
-
-    def describe(self) -> dict[str, Any]:
-        return {"pid": self.pid, "socket": self.socket}
+        return None if self.pid is None or self.ended.called else rss_bytes(self.pid)
 
     def stop(self) -> None:
         """SIGTERM now, SIGKILL after the grace period; C{ended} fires when it is gone."""
-        if self._exited:
+        if self._child is None or self.ended.called:
             return
-        self._fail_start(RunnerFailed(f"runner {self._label} was stopped before it was ready"))
-        self._signal("TERM")
-        if self._kill_call is None:
-            self._kill_call = self._reactor.callLater(self._stop_grace, self._signal, "KILL")
-
-    def _signal(self, name: str) -> None:
-        if not self._exited:
-            self._process.signalProcess(name)
+        self._fail_start(f"runner {self._label} was stopped before it was ready")
+        self._child.kill(self._options.stop_grace)
 
     # Readiness
 
@@ -118,21 +166,17 @@ class RunnerProcess(ProcessProtocol):
 
     def _check_health(self, delay: float) -> None:
         self._poll_call = None
-        Deferred.fromCoroutine(self._health(delay))
+        self._probe(self.socket).addCallback(self._checked, delay)
 
-    async def _health(self, delay: float) -> None:
-        try:
-            response = await self._agent.request(b"GET", runner_url(self.socket, b"/health"))
-            await readBody(response)
-            healthy = response.code == 200
-        except Exception:
-            healthy = False  # not listening yet
-        if self.ready.called or self._exited:
+    def _checked(self, healthy: bool, delay: float) -> None:
+        if self.ready.called or self.ended.called:
             return
         if not healthy:
             self._poll(min(delay * 1.5, POLL_MAX))
             return
-        self._deadline.cancel()
+        self._cancel_timers()
+        with suppress(OSError):
+            os.chmod(self.socket, PRIVATE_FILE)  # the runner made it with its umask
         self.log.info(
             "runner {label} ready in {seconds:.2f}s",
             label=self._label,
@@ -140,47 +184,72 @@ class RunnerProcess(ProcessProtocol):
         )
         self.ready.callback(None)
 
-    def _timed_out(self, seconds: float) -> None:
+    def _timed_out(self) -> None:
+        self._deadline = None
+        seconds = self._options.load_timeout
         self._fail_start(
-            RunnerFailed(f"runner {self._label} was not ready after {seconds:g}s{self._tail_text()}")
+            f"runner {self._label} was not ready after {seconds:g}s; raise [scheduler] load_timeout"
         )
         self.stop()
 
-    def _fail_start(self, error: Exception) -> None:
+    def _fail_start(self, message: str) -> None:
         if self.ready.called:
             return
-        if self._deadline.active():
-            self._deadline.cancel()
-        if self._poll_call is not None and self._poll_call.active():
-            self._poll_call.cancel()
-        self.ready.errback(error)
+        self._cancel_timers()
+        self.ready.errback(RunnerFailed(message + self._tail_text()))
+
+    def _cancel_timers(self) -> None:
+        for call in (self._deadline, self._poll_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._deadline = self._poll_call = None
 
     def _tail_text(self) -> str:
-        lines = [*self._tail, self._partial] if self._partial else list(self._tail)
-        text = b"\n".join(lines).decode(errors="replace").strip()
+        tail = [line for line in self._child.tail() if line.strip()] if self._child else []
+        text = "\n".join(tail).strip()
         return f"; its last output:\n{text}" if text else ""
 
-    # ProcessProtocol
+    # Output and end
 
-    def childDataReceived(self, childFD: int, data: bytes) -> None:
-        self._log_file.write(data)
+    def _line(self, line: str) -> None:
+        self._write(line)
         self._look_sooner()
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        self._tail.extend(line for line in lines if line.strip())
 
-    def processEnded(self, reason: Failure) -> None:
-        self._exited = True
-        self._pid_file.unlink(missing_ok=True)
+    def _write(self, line: str) -> None:
+        if self._output is not None:
+            self._output.write(line + "\n")
+            self._output.flush()  # `logs -f` follows it
+
+    def _ended(self, exit: childprocess.Exit) -> None:
+        Home.pid_file(self.socket).unlink(missing_ok=True)
         Path(self.socket).unlink(missing_ok=True)
-        self._log_file.write(f"--- mrunner: runner ended: {reason.getErrorMessage()}\n".encode())
-        self._log_file.close()
-        if self._kill_call is not None and self._kill_call.active():
-            self._kill_call.cancel()
-        how = "exited" if reason.check(ProcessDone) else reason.getErrorMessage()
-        self._fail_start(RunnerFailed(f"runner {self._label} {how} before it was ready{self._tail_text()}"))
-        self.log.info("runner {label} ended: {how}", label=self._label, how=how)
+        how = (
+            f"exited with code {exit.code}"
+            if exit.code is not None
+            else f"was killed by signal {exit.signal}"
+        )
+        self._write(f"--- mrunner: runner ended: {how}")
+        if self._output is not None:
+            self._output.close()
+            self._output = None
+        self._fail_start(f"runner {self._label} {how} before it was ready")
+        self.log.info("runner {label} {how}", label=self._label, how=how)
         self.ended.callback(None)
+
+
+def start_runner(
+    reactor: Any,
+    probe: Probe,
+    options: RunnerOptions,
+    command: Command,
+    socket: str,
+    log_path: Path,
+    label: str,
+) -> RunnerProcess:
+    """A started L{RunnerProcess}: the scheduler's C{start_runner}, once the first three are given."""
+    runner = RunnerProcess(reactor, probe, command, socket, log_path, label, options)
+    runner.start()
+    return runner
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -192,11 +261,10 @@ def rss_bytes(pid: int) -> int | None:
         return None
 
 
-def clean_stale(run_dir: Path) -> None:
+def clean_stale(home: Home) -> None:
     """Kill runners a crashed daemon left (their pid files name them) and remove their sockets."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for pid_file in run_dir.glob("*.pid"):
-        socket = pid_file.with_suffix(".sock")
+    home.prepare()
+    for pid_file, socket in home.runner_files():
         try:
             pid = int(pid_file.read_text())
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -205,5 +273,5 @@ def clean_stale(run_dir: Path) -> None:
         except (OSError, ValueError):
             pass
         pid_file.unlink(missing_ok=True)
-    for socket in run_dir.glob("*.sock"):
+    for socket in home.sockets():
         socket.unlink(missing_ok=True)

@@ -4,30 +4,29 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, ensureDeferred, succeed
+from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mrunner.backends.base import Command, RunnerSettings
+from mrunner.backends.base import COMPLETION, Command, RunnerSettings
 from mrunner.config import Config
-from mrunner.errors import Conflict, NotFound, Unprocessable
-from mrunner.interfaces import IBackend, IModelStore, IScheduler
-from mrunner.proxy import SOCKET_SUFFIX
-from mrunner.scheduling.installer import Installer
-from mrunner.scheduling.loader import NEVER, Lease, Loader, LoadRequest, Runner, RunnerKey, RunnerProcess
-from mrunner.scheduling.policy import Limits, State
+from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unprocessable
+from mrunner.home import Home
+from mrunner.interfaces import IBackend, ILease, IModelStore, IRunnerProcess, IScheduler
+from mrunner.scheduling.installer import Installer, InstallStatus
+from mrunner.scheduling.loader import Loader, LoadRequest, Runner, RunnerKey
+from mrunner.scheduling.policy import Limits
+from mrunner.scheduling.snapshot import Preload, PreloadState, RunnerSnapshot
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
 
-StartRunner = Callable[[Command, str, Path, str], RunnerProcess]
+StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 
 
 @attrs.frozen
@@ -37,6 +36,13 @@ class ModelSettings:
     context_size: int | None = None
     flags: tuple[str, ...] | None = None
     keep_alive: float | None = None
+    pinned: bool | None = None
+
+    def over(self, base: ModelSettings) -> ModelSettings:
+        """C{base} with what these settings set."""
+        return attrs.evolve(
+            base, **{k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None}
+        )
 
 
 @implementer(IScheduler)
@@ -52,24 +58,18 @@ class Scheduler:
         backends: Mapping[str, IBackend],
         store: IModelStore,
         start_runner: StartRunner,
+        home: Home | None = None,
     ):
         self._config = config
         self._backends = backends
         self._store = store
         self._start_runner = start_runner
+        self.home = home or Home(config.home)
         self.installer = Installer(backends, clock)
-        self.loader = Loader(
-            clock,
-            self._spawn,
-            Limits(config.scheduler.max_runners, config.scheduler.memory_budget),
-            config.scheduler.max_queue,
-        )
+        self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue)
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
-
-    @property
-    def run_dir(self) -> Path:
-        return self._config.home / "run"
+        self._preloads: dict[str, Preload] = {}
 
     def backend_name(self, backend: str | None) -> str:
         """C{backend}, or the default one; L{NotFound} for a backend mrunner does not have."""
@@ -81,24 +81,41 @@ class Scheduler:
             )
         return name
 
-    def backend_statuses(self) -> dict[str, str]:
+    def backend_statuses(self) -> dict[str, InstallStatus]:
         return self.installer.statuses()
 
+    def queued(self) -> int:
+        return self.loader.queued
+
     def start(self) -> None:
-        """Install the default backend now; the others on first use."""
+        """Install the default backend now, the others on first use; then load the preloads."""
         self.installer.start(self.backend_name(None))
+        self._preload(self._config.models.preload)
 
     def close(self) -> Deferred[None]:
         return self.loader.close()
 
     def acquire(
         self, backend: str | None, model: str, mode: str, keep_alive: float | None = None
-    ) -> Deferred[Lease]:
-        return ensureDeferred(self._acquire(self.backend_name(backend), model, mode, keep_alive))
+    ) -> Deferred[ILease]:
+        return ensureDeferred(self._acquire(backend, model, mode, keep_alive))
 
-    async def _acquire(self, backend: str, name: str, mode: str, keep_alive: float | None) -> Lease:
+    async def _acquire(self, backend: str | None, name: str, mode: str, keep_alive: float | None) -> ILease:
+        request = await self._request(backend, name, mode, keep_alive, self._config.scheduler.install_wait)
+        return await self.loader.acquire(request)
+
+    async def _request(
+        self,
+        backend_name: str | None,
+        name: str,
+        mode: str,
+        keep_alive: float | None,
+        install_wait: float | None,
+    ) -> LoadRequest:
+        """What the loader needs for C{name}: the backend installed, the model found, its memory checked."""
+        backend = self.backend_name(backend_name)
         model = self._store.resolve(name)
-        await self.installer.wait(backend, self._config.scheduler.install_wait)
+        await self.installer.wait(backend, install_wait)
         configured = self._model_settings(backend, model)
         settings = self._runner_settings(configured)
         memory = self._backends[backend].memory(model, mode, settings)
@@ -116,8 +133,77 @@ class Scheduler:
             self._keep_alive(configured) if keep_alive is None else keep_alive,
             memory,
             sets_keep_alive=keep_alive is not None,
+            pinned=bool(configured.pinned),
         )
-        return await self.loader.acquire(request)
+        return request
+
+    # Preloads
+
+    def preloads(self) -> list[Preload]:
+        return list(self._preloads.values())
+
+    def _preload(self, names: Sequence[str]) -> None:
+        """Load C{names} in order once the backend is installed; one that fails is reported, not fatal."""
+        new = [
+            name
+            for name in names
+            if name not in self._preloads or self._preloads[name].state is PreloadState.FAILED
+        ]
+        self._preloads = {name: self._preloads.get(name, Preload(name)) for name in names}
+        self._preloads.update({name: Preload(name) for name in new})
+        if new:
+            ensureDeferred(self._preload_each(new))
+
+    async def _preload_each(self, names: Sequence[str]) -> None:
+        for name in names:
+            if name not in self._preloads:
+                continue  # dropped by a reload meanwhile
+            self._preloads[name] = Preload(name, PreloadState.LOADING)
+            try:
+                await self._preload_one(name)
+            except MrunnerError as e:
+                self.log.warn("preloading {model} failed: {error}", model=name, error=e.message)
+                self._preloads[name] = Preload(name, PreloadState.FAILED, e.message)
+            except Exception as e:
+                self.log.failure("preloading {model} failed", model=name)
+                self._preloads[name] = Preload(name, PreloadState.FAILED, f"preloading {name} failed: {e}")
+            else:
+                self.log.info("preloaded {model}", model=name)
+                self._preloads[name] = Preload(name, PreloadState.LOADED)
+
+    async def _preload_one(self, name: str) -> None:
+        request = await self._request(None, name, COMPLETION, None, install_wait=None)
+        if request.key not in self.loader.runners and not self.loader.fits(request.memory):
+            raise Unprocessable(
+                f"preload {name} does not fit beside the runners already loaded"
+                f" ({format_size(request.memory)} needed); raise [scheduler] memory_budget or max_runners",
+                code="preload_does_not_fit",
+            )
+        lease = await self.loader.acquire(request)
+        lease.release()
+
+    # Reload
+
+    def reconfigure(self, config: Config) -> None:
+        """Limits, keep-alive defaults, pins and preloads from a reloaded C{tap.conf}, at once.
+
+        Per-model settings apply to the next load; C{snapshot} marks the runners they make stale.
+        """
+        before = {
+            runner: self._keep_alive(self._model_settings(runner.key.backend, runner.request.model))
+            for runner in self.loader.runners.values()
+        }
+        self._config = config
+        self.loader.reconfigure(_limits(config), config.scheduler.max_queue)
+        for runner, old in before.items():
+            configured = self._model_settings(runner.key.backend, runner.request.model)
+            new = self._keep_alive(configured)
+            same = runner.key.__eq__
+            if runner.keep_alive == old and new != old:
+                self.loader.keep_alive(same, new)
+            if runner.pinned != bool(configured.pinned):
+                self.loader.pin(same, bool(configured.pinned))
+        self._preload(config.models.preload)
 
     def _runner_settings(self, configured: ModelSettings) -> RunnerSettings:
         return RunnerSettings(
@@ -132,18 +218,47 @@ class Scheduler:
         return default if configured.keep_alive is None else configured.keep_alive
 
     def _model_settings(self, backend: str, model: Model) -> ModelSettings:
-        return self._settings.get((backend, model.id), ModelSettings())
+        """C{[models."NAME"]} from C{tap.conf}, overridden by what C{_configure} set."""
+        configured = self._settings.get((backend, model.id), ModelSettings())
+        files = self._config.models.settings
+        entry = next((files[tag] for tag in model.tags if tag in files), None)
+        if entry is None:
+            return configured
+        base = ModelSettings(
+            context_size=entry.context_size, keep_alive=entry.keep_alive, pinned=entry.pinned
+        )
+        return configured.over(base)
 
-    def _spawn(self, key: RunnerKey, model: Model, settings: RunnerSettings) -> RunnerProcess:
-        name = next(self._names)
-        socket = str(self.run_dir / (name + SOCKET_SUFFIX))  # where the proxy looks for it
+    def _spawn(self, key: RunnerKey, model: Model, settings: RunnerSettings) -> IRunnerProcess:
+        socket = self.home.socket(next(self._names))
         command = self._backends[key.backend].command(model, key.mode, socket, settings)
         label = f"{model.name} ({key.mode})"
-        log_path = self._config.home / "logs" / f"{_file_safe(model.name)}-{key.mode}.log"
-        return self._start_runner(command, socket, log_path, label)
+        return self._start_runner(command, socket, self.home.runner_log(model.name, key.mode), label)
 
-    def running(self) -> list[dict[str, Any]]:
-        return [_describe(runner) for runner in self.loader.runners.values()]
+    def snapshot(self) -> list[RunnerSnapshot]:
+        return [self._snapshot(runner) for runner in self.loader.runners.values()]
+
+    def _snapshot(self, runner: Runner) -> RunnerSnapshot:
+        wanted = self._runner_settings(self._model_settings(runner.key.backend, runner.request.model))
+        return RunnerSnapshot(
+            backend=runner.key.backend,
+            model_name=runner.request.model.name,
+            model_id=runner.key.model,
+            mode=runner.key.mode,
+            state=runner.state,
+            in_use=runner.in_use,
+            parallel=runner.parallel,
+            last_used=runner.finished_at,
+            keep_alive=runner.keep_alive,
+            expires_at=runner.expiry.getTime() if runner.expiry else None,
+            memory=runner.memory,
+            memory_estimate=runner.request.memory,
+            memory_measured=runner.process.rss(),
+            pid=runner.process.pid,
+            socket=runner.socket,
+            pinned=runner.pinned,
+            stale=runner.request.settings != wanted,
+        )
 
     def unload(self, backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:
         """Stop matching runners (idle now, busy ones once drained); fires with how many."""
@@ -161,7 +276,7 @@ class Scheduler:
     def _model_id(self, name: str) -> str:
         try:
             return self._store.resolve(name).id
-        except NotFound:
+        except (NotFound, BadRequest):  # matches no runner: nothing to unload
             return name
 
     def configuration(self, backend: str | None, model: str) -> dict[str, Any]:
@@ -175,22 +290,24 @@ class Scheduler:
             "context_size": configured.context_size or self._config.runner.context_size,
             "runtime_flags": list(configured.flags or ()),
             "keep_alive": self._keep_alive(configured),
+            "pinned": bool(configured.pinned),
         }
 
     def configure(self, backend: str | None, model: str, settings: ModelSettings) -> Deferred[bool]:
         """Use C{settings} for C{model}; fires with whether anything changed.
 
         The same settings again change nothing, even while the model is busy.
-        A new keep-alive applies to its runners at once. Runners started with
+        A new keep-alive or pin applies to its runners at once. Runners started with
         another context size or other flags restart with the new ones
         (L{Conflict} while one of them serves).
         """
+        return maybeDeferred(self._configure, backend, model, settings)
+
+    def _configure(self, backend: str | None, model: str, settings: ModelSettings) -> Deferred[bool]:
         name = self.backend_name(backend)
         resolved = self._store.resolve(model)
         previous = self._model_settings(name, resolved)
-        wanted = attrs.evolve(
-            previous, **{k: v for k, v in attrs.asdict(settings, recurse=False).items() if v is not None}
-        )
+        wanted = settings.over(previous)
         if wanted == previous:
             return succeed(False)
         runner_settings = self._runner_settings(wanted)
@@ -207,9 +324,13 @@ class Scheduler:
                 f"model {resolved.name} is serving requests; configure it when it is idle",
                 code="runner_busy",
             )
-        self._settings[(name, resolved.id)] = wanted
+        self._settings[(name, resolved.id)] = settings.over(
+            self._settings.get((name, resolved.id), ModelSettings())
+        )
         if wanted.keep_alive is not None:
             self.loader.keep_alive(match, wanted.keep_alive)
+        if wanted.pinned != previous.pinned:
+            self.loader.pin(match, bool(wanted.pinned))
         if not restart:
             return succeed(True)
         modes = [runner.key.mode for runner in restart]
@@ -225,31 +346,5 @@ class Scheduler:
         return True
 
 
-def _describe(runner: Runner) -> dict[str, Any]:
-    """One runner as C{GET /engines/ps} shows it; C{memory} is what the budget counts."""
-    return {
-        "backend_name": runner.key.backend,
-        "model_name": runner.request.model.name,
-        "model_id": runner.key.model,
-        "mode": runner.key.mode,
-        "state": runner.state.value,
-        "loading": runner.state is State.LOADING,
-        "draining": runner.state is State.DRAINING,
-        "in_use": runner.in_use,
-        "parallel": runner.parallel,
-        "last_used": _timestamp(runner.finished_at),
-        "keep_alive": None if runner.keep_alive == NEVER else runner.keep_alive,
-        "expires_at": runner.expiry and _timestamp(runner.expiry.getTime()),
-        "memory": runner.memory,
-        "memory_estimate": runner.request.memory,
-        "memory_measured": runner.process.rss(),
-        **runner.process.describe(),
-    }
-
-
-def _timestamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat()
-
-
-def _file_safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+def _limits(config: Config) -> Limits:
+    return Limits(config.scheduler.max_runners, config.scheduler.memory_budget)

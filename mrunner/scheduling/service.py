@@ -19,8 +19,7 @@ class SchedulerService(Service):
         self._closers = closers
 
     def startService(self) -> None:
-        clean_stale(self.scheduler.run_dir)
-        (self.scheduler.run_dir.parent / "logs").mkdir(parents=True, exist_ok=True)
+        clean_stale(self.scheduler.home)
         super().startService()
         self.scheduler.start()
 

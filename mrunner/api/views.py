@@ -1,0 +1,62 @@
+"""The scheduler's values as the HTTP API shows them: runners in C{/engines/ps}, installs, preloads."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from mrunner.scheduling.installer import InstallState, InstallStatus
+from mrunner.scheduling.lifecycle import State
+from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
+
+
+def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
+    """One runner as C{GET /engines/ps} shows it; C{memory} is what the budget counts."""
+    return {
+        "backend_name": runner.backend,
+        "model_name": runner.model_name,
+        "model_id": runner.model_id,
+        "mode": runner.mode,
+        "state": runner.state.value,
+        "loading": runner.state is State.LOADING,
+        "draining": runner.state is State.DRAINING,
+        "in_use": runner.in_use,
+        "parallel": runner.parallel,
+        "last_used": timestamp(runner.last_used),
+        "keep_alive": None if runner.pinned else seconds_or_forever(runner.keep_alive),
+        "expires_at": None if runner.expires_at is None else timestamp(runner.expires_at),
+        "pinned": runner.pinned,
+        "stale": runner.stale,
+        "memory": runner.memory,
+        "memory_estimate": runner.memory_estimate,
+        "memory_measured": runner.memory_measured,
+        "pid": runner.pid,
+        "socket": runner.socket,
+    }
+
+
+def timestamp(seconds: float) -> str | None:
+    """ISO 8601 in UTC; None for a time no calendar holds (an overflowing or NaN keep-alive)."""
+    try:
+        return datetime.fromtimestamp(seconds, UTC).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def seconds_or_forever(seconds: float) -> float | None:
+    """A keep-alive in seconds; None (for ever) when negative or not a finite number."""
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def install_text(status: InstallStatus) -> str:
+    """C{"Running: llama.cpp b1"}, C{"Installing: compiling 12/40"}, C{"Not Installed"}, C{"Error: …"}."""
+    return f"{status.state.value}: {status.detail}" if status.detail else status.state.value
+
+
+def install_ready(status: InstallStatus) -> bool:
+    return status.state is InstallState.RUNNING
+
+
+def preload_json(preload: Preload) -> dict[str, Any]:
+    return {"model": preload.model, "state": preload.state.value, "error": preload.error}
