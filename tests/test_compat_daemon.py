@@ -167,6 +167,8 @@ class ErrorShapeTests(CompatDaemonTestCase):
         code, answer = await self.post("/anthropic/v1/messages/batches", {})
         self.assertEqual((code, answer["type"]), (404, "error"))
         self.assertIn("batches", answer["error"]["message"])
+        response = await http.get(self.daemon.url + "/anthropic/v1/messages")
+        self.assertEqual((response.code, json.loads(await response.text())["type"]), (405, "error"))
 
     async def test_ollama_errors(self) -> None:
         await self.start()

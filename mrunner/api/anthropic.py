@@ -16,7 +16,7 @@ from klein import Klein
 from twisted.logger import Logger
 from twisted.web.server import Request
 
-from mrunner.api.errors import anthropic_shape, handle_json_errors
+from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_errors
 from mrunner.api.gateway import Gateway
 from mrunner.api.inference import routes
 from mrunner.api.requests import target
@@ -25,6 +25,7 @@ from mrunner.backends.base import COMPLETION
 from mrunner.errors import MrunnerError, NotFound
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
+SERVED = ("/v1/messages", "/v1/messages/count_tokens")
 PREFIXES = ("/anthropic", "", "/engines", "/engines/<backend>")
 
 
@@ -60,14 +61,14 @@ class AnthropicAPI:
 
     @app.route("/anthropic/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
     def unserved(self, request: Request, rest: str) -> bytes:
-        raise NotFound(
-            f"Anthropic's /{rest} is not served by mrunner; served: /v1/messages, /v1/messages/count_tokens"
-        )
+        if f"/{rest}" in SERVED:
+            raise MethodNotAllowed(f"{request.method.decode()} /anthropic/{rest}: method not allowed")
+        raise NotFound(f"Anthropic's /{rest} is not served by mrunner; served: {', '.join(SERVED)}")
 
-    @routes(app, _paths("/v1/messages"), methods=["POST"])
+    @routes(app, _paths(SERVED[0]), methods=["POST"])
     def messages(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages")
 
-    @routes(app, _paths("/v1/messages/count_tokens"), methods=["POST"])
+    @routes(app, _paths(SERVED[1]), methods=["POST"])
     def count_tokens(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages/count_tokens")
