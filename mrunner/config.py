@@ -121,6 +121,11 @@ class RegistryConfig:
 
 
 @attrs.frozen
+class StoreConfig:
+    partial_max_age: float = _duration(7 * 24 * 3600.0)
+
+
+@attrs.frozen
 class ResponsesConfig:
     """The Responses API's store of responses (memory only)."""
 
@@ -138,9 +143,11 @@ class Config:
     scheduler: SchedulerConfig = SchedulerConfig()
     runner: RunnerConfig = RunnerConfig()
     registry: RegistryConfig = RegistryConfig()
+    store: StoreConfig = StoreConfig()
     responses: ResponsesConfig = ResponsesConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     models: ModelsConfig = ModelsConfig()
+    source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
 
     def backend(self, name: str) -> Mapping[str, Any]:
         """The ``[backends."name"]`` table, empty when absent."""
@@ -179,6 +186,7 @@ def load(
     home = Path(environ.get("MRUNNER_HOME", "~/.mrunner")).expanduser()
     candidates = [Path(path)] if path else [Path("tap.conf"), home / "tap.conf"]
     table: dict[str, Any] = {}
+    source = None
     for candidate in candidates:
         if candidate.is_file():
             with candidate.open("rb") as f:
@@ -186,6 +194,8 @@ def load(
                     table = tomllib.load(f)
                 except tomllib.TOMLDecodeError as e:
                     raise ConfigError(f"{candidate}: {e}") from None
+                _check_commands(candidate.absolute(), os.fstat(f.fileno()), table)
+            source = candidate.absolute()
             break
         if path:
             raise ConfigError(f"config file {candidate} does not exist")
@@ -194,7 +204,32 @@ def load(
         table["home"] = environ["MRUNNER_HOME"]
     if "MRUNNER_LISTEN" in environ:
         table["listen"] = environ["MRUNNER_LISTEN"]
-    return _config(table)
+    return attrs.evolve(_config(table), source=source)
+
+
+def _check_commands(path: Path, stat: os.stat_result, table: Mapping[str, Any]) -> None:
+    """Refuse C{[backends.X] command} (a program the daemon runs) from a file another user could have written.
+
+    ./tap.conf is read from wherever the daemon starts, so its owner and mode are what vouch for it.
+    """
+    backends = table.get("backends")
+    commands = (
+        [name for name, t in backends.items() if isinstance(t, dict) and "command" in t]
+        if isinstance(backends, dict)
+        else []
+    )
+    if not commands:
+        return
+    why = None
+    if stat.st_uid != os.getuid():
+        why = f"it is owned by uid {stat.st_uid}, not by this user ({os.getuid()})"
+    elif stat.st_mode & 0o002:
+        why = "other users can write it"
+    if why:
+        raise ConfigError(
+            f"{path}: refusing [backends.{commands[0]}] command, a program mrunner would run, because {why};"
+            f" fix it with chown/chmod o-w, or remove the command"
+        )
 
 
 def _config(table: Mapping[str, Any]) -> Config:
@@ -203,6 +238,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "scheduler": SchedulerConfig,
         "runner": RunnerConfig,
         "registry": RegistryConfig,
+        "store": StoreConfig,
         "responses": ResponsesConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}

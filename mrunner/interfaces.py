@@ -40,7 +40,17 @@ class IModelStore(Interface):
         """
 
     def disk_usage() -> int:
-        """Bytes the store occupies."""
+        """Bytes the store occupies, partial downloads aside."""
+
+    def partials_usage() -> int:
+        """Bytes of partial downloads (kept so a pull resumes; removed when old)."""
+
+    def ready(name: str) -> Deferred[Model]:
+        """The L{Model} named C{name}, checked for loading: its blobs' sizes, and their
+        digests the first time since start.
+
+        @raise ModelCorrupt: (in the Deferred) a blob is missing or corrupt; it is quarantined.
+        """
 
 
 class IBackend(Interface):

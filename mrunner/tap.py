@@ -9,9 +9,8 @@ from typing import Any
 
 import attrs
 from treq.client import HTTPClient
-from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
-from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.server import Site
@@ -39,10 +38,13 @@ from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
+from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+
+log = Logger()
 
 
 class Options(usage.Options):
@@ -57,7 +59,8 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         try:
             self.config = self.read_config()
-        except configuration.ConfigError as e:
+            check_listen(self.config.listen)
+        except (configuration.ConfigError, StartupError) as e:
             raise usage.UsageError(str(e)) from None
 
     def read_config(self) -> configuration.Config:
@@ -91,7 +94,7 @@ def make_parts(
     """Build every part of the daemon from C{config}; C{read_config} reads it again for a reload."""
     home = Home(config.home)
     backends = make_backends(config, reactor)
-    store = ModelStore(config.home, reactor)
+    store = ModelStore(config.home, reactor, config.store.partial_max_age)
     runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
     agent = runner_agent(reactor, home.run, runner_pool)
     options = RunnerOptions(
@@ -134,9 +137,15 @@ def make_parts(
 def make_service(
     config: configuration.Config, reactor: Any, read_config: Callable[[], configuration.Config] | None = None
 ) -> tuple[MultiService, Parts]:
-    """The service tree: the daemon's log file, the scheduler, log follows, then the HTTP server."""
+    """The service tree: the home's lock, the daemon's log file, the scheduler, log follows, the HTTP server.
+
+    @raise StartupError: the home cannot be created, or another daemon holds it.
+    """
+    lock = HomeLock(Home(config.home))  # first: before the store sweeps temps or the scheduler cleans runners
+    log.info("configuration from {source}", source=config.source or "built-in defaults (no tap.conf found)")
     parts = make_parts(config, reactor, read_config)
     service = MultiService()
+    lock.setServiceParent(service)
     DaemonLogFile(parts.scheduler.home).setServiceParent(service)
     SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
         service
@@ -146,13 +155,14 @@ def make_service(
     # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
     site = Site(parts.root, parsePOSTFormSubmission=False)
     site.displayTracebacks = False
-    StreamServerEndpointService(serverFromString(reactor, config.listen), site).setServiceParent(service)
+    Listener(reactor, config.listen, site).setServiceParent(service)
     return service, parts
 
 
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
+    one_line_errors()
     service, parts = make_service(options.config, reactor, options.read_config)
     ReloadOnHangup(reactor, parts.reloader).setServiceParent(service)
     # Everything imported and built so far lives as long as the daemon: keep it

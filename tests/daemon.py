@@ -142,27 +142,29 @@ def _source(condition: Callable[[], object]) -> str:
 
 
 class _Output(ProcessProtocol):
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, name: str):
         self.home = home
-        self._log = (home / "twistd.out").open("ab")
+        self._log = (home / name).open("ab")
         self.ended: Deferred[None] = Deferred()
+        self.exit_code: int | None = None
 
     def childDataReceived(self, fd: int, data: bytes) -> None:
         self._log.write(data)
 
     def processEnded(self, reason: Any) -> None:
         self._log.close()
+        self.exit_code = reason.value.exitCode
         self.ended.callback(None)
 
 
-def spawn_twistd(config: Path, home: Path) -> Any:
-    """``twistd -n mrunner --config CONFIG`` as a child process, its output in home/twistd.out."""
+def spawn_twistd(config: Path, home: Path, *args: str, output_name: str = "twistd.out") -> Any:
+    """``twistd -n mrunner --config CONFIG [ARGS]`` as a child process, its output in home/OUTPUT_NAME."""
     twistd = str(Path(sys.executable).with_name("twistd"))
-    output = _Output(home)
+    output = _Output(home, output_name)
     process = reactor.spawnProcess(
         output,
         twistd,
-        [twistd, "-n", "--pidfile=", "mrunner", "--config", str(config)],
+        [twistd, "-n", "--pidfile=", "mrunner", "--config", str(config), *args],
         env=os.environ,
         path=str(home),
     )

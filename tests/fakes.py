@@ -93,6 +93,12 @@ class FakeStore:
     def disk_usage(self) -> int:
         return 0
 
+    def partials_usage(self) -> int:
+        return 0
+
+    def ready(self, name: str) -> Deferred[Model]:
+        return succeed(self.resolve(name))
+
 
 @implementer(IBackend)
 @attrs.define

@@ -1,8 +1,10 @@
-"""Tiny GGUF files for tests: real headers, a couple of small tensors, a few KB."""
+"""Tiny GGUF files for tests: real headers, a couple of small tensors, a few KB; packages of them; damage."""
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType
@@ -37,3 +39,23 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return weights.size + norm.size
+
+
+def flip_last_byte(path: str | os.PathLike[str]) -> None:
+    """Corrupt a file as a bad disk would: same size, one bit changed."""
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+
+
+def package(files: list[tuple[str, bytes]]) -> bytes:
+    """A tar of C{files} (name, content), as ``mrunner package`` sends one."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

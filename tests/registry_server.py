@@ -3,7 +3,8 @@
 The real one (Debian's C{docker-registry}) is started on a free loopback port
 with a temporary storage directory and stopped by PID. The stand-in serves a
 fixed repository and can cut a blob mid-way, corrupt it, or demand Bearer or
-basic authentication, to test what a well-behaved registry never does.
+basic authentication, name any token realm, answer for a token with a huge
+body or a redirect, to test what a well-behaved registry never does.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ class StandInRegistry(Resource):
         corrupt: bool = False,
         auth: str | None = None,
         credentials: tuple[str, str] = ("alice", "secret"),
+        realm: str = "http://{host}/token",
+        token_answer: bytes | None = None,
+        token_redirect: bool = False,
     ) -> None:
         super().__init__()
         self.manifests = dict(manifests)
@@ -126,6 +130,9 @@ class StandInRegistry(Resource):
         self.auth = auth
         self.basic = "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
         self.token = "token-for-tests"
+        self.realm = realm
+        self.token_answer = token_answer
+        self.token_redirect = token_redirect
         self.seen: list[Seen] = []
         self.port: Any = None
 
@@ -144,11 +151,14 @@ class StandInRegistry(Resource):
         path = request.path.decode()
         header = request.getHeader
         self.seen.append(Seen(request.method.decode(), path, header("range"), header("authorization")))
-        if path == "/token":
+        if path == "/token" and self.token_redirect:
+            request.redirect(f"http://{header('host')}/token-elsewhere".encode())
+            return b""
+        if path in ("/token", "/token-elsewhere"):
             if header("authorization") != self.basic:
                 request.setResponseCode(401)
                 return b"{}"
-            return json.dumps({"token": self.token}).encode()
+            return self.token_answer or json.dumps({"token": self.token}).encode()
         if not self._authorised(request):
             return b'{"errors": [{"code": "UNAUTHORIZED", "message": "authentication required"}]}'
         parts = path.split("/")
@@ -172,11 +182,11 @@ class StandInRegistry(Resource):
             return True
         if self.auth == "basic" and given == self.basic:
             return True
-        host = request.getHeader("host")
+        realm = self.realm.format(host=request.getHeader("host"), port=self.port.getHost().port)
         request.setResponseCode(401)
         request.setHeader(
             "www-authenticate",
-            f'Bearer realm="http://{host}/token",service="stand-in",scope="repository:x:pull"'
+            f'Bearer realm="{realm}",service="stand-in",scope="repository:x:pull"'
             if self.auth == "bearer"
             else 'Basic realm="stand-in"',
         )

@@ -11,24 +11,31 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 
-class _InlinePool:
+class InlinePool:
+    """Runs work at once; C{working} is true meanwhile, so a test can tell where code ran."""
+
+    working = False
+
     def callInThreadWithCallback(
         self, onResult: Callable[[bool, Any], None], f: Callable[..., Any], *a: Any, **kw: Any
     ) -> None:
+        InlinePool.working = True
         try:
             result = f(*a, **kw)
         except BaseException:
             onResult(False, Failure())
         else:
             onResult(True, result)
+        finally:
+            InlinePool.working = False
 
 
 @implementer(IReactorThreads, IReactorFromThreads)
 class SyncThreadsClock(Clock):
     """Time under the test's control; "threads" run inline."""
 
-    def getThreadPool(self) -> _InlinePool:
-        return _InlinePool()
+    def getThreadPool(self) -> InlinePool:
+        return InlinePool()
 
     def callFromThread(self, f: Callable[..., Any], *a: Any, **kw: Any) -> None:
         f(*a, **kw)

@@ -27,8 +27,8 @@ from twisted.web.server import Request, Site
 
 import mrunner
 from mrunner.store.store import ModelStore
-from tests.daemon import InProcessDaemon, eventually, free_port, lines, short_home, write_config
-from tests.ggufs import write_tiny_gguf
+from tests.daemon import InProcessDaemon, eventually, free_port, http, lines, short_home, write_config
+from tests.ggufs import flip_last_byte, write_tiny_gguf
 from tests.registry_server import SKIP, RealRegistry
 
 MRUNNER = str(Path(sys.executable).with_name("mrunner"))
@@ -242,6 +242,23 @@ class ModelCommandTests(CLITestCase):
             ["Untagged: ai/tiny:latest", "Untagged: team/tiny:v2", f"Deleted: {stored.id}"],
         )
         self.assertEqual(json.loads(await self.ok("ls", "--json")), [])
+
+    async def test_verify_and_a_corrupt_model(self) -> None:
+        """A corrupt blob is found, quarantined and shown; loading it says what to do, never serves it."""
+        await self.ok("package", "--gguf", str(self.gguf), "tiny")
+        self.assertEqual(await self.ok("verify"), "ai/tiny:latest: ok\n")
+        flip_last_byte(ModelStore(self.home, reactor).resolve("tiny").gguf)  # type: ignore[arg-type]
+        self.assertIn("1 of 1 model(s) corrupt: pull them again", await self.fails("verify", "tiny"))
+        self.assertIn("ai/tiny:latest (corrupt: pull it again)", await self.ok("ls"))
+        self.assertIn("weights", json.loads(await self.ok("inspect", "tiny"))["corrupt"])
+        self.assertIn("pull it again", await self.fails("run", "tiny", "hi"))
+        response = await http.post(
+            self.daemon.url + "/v1/chat/completions", json={"model": "tiny", "messages": []}
+        )
+        error = (await response.json())["error"]
+        self.assertEqual((response.code, error["code"]), (409, "model_corrupt"))
+        self.assertFalse((self.home / "requests").exists(), "no runner was asked anything")
+        self.assertRegex(await self.ok("df"), r"partial downloads +0 B")
 
     async def test_pull_offline_keeps_the_copy_in_the_store(self) -> None:
         unreachable = f"127.0.0.1:{free_port()}/ai/tiny:latest"  # nothing listens there

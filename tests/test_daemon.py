@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,40 @@ class TwistdTests(TestCase):
         response = await client.get("http://d/engines/ps")
         (runner,) = await response.json()
         self.assertEqual((runner["model_name"], runner["pinned"], runner["keep_alive"]), (MODEL, True, None))
+
+    async def test_a_second_daemon_on_one_home_exits_naming_the_first(self) -> None:
+        """It exits 1 with one line, and the first keeps serving: its runners, sockets and store untouched."""
+        home, config, first, client = await self.start()
+        staged = home / "models" / "blobs" / "sha256" / "import-1.incomplete"
+        staged.write_bytes(b"an import in progress")
+        second = spawn_twistd(config, home, output_name="second.out")
+        self.addCleanup(lambda: ensureDeferred(stop_twistd(second)))
+        await second.output.ended
+        self.assertEqual(second.output.exit_code, 1)
+        (said,) = (home / "second.out").read_text().splitlines()
+        self.assertTrue(
+            said.startswith(f"mrunner: another mrunner daemon (pid {first.pid}) is using {home};")
+        )
+        self.assertTrue(staged.exists())
+        response = await client.get("http://d/health")
+        self.assertEqual(response.code, 200)
+        await response.content()
+
+    async def test_an_address_in_use_exits_non_zero_with_one_line(self) -> None:
+        home = short_home(self)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            config = write_config(home, f'listen = "tcp:{port}:interface=127.0.0.1"')
+            process = spawn_twistd(config, home)
+            self.addCleanup(lambda: ensureDeferred(stop_twistd(process)))
+            await process.output.ended
+        self.assertEqual(process.output.exit_code, 1)
+        errors = [line for line in (home / "twistd.out").read_text().splitlines() if "error" in line]
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn(f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use", errors[0])
+        self.assertEqual(lines(home / "starts"), [])
 
 
 class QueueTests(DaemonTestCase):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ from mrunner.errors import NotFound
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
-from tests.ggufs import write_tiny_gguf
+from tests.ggufs import flip_last_byte, package, write_tiny_gguf
 from tests.sync_reactor import SyncThreadsClock
 
 
@@ -100,18 +98,8 @@ class ModelsAPITests(SynchronousTestCase):
         self.assertError(400, "POST", "/load?name=..%2F..%2Fetc", "not a valid", data=b"junk")
         self.assertEqual(self.json("GET", "/"), [])
 
-    def package(self, files: list[tuple[str, bytes]]) -> bytes:
-        """A tar of C{files}, as ``mrunner package`` sends one."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for name, data in files:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-        return buffer.getvalue()
-
     def test_load_package_with_license_and_context_size(self) -> None:
-        body = self.package([("model.gguf", self.gguf.read_bytes()), ("licenses/0-LICENSE", b"MIT\n")])
+        body = package([("model.gguf", self.gguf.read_bytes()), ("licenses/0-LICENSE", b"MIT\n")])
         headers = {"Content-Type": "application/x-tar"}
         model = self.json("POST", "/load?name=pkg&context_size=512", 201, data=body, headers=headers)
         self.assertEqual(model["config"]["context_size"], 512)
@@ -127,10 +115,21 @@ class ModelsAPITests(SynchronousTestCase):
             ([gguf, ("b.gguf", b"")], "2 .gguf file(s)"),
             ([gguf, ("../etc/passwd", b"x")], "'../etc/passwd'"),
         ]:
-            self.assertError(400, "POST", "/load?name=x", fragment, data=self.package(files), headers=headers)
+            self.assertError(400, "POST", "/load?name=x", fragment, data=package(files), headers=headers)
         self.assertError(400, "POST", "/load?name=x", "not a tar", data=b"junk" * 200, headers=headers)
         self.assertError(400, "POST", "/load?name=x&context_size=-1", "positive", data=self.gguf.read_bytes())
         self.assertEqual(self.json("GET", "/"), [])
+
+    def test_verify(self) -> None:
+        model = self.load()
+        (report,) = self.json("POST", "/verify")
+        self.assertEqual((report["id"], report["status"]), (model["id"], "ok"))
+        flip_last_byte(self.store.resolve("smollm2").gguf)
+        (report,) = self.json("POST", "/smollm2/verify")
+        self.assertEqual(report["status"], "corrupt")
+        self.assertIn("weights", self.json("GET", "/smollm2")["corrupt"])
+        self.assertIn("corrupt", self.json("GET", "/")[0])
+        self.assertError(404, "POST", "/nothing/verify", "not found")
 
     def test_inspect_unknown_and_hostile(self) -> None:
         self.assertError(404, "GET", "/nothing", "ai/nothing:latest")

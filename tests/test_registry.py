@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import attrs
 import treq
 from treq.client import HTTPClient
 from twisted.internet import reactor
@@ -23,13 +24,13 @@ from twisted.web.server import Site
 from mrunner.api.models import ModelsAPI
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, NotFound
-from mrunner.store.artifact import OCI_MANIFEST
+from mrunner.store.artifact import MODEL_CONFIG, OCI_MANIFEST, Descriptor, Manifest, canonical, sha256
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
-from mrunner.store.registry import RegistryClient, Repository, Unauthorized
+from mrunner.store.registry import MAX_TOKEN_ANSWER, RegistryClient, Repository, Unauthorized
 from mrunner.store.store import ModelStore
 from tests.ggufs import write_tiny_gguf
 from tests.registry_server import SKIP, RealRegistry, StandInRegistry
@@ -285,6 +286,70 @@ class StandInTests(RegistryTestCase):
         self.assertIn("unreachable", error.message)
 
 
+class HostileRegistryTests(RegistryTestCase):
+    """What a registry announces or answers cannot make a pull spend without bound, or go elsewhere."""
+
+    extra_blobs: dict[str, bytes] = {}
+
+    async def serve(self, manifest: Manifest | None = None, **kw: Any) -> str:
+        store = self.source.store
+        manifest = manifest or store.manifest(self.model.id)
+        blobs = {b.digest: store.blobs.read(b.digest) for b in manifest.blobs if store.blobs.has(b.digest)}
+        blobs.update(self.extra_blobs)
+        entry = (OCI_MANIFEST, manifest.to_bytes())
+        self.registry = StandInRegistry({"v1": entry}, blobs, **kw)
+        host = await self.registry.start()
+        self.addCleanup(lambda: ensureDeferred(self.registry.stop()))
+        self.config = RegistryConfig(
+            insecure=(host,), auth={host: {"username": "alice", "password": "secret"}}
+        )
+        return f"{host}/team/tiny:v1"
+
+    async def refused(self, name: str, fragment: str) -> None:
+        error = await self.assertFailure(ensureDeferred(self.side("other").pull(name)), BadGateway)
+        self.assertIn(fragment, error.message)
+        self.assertEqual(error.status, 502)
+
+    async def test_token_answer_is_read_with_a_cap(self) -> None:
+        huge = json.dumps({"token": "t" * 2 * MiB}).encode()
+        await self.refused(
+            await self.serve(auth="bearer", token_answer=huge), f"larger than {MAX_TOKEN_ANSWER}"
+        )
+
+    async def test_token_realm_must_be_https_or_an_insecure_host(self) -> None:
+        name = await self.serve(auth="bearer", realm="http://localhost:{port}/token")
+        await self.refused(name, "neither https")
+        self.assertEqual([s.path for s in self.registry.seen if "token" in s.path], [])
+
+    async def test_token_redirects_are_not_followed(self) -> None:
+        await self.refused(
+            await self.serve(auth="bearer", token_redirect=True), "answered 302 without a token"
+        )
+        self.assertEqual([s.path for s in self.registry.seen if "token" in s.path], ["/token"])
+
+    async def test_small_blobs_announced_large_are_refused_before_download(self) -> None:
+        stored = self.source.store.manifest(self.model.id)
+        config = json.loads(self.source.store.blobs.read(stored.config.digest))
+        config["padding"] = "x" * 2 * MiB
+        big = canonical(config)
+        self.extra_blobs = {sha256(big): big}
+        manifest = attrs.evolve(stored, config=Descriptor.of(MODEL_CONFIG, big))
+        await self.refused(await self.serve(manifest), f"config of {len(big)} bytes")
+        self.assertEqual(self.registry.blob_requests(), [])
+
+    async def test_a_corrupt_blob_in_the_store_is_fetched_again(self) -> None:
+        name = await self.serve()
+        model = await self.side("other").pull(name)
+        with open(model.gguf, "r+b") as f:
+            f.write(b"X")
+        fetched = len(self.registry.blob_requests())
+        restarted = self.side("other")  # a new daemon: nothing is known to be verified
+        again = await restarted.pull(name)
+        self.assertEqual(Path(again.gguf).read_bytes(), self.weights)
+        self.assertEqual(len(self.registry.blob_requests()), fetched + 1)
+        self.assertEqual(os.listdir(restarted.store.blobs.quarantine_root), [])
+
+
 class PullLimitTests(SynchronousTestCase):
     """At most max_pulls pulls talk to registries at once; the others wait their turn."""
 
@@ -299,7 +364,7 @@ class PullLimitTests(SynchronousTestCase):
                 started.append(Deferred())
                 return started[-1]
 
-        store = ModelStore(Path(self.mktemp()), None)  # type: ignore[arg-type]
+        store = ModelStore(Path(self.mktemp()), Clock())  # type: ignore[arg-type]
         puller = Puller(store, HangingClient(), max_pulls=2)  # type: ignore[arg-type]
         progress = Progress(lambda _: None, None, "pull")  # type: ignore[arg-type]
         pulls = [puller.pull(parse(f"m{i}"), progress) for i in range(3)]

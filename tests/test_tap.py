@@ -1,16 +1,22 @@
 """``twistd mrunner`` options and configuration: defaults, file, command line, environment."""
 
+import io
+import os
+import socket
+import sys
 from pathlib import Path
 
 import attrs
 from twisted.application.service import IServiceCollection
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import capturedLogs, formatEvent
 from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
 from mrunner.scheduling.installer import InstallStatus
-from mrunner.tap import Options, make_service
+from mrunner.startup import HomeLock, StartupError
+from mrunner.tap import Options, make_service, makeService
 
 
 class OptionsTests(SynchronousTestCase):
@@ -85,6 +91,102 @@ class OptionsTests(SynchronousTestCase):
         self.assertTrue(IServiceCollection.providedBy(service))
         self.assertEqual(
             [type(child).__name__ for child in service],
-            ["DaemonLogFile", "SchedulerService", "LogsAPI", "StreamServerEndpointService"],
+            ["HomeLock", "DaemonLogFile", "SchedulerService", "LogsAPI", "Listener"],
         )
         self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})
+        release(service)
+
+
+def release(service: IServiceCollection) -> None:
+    """Let go of the home as a stopping daemon does, without having started the rest."""
+    next(child for child in service if isinstance(child, HomeLock)).stopService()
+
+
+class StartupTests(SynchronousTestCase):
+    """Each start-up mistake is one line naming what to change; nothing is touched before it is found."""
+
+    def setUp(self) -> None:
+        self.dir = Path(self.mktemp())
+        self.dir.mkdir()
+
+    def config(self, text: str = "", **overrides: str) -> config.Config:
+        path = self.dir / "tap.conf"
+        path.write_text(f'home = "{self.dir}/home"\n{text}')
+        return config.load(path, overrides, environ={})
+
+    def test_the_file_read_is_logged(self) -> None:
+        loaded = self.config()
+        self.assertEqual(loaded.source, (self.dir / "tap.conf").absolute())
+        with capturedLogs() as events:
+            service, _ = make_service(loaded, MemoryReactorClock())
+        release(service)
+        self.assertIn(f"configuration from {loaded.source}", [formatEvent(e) for e in events])
+        self.assertIsNone(config.load(None, environ={"MRUNNER_HOME": str(self.dir / "none")}).source)
+
+    def test_commands_from_a_file_others_can_write_are_refused(self) -> None:
+        text = '[backends.x]\ncommand = ["/bin/sh", "-c", "touch /tmp/owned"]\n'
+        self.config(text)  # the user's own file, not writable by others: fine
+        os.chmod(self.dir / "tap.conf", 0o666)
+        error = self.assertRaises(config.ConfigError, self.config, text)
+        self.assertIn("other users can write it", str(error))
+        self.assertIn("[backends.x]", str(error))
+        os.chmod(self.dir / "tap.conf", 0o644)
+        self.config()  # without a command, who wrote it matters less
+        if os.getuid() == 0:
+            self.config(text)
+            os.chown(self.dir / "tap.conf", 4321, -1)
+            error = self.assertRaises(config.ConfigError, self.config, text)
+            self.assertIn("owned by uid 4321", str(error))
+
+    def test_a_listen_address_twisted_cannot_read_is_a_usage_error(self) -> None:
+        self.config()
+        for bad in ("garbage:1", "tcp:http", "tcp:"):
+            options = Options()
+            error = self.assertRaises(
+                UsageError, options.parseOptions, ["--listen", bad, "--config", str(self.dir / "tap.conf")]
+            )
+            self.assertIn(repr(bad), str(error))
+            self.assertIn("--listen", str(error))
+            self.assertNotIn("\n", str(error))
+
+    def test_a_home_that_cannot_be_created(self) -> None:
+        (self.dir / "file").write_text("")
+        loaded = attrs.evolve(self.config(), home=self.dir / "file" / "home")
+        error = self.assertRaises(StartupError, make_service, loaded, MemoryReactorClock())
+        self.assertIn(str(self.dir / "file" / "home"), str(error))
+        self.assertIn("MRUNNER_HOME", str(error))
+        options = Options()
+        options.config = loaded
+        self.patch(sys, "excepthook", sys.excepthook)
+        self.assertRaises(StartupError, makeService, options)
+        printed = io.StringIO()
+        self.patch(sys, "stderr", printed)
+        sys.excepthook(StartupError, error, None)
+        self.assertEqual(printed.getvalue(), f"mrunner: {error}\n")
+
+    def test_a_second_daemon_on_one_home_touches_nothing(self) -> None:
+        loaded = self.config()
+        first, _ = make_service(loaded, MemoryReactorClock())
+        staged = loaded.home / "models" / "blobs" / "sha256" / "import-1.incomplete"
+        staged.write_bytes(b"an import in progress")
+        error = self.assertRaises(StartupError, make_service, loaded, MemoryReactorClock())
+        self.assertIn(f"pid {os.getpid()}", str(error))
+        self.assertIn(str(loaded.home), str(error))
+        self.assertTrue(staged.exists())
+        release(first)
+        second, _ = make_service(loaded, MemoryReactorClock())
+        release(second)
+
+    def test_an_address_in_use_ends_the_start(self) -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            from twisted.internet import reactor
+
+            service, _ = make_service(self.config(listen=f"tcp:{port}:interface=127.0.0.1"), reactor)
+            error = self.assertRaises(StartupError, service.privilegedStartService)
+            release(service)
+        message = str(error)
+        self.assertIn(f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use", message)
+        self.assertNotIn("\n", message)

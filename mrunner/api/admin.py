@@ -126,6 +126,7 @@ class AdminAPI:
             request,
             {
                 "models_disk_usage": self._store.disk_usage(),
+                "models_partial_disk_usage": self._store.partials_usage(),
                 "default_backend_disk_usage": backends.get(self._scheduler.backend_name(None), 0),
                 "backends_disk_usage": backends,
             },

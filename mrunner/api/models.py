@@ -1,4 +1,4 @@
-"""The ``/models`` routes: list, inspect, import, pull, tag, push and delete models.
+"""The ``/models`` routes: list, inspect, import, pull, tag, push, verify and delete models.
 
 Shapes follow Docker Model Runner's, so ``docker model`` style clients work.
 Pull and push stream NDJSON progress; an error that happens before the first
@@ -26,7 +26,7 @@ from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IScheduler
 from mrunner.store.model import Model
 from mrunner.store.names import parse
-from mrunner.store.package import TAR, read_package
+from mrunner.store.package import TAR
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
@@ -36,13 +36,16 @@ MAX_CREATE_BODY = 64 * 1024
 
 
 def model_json(model: Model) -> dict[str, Any]:
-    """Docker Model Runner's model object."""
-    return {
+    """Docker Model Runner's model object; C{"corrupt"} says why a broken model cannot be loaded."""
+    value = {
         "id": model.id,
         "tags": list(model.tags),
         "created": model.created,
         "config": model.config,
     }
+    if model.problem:
+        value["corrupt"] = model.problem
+    return value
 
 
 class NDJSONStream:
@@ -113,11 +116,20 @@ class ModelsAPI:
         context_size = _positive(query(request, "context_size"), "context_size")
         request.content.seek(0)
         if (request.getHeader(b"content-type") or b"").split(b";")[0].strip() == TAR:
-            weights, licenses = read_package(request.content)
+            model = await self._store.import_package(name, request.content, context_size)
         else:
-            weights, licenses = request.content, []
-        model = await self._store.import_gguf(name, weights, licenses, context_size)
+            model = await self._store.import_gguf(name, request.content, (), context_size)
         return json_body(request, model_json(model), 201)
+
+    @app.route("/verify", methods=["POST"])
+    async def verify_all(self, request: IRequest) -> bytes:
+        """Re-hash every model's blobs; corrupt ones are quarantined. 200 with a report per model."""
+        return json_body(request, await self._store.verify())
+
+    @app.route("/<path:name>/verify", methods=["POST"])
+    async def verify(self, request: IRequest, name: str) -> bytes:
+        """Re-hash the blobs of the model C{name}: a one-element list of L{verify_all}'s reports."""
+        return json_body(request, await self._store.verify(name))
 
     @app.route("/<path:name>", methods=["GET"])
     def inspect(self, request: IRequest, name: str) -> bytes:

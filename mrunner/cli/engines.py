@@ -75,6 +75,7 @@ def df(ctx: Context, args: Namespace) -> None:
     if usage is None:
         return
     rows = [["models", format_size(usage["models_disk_usage"])]]
+    rows += [["partial downloads", format_size(usage.get("models_partial_disk_usage", 0))]]
     rows += [[f"backend {name}", format_size(size)] for name, size in usage["backends_disk_usage"].items()]
     table(ctx.out, ["type", "size"], rows)
 

@@ -50,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("prompt", nargs="?", help="the question (default: piped input, else a chat)")
     command("ls", models.ls, "list the models in the store", "list", json=True)
     command("inspect", models.inspect, "show a model's details as JSON").add_argument("model")
+    command("verify", models.verify, "re-hash a model's files (all models without NAME)").add_argument(
+        "model", nargs="?", metavar="NAME"
+    )
     rm = command("rm", models.rm, "remove a model from the store (and unload it)", "remove")
     rm.add_argument("model")
     rm.add_argument("--force", action="store_true", help="remove it under all of its tags")

@@ -1,4 +1,4 @@
-"""Commands on the model store: pull, push, ls, inspect, rm, tag, package."""
+"""Commands on the model store: pull, push, ls, inspect, rm, tag, package, verify."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def ls(ctx: Context, args: Namespace) -> None:
     now = time.time()
     rows = [
         [
-            tag,
+            f"{tag} (corrupt: pull it again)" if model.get("corrupt") else tag,
             model["id"].split(":", 1)[-1][:12],
             str(model["config"].get("size", "")),
             str(model["config"].get("parameters", "")),
@@ -67,6 +67,19 @@ def ls(ctx: Context, args: Namespace) -> None:
         for tag in model["tags"] or ["<none>"]
     ]
     table(ctx.out, ["name", "id", "size", "parameters", "quantization", "created"], rows)
+
+
+def verify(ctx: Context, args: Namespace) -> None:
+    """Re-hash the model C{args.model}'s blobs (every model's, without one); fail if one is corrupt."""
+    path = model_path(args.model, "/verify") if args.model else "/models/verify"
+    reports = ctx.daemon.call("POST", path)
+    for report in reports:
+        name = ", ".join(report["tags"]) or report["id"]
+        state = "ok" if report["status"] == "ok" else f"corrupt: {report['problem']}"
+        ctx.out.print(f"{name}: {state}", markup=False, highlight=False)
+    corrupt = [report for report in reports if report["status"] != "ok"]
+    if corrupt:
+        raise CommandError(f"{len(corrupt)} of {len(reports)} model(s) corrupt: pull them again")
 
 
 def inspect(ctx: Context, args: Namespace) -> None:

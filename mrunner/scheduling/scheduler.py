@@ -114,7 +114,7 @@ class Scheduler:
     ) -> LoadRequest:
         """What the loader needs for C{name}: the backend installed, the model found, its memory checked."""
         backend = self.backend_name(backend_name)
-        model = self._store.resolve(name)
+        model = await self._store.ready(name)
         await self.installer.wait(backend, install_wait)
         configured = self._model_settings(backend, model)
         settings = self._runner_settings(configured)

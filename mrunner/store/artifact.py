@@ -22,13 +22,18 @@ MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
 MODEL_CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
 GGUF = "application/vnd.docker.ai.gguf.v3"
 LICENSE = "application/vnd.docker.ai.license"
+CHAT_TEMPLATE = "application/vnd.docker.ai.chat.template.jinja"
 
 # Layers other than the weights are files of the model, found by role.
 ROLES = {
     LICENSE: "license",
-    "application/vnd.docker.ai.chat.template.jinja": "chat_template",
+    CHAT_TEMPLATE: "chat_template",
     "application/vnd.docker.ai.mmproj": "mmproj",
 }
+
+# Blobs that are small by nature, and read whole (the config is served in every model list):
+# a registry announcing more is refused before anything is downloaded.
+MAX_SIZES = {MODEL_CONFIG: 1024 * 1024, LICENSE: 1024 * 1024, CHAT_TEMPLATE: 1024 * 1024}
 
 
 class InvalidManifest(ValueError):
@@ -99,6 +104,20 @@ class Manifest:
     @property
     def gguf(self) -> Descriptor:
         return next(layer for layer in self.layers if layer.media_type == GGUF)
+
+    def oversized(self) -> Descriptor | None:
+        """The first blob larger than L{MAX_SIZES} allows its type, if any."""
+        return next((b for b in self.blobs if b.size > MAX_SIZES.get(b.media_type, b.size)), None)
+
+    def role(self, digest: str) -> str:
+        """What the blob C{digest} is to the model, for messages: weights, config, license, ..."""
+        if digest == self.config.digest:
+            return "config"
+        if digest == self.gguf.digest:
+            return "weights"
+        return next(
+            (ROLES.get(b.media_type, b.media_type) for b in self.layers if b.digest == digest), "blob"
+        )
 
     def files(self) -> dict[str, str]:
         """Role (``license``, ``chat_template``, or the media type) → digest, weights excluded."""

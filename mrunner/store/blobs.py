@@ -4,7 +4,9 @@ A blob's file name is only ever a validated hex digest, so no name from a
 request reaches the file system. A blob appears under its final name only
 after its sha256 was checked, by an atomic rename; anything ending in
 ``.incomplete`` is work in progress (kept so a pull can resume) and is never
-taken for a blob.
+taken for a blob. A blob found corrupt is moved aside to ``quarantine/``,
+so nothing loads it and a pull fetches it afresh; renames are made durable by
+an fsync of the directory, since a crash may otherwise forget them.
 """
 
 from __future__ import annotations
@@ -27,20 +29,74 @@ class DigestMismatch(ValueError):
     """The bytes written do not hash to the digest they were announced with."""
 
 
-class Blobs:
-    """The blob directory of a store."""
+def fsync_dir(path: Path) -> None:
+    """Make the renames in C{path} durable: without it a crash may lose a committed write."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    def __init__(self, root: Path) -> None:
+
+def hash_file(path: Path) -> str:
+    """The sha256 digest of the file at C{path} (blocking: a thread's job for big files)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+class Blobs:
+    """The blob directory of a store, and the quarantine beside it.
+
+    C{verified} holds the digests whose content was hashed since the daemon
+    started (written here, or checked): only those are trusted without hashing.
+    """
+
+    def __init__(self, root: Path, quarantine: Path) -> None:
         self.root = root
+        self._root = str(root)
+        self.quarantine_root = quarantine
         root.mkdir(parents=True, exist_ok=True)
+        quarantine.mkdir(parents=True, exist_ok=True)
+        self.verified: set[str] = set()
 
     def path(self, digest: str) -> Path:
+        return Path(self.file(digest))
+
+    def file(self, digest: str) -> str:
+        """L{path} as a string, without pathlib's cost: models are resolved on every request."""
         if not DIGEST.fullmatch(digest):
             raise ValueError(f"not a sha256 digest: {digest[:80]!r}")
-        return self.root / digest.removeprefix("sha256:")
+        return os.path.join(self._root, digest[7:])
 
     def has(self, digest: str) -> bool:
         return self.path(digest).is_file()
+
+    def size(self, digest: str) -> int | None:
+        """The stored size, or None when the blob is not here."""
+        try:
+            return os.stat(self.file(digest)).st_size
+        except FileNotFoundError:
+            return None
+
+    def intact(self, digest: str) -> bool:
+        """Whether the blob hashes to its name (blocking: run it in a thread)."""
+        return hash_file(self.path(digest)) == digest
+
+    def quarantine(self, digest: str) -> None:
+        """Move a corrupt blob out of the store, kept for inspection until a good copy arrives."""
+        self.verified.discard(digest)
+        try:
+            os.replace(self.path(digest), self.quarantined(digest))
+        except FileNotFoundError:  # moved already, by a check that finished first
+            return
+        fsync_dir(self.root)
+        fsync_dir(self.quarantine_root)
+
+    def quarantined(self, digest: str) -> Path:
+        return self.quarantine_root / self.path(digest).name
 
     def read(self, digest: str) -> bytes:
         return self.path(digest).read_bytes()
@@ -53,6 +109,8 @@ class Blobs:
 
     def remove(self, digest: str) -> None:
         self.path(digest).unlink(missing_ok=True)
+        self.quarantined(digest).unlink(missing_ok=True)
+        self.verified.discard(digest)
 
     def digests(self) -> Iterator[str]:
         """Digests of the committed blobs; temps are not blobs."""
@@ -62,7 +120,25 @@ class Blobs:
                 yield digest
 
     def usage(self) -> int:
-        return sum(entry.stat().st_size for entry in os.scandir(self.root) if entry.is_file())
+        """Bytes of blobs and quarantined blobs; partial downloads are counted apart."""
+        return sum(
+            entry.stat().st_size
+            for directory in (self.root, self.quarantine_root)
+            for entry in os.scandir(directory)
+            if entry.is_file() and not entry.name.endswith(INCOMPLETE)
+        )
+
+    def partials_usage(self) -> int:
+        return sum(entry.stat().st_size for entry in self._partials())
+
+    def remove_partials(self, older_than: float, now: float) -> None:
+        """Remove partial downloads untouched for C{older_than} seconds: nobody is resuming them."""
+        for entry in self._partials():
+            if entry.stat().st_mtime < now - older_than:
+                os.unlink(entry.path)
+
+    def _partials(self) -> Iterator[os.DirEntry[str]]:
+        return (entry for entry in os.scandir(self.root) if entry.name.endswith(INCOMPLETE))
 
     def writer(self, expected: str | None, resume: bool = False) -> BlobWriter:
         """A writer for a blob; C{expected} names it (and allows resuming), else a fresh temp."""
@@ -134,6 +210,9 @@ class BlobWriter:
             self.discard()
             raise DigestMismatch(f"expected {self.expected}, got {digest}")
         os.replace(self.temp, self._blobs.path(digest))
+        fsync_dir(self._blobs.root)
+        self._blobs.verified.add(digest)
+        self._blobs.quarantined(digest).unlink(missing_ok=True)
         return digest
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ class Model:
     config: Mapping[str, Any]
     gguf: str
     files: Mapping[str, str] = attrs.field(factory=dict)
+    problem: str | None = None
 
     @property
     def short_id(self) -> str:

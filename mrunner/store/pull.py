@@ -3,20 +3,23 @@
 A blob streams into ``<hex>.incomplete`` and is hashed as it arrives; only a
 verified blob is renamed into place. A cut connection is resumed with HTTP
 Range (within this pull, and by the next pull if this one gives up), a blob
-the store already has is not fetched, and at most C{max_pulls} pulls run at
-once while the others wait their turn.
+the store already has is not fetched (but hashed, once per daemon start: a
+corrupt one is quarantined and fetched again), small blobs announced as large
+are refused before any download, and at most C{max_pulls} pulls run at once
+while the others wait their turn.
 """
 
 from __future__ import annotations
 
 import treq
-from twisted.internet.defer import Deferred, DeferredLock, DeferredSemaphore
+from twisted.internet.defer import Deferred, DeferredSemaphore
 from twisted.logger import Logger
 from twisted.web.client import ResponseFailed
 
 from mrunner.errors import MrunnerError, NotFound
-from mrunner.store.artifact import Descriptor, InvalidManifest, parse_manifest, sha256
+from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
+from mrunner.store.locks import KeyedLocks
 from mrunner.store.model import Model
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
@@ -36,18 +39,25 @@ class Puller:
         self._client = client
         self._slots = DeferredSemaphore(max_pulls)
         self._attempts = attempts
-        self._fetching: dict[str, DeferredLock] = {}
+        self._fetching = KeyedLocks()
 
     def pull(self, ref: Reference, progress: Progress) -> Deferred[Model]:
         """Fetch C{ref} and store it under its tag; waits while C{max_pulls} others run."""
         return self._slots.run(lambda: Deferred.fromCoroutine(self._pull(ref, progress)))
 
     async def _pull(self, ref: Reference, progress: Progress) -> Model:
+        self._store.remove_old_partials()
         repo, data = await self._manifest(ref)
         try:
             manifest = parse_manifest(data)
         except InvalidManifest as e:
             raise registry_error(f"{ref} from {repo.host} is not a usable model: {e}") from None
+        big = manifest.oversized()
+        if big is not None:
+            raise registry_error(
+                f"{ref} from {repo.host} announces a {manifest.role(big.digest)} of {big.size} bytes"
+                f" ({big.media_type}); at most {MAX_SIZES[big.media_type]} are accepted"
+            )
         progress.total = sum(blob.size for blob in manifest.blobs)
         with self._store.pinned(blob.digest for blob in manifest.blobs):
             for blob in manifest.blobs:
@@ -79,15 +89,9 @@ class Puller:
 
     async def _fetch(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
         """Make sure the store has C{blob}; one download per digest however many pulls want it."""
-        lock = self._fetching.setdefault(blob.digest, DeferredLock())
-        await lock.acquire()
-        try:
-            if not self._store.blobs.has(blob.digest):
+        async with self._fetching.holding(blob.digest):
+            if not await self._store.integrity.intact(blob):
                 await self._download(repo, blob, progress)
-        finally:
-            lock.release()
-            if not lock.locked:
-                del self._fetching[blob.digest]
         progress.update(blob.digest, blob.size, blob.size)
 
     async def _download(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:

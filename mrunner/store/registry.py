@@ -4,6 +4,10 @@ It knows registries, not models: where a repository lives (mirrors, plain
 HTTP only for hosts the config marks insecure), how to authenticate (Docker
 Hub's Bearer token flow and basic auth), and which status means what. It
 streams: callers get unbuffered responses and never hold a blob in memory.
+
+A registry names its token service (the Bearer realm), so the realm is
+distrusted: HTTPS only (or a host marked insecure), no redirects, and an
+answer of at most L{MAX_TOKEN_ANSWER} bytes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from mrunner.store.artifact import MANIFEST_TYPES
 from mrunner.store.names import DOCKER_HUB, Reference
 
 MAX_MANIFEST = 4 * 1024 * 1024
+MAX_TOKEN_ANSWER = 64 * 1024
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -188,15 +193,25 @@ class RegistryClient:
             raise Unauthorized(f"registry {repo.host} sent an unusable challenge {challenge!r}")
         query = {"service": params.get("service", ""), "scope": params.get("scope", scope)}
         realm = params["realm"]
+        realm_url = urlsplit(realm)
+        if not (
+            realm_url.scheme == "https" or (realm_url.scheme == "http" and self._insecure(realm_url.netloc))
+        ):
+            raise registry_error(
+                f"registry {repo.host} names the token service {realm[:200]!r}, which is neither https"
+                " nor on a host in [registry] insecure; refusing to send a request there"
+            )
         headers: dict[bytes | str, bytes | str] = {}
-        realm_host = urlsplit(realm).netloc
-        if basic and (realm.startswith("https://") or self._insecure(realm_host)):
+        if basic:
             headers["Authorization"] = basic
         try:
             response = await self._http.get(
-                f"{realm}?{urlencode({k: v for k, v in query.items() if v})}", headers=headers
+                f"{realm}?{urlencode({k: v for k, v in query.items() if v})}",
+                headers=headers,
+                allow_redirects=False,
+                unbuffered=True,
             )
-            data = await response.content()
+            data = await read_limited(response, MAX_TOKEN_ANSWER, f"the answer of token service {realm}")
         except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
             raise unreachable(f"token service {realm}", e) from None
         if response.code in (401, 403):

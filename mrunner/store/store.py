@@ -4,20 +4,27 @@ The index (``index.json``: manifest digest → tags) is the only mutable file;
 it is rewritten atomically and owned by the reactor thread. Threads only copy
 and hash file contents; everything that decides what the store holds runs
 on the reactor, so a delete never races an import or a pull.
+
+A model is checked before each load (L{ModelStore.ready}, with L{Integrity}):
+its blobs' sizes every time, their digests the first time since the daemon
+started. A blob that fails is quarantined, and the model then says so
+(L{Model.problem}) until it is pulled or imported again.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorThreads, IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -37,12 +44,18 @@ from mrunner.store.artifact import (
     parse_config,
     parse_manifest,
 )
-from mrunner.store.blobs import Blobs, BlobWriter
+from mrunner.store.blobs import Blobs, BlobWriter, fsync_dir
+from mrunner.store.integrity import Integrity
 from mrunner.store.model import Model
 from mrunner.store.names import DIGEST, SHORT_ID, Reference, parse
+from mrunner.store.package import read_package
+
+DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
 
 Index = dict[str, list[str]]  # manifest digest -> tags; ``list`` is a method name in the class
 Deletion = list[dict[str, str]]
+Reports = list[dict[str, Any]]
+Digests = list[str]
 
 
 class IStoreReactor(IReactorTime, IReactorThreads):
@@ -55,22 +68,38 @@ class StoreCorrupt(MrunnerError):
     code = "store_corrupt"
 
 
+class ModelCorrupt(Conflict):
+    """A model whose blob is missing or failed its check: it must be pulled or imported again."""
+
+    code = "model_corrupt"
+
+
+Stage = Callable[[Blobs], tuple[gguf_meta.GGUFInfo, list[BlobWriter]]]
+
+
 @implementer(IModelStore)
 class ModelStore:
     """Models on disk in Docker Model Runner's OCI layout, found by their normalised names."""
 
     log = Logger()
 
-    def __init__(self, home: Path, reactor: IStoreReactor) -> None:
+    def __init__(
+        self, home: Path, reactor: IStoreReactor, partial_max_age: float = DEFAULT_PARTIAL_AGE
+    ) -> None:
         self.root = Path(home) / "models"
-        self.blobs = Blobs(self.root / "blobs" / "sha256")
+        self.blobs = Blobs(self.root / "blobs" / "sha256", self.root / "quarantine")
         self.blobs.remove_staged()
         self._reactor = reactor
+        self._partial_max_age = partial_max_age
+        self.remove_old_partials()
         self._index_path = self.root / "index.json"
+        for temp in self.root.glob("index.*.tmp"):  # a crash between write and rename
+            temp.unlink()
         self._models: Index = self._read_index()
         self._tags = self._tag_map()
         self._artifacts: dict[str, tuple[Manifest, dict[str, Any], int]] = {}
         self._pins: Counter[str] = Counter()
+        self.integrity = Integrity(self.blobs, self.in_thread)
 
     # IModelStore
 
@@ -87,10 +116,69 @@ class ModelStore:
         licenses: Sequence[bytes] = (),
         context_size: int | None = None,
     ) -> Deferred[Model]:
-        return Deferred.fromCoroutine(self._import(name, source, licenses, context_size))
+        return Deferred.fromCoroutine(self._import(name, partial(_stage, source, licenses), context_size))
+
+    def import_package(self, name: str, source: BinaryIO, context_size: int | None = None) -> Deferred[Model]:
+        """Store the package tar read from C{source} (see L{read_package}); the tar is read in a thread."""
+        return Deferred.fromCoroutine(self._import(name, partial(_stage_package, source), context_size))
 
     def disk_usage(self) -> int:
         return self.blobs.usage() + (self._index_path.stat().st_size if self._index_path.exists() else 0)
+
+    def partials_usage(self) -> int:
+        return self.blobs.partials_usage()
+
+    def ready(self, name: str) -> Deferred[Model]:
+        model = self.resolve(name)
+        if model.problem is None and all(self.integrity.known_good(b) for b in self.manifest(model.id).blobs):
+            return succeed(model)  # every request but the first: a stat per blob, no hashing
+        return Deferred.fromCoroutine(self._ready(model))
+
+    # Integrity
+
+    async def _ready(self, model: Model) -> Model:
+        for blob in () if model.problem else self.manifest(model.id).blobs:
+            if not await self.integrity.intact(blob):
+                model = self._model(model.id)
+                break
+        if model.problem:
+            raise ModelCorrupt(
+                f"model {model.name} cannot be loaded: {model.problem}; pull it again"
+                " (or import it again if it was never pulled)"
+            )
+        return model
+
+    def verify(self, name: str | None = None) -> Deferred[Reports]:
+        """Hash every blob of the model C{name} (of every model, without one) and report.
+
+        @return: per model C{{"id", "tags", "status": "ok"|"corrupt", "problem"?, "blobs": [...]}}.
+        """
+        digests = [self.lookup(name)] if name is not None else list(self._models)
+        return Deferred.fromCoroutine(self._verify(digests))
+
+    async def _verify(self, digests: Digests) -> Reports:
+        reports: Reports = []
+        for digest in digests:
+            blobs: list[dict[str, Any]] = []
+            manifest = Descriptor("manifest", digest, self.blobs.size(digest) or 0)
+            try:
+                described = (manifest, *self.manifest(digest).blobs)
+            except StoreCorrupt:
+                described = (manifest,)
+            for blob in described:
+                status = "ok" if await self.integrity.intact(blob, rehash=True) else "corrupt"
+                blobs.append({"digest": blob.digest, "mediaType": blob.media_type, "status": status})
+            if digest not in self._models:  # deleted while its blobs were hashed
+                continue
+            model = self._model(digest)
+            report = {"id": digest, "tags": list(model.tags), "blobs": blobs}
+            report |= {"status": "corrupt", "problem": model.problem} if model.problem else {"status": "ok"}
+            reports.append(report)
+        return reports
+
+    def remove_old_partials(self) -> None:
+        """Remove partial downloads nobody resumed for C{partial_max_age} seconds."""
+        self.blobs.remove_partials(self._partial_max_age, self._reactor.seconds())
 
     # Names
 
@@ -197,23 +285,19 @@ class ModelStore:
 
     # Internals
 
-    async def _import(
-        self, name: str, source: BinaryIO, licenses: Sequence[bytes], context_size: int | None
-    ) -> Model:
+    async def _import(self, name: str, stage: Stage, context_size: int | None) -> Model:
         ref = parse(name)
         if ref.digest:
             raise BadRequest(f"import needs a name with a tag, not a digest: {name!r}")
-        writer = self.blobs.writer(None)
-        try:
-            info = await self.in_thread(_stage, writer, source)
-            weights = Descriptor(GGUF, writer.commit(), info.size)
-        except BaseException:
-            writer.discard()
-            raise
-        layers = [weights]
-        for text in licenses:
-            self.blobs.put(text)
-            layers.append(Descriptor.of(LICENSE, text))
+        info, writers = await self.in_thread(stage, self.blobs)
+        try:  # committed together, on the reactor: no collection runs in between
+            layers = [
+                Descriptor(LICENSE if n else GGUF, writer.commit(), writer.offset)
+                for n, writer in enumerate(writers)
+            ]
+        finally:
+            for writer in writers:
+                writer.discard()  # the temps, now renamed or useless
         described = info.config()
         if context_size is not None:
             described["context_size"] = context_size
@@ -234,21 +318,29 @@ class ModelStore:
         used = set(self._pins)
         for digest in self._models:
             used.add(digest)
-            used.update(blob.digest for blob in self.manifest(digest).blobs)
+            try:
+                used.update(blob.digest for blob in self.manifest(digest).blobs)
+            except StoreCorrupt:  # which blobs it names is unknown: keep them all
+                return
         for digest in list(self.blobs.digests()):
             if digest not in used:
                 self.blobs.remove(digest)
                 self._artifacts.pop(digest, None)
 
     def _model(self, digest: str) -> Model:
-        manifest, config, created = self._artifact(digest)
+        tags = tuple(self._models[digest])
+        try:
+            manifest, config, created = self._artifact(digest)
+        except StoreCorrupt as e:
+            return Model(id=digest, tags=tags, created=0, config={}, gguf="", problem=e.message)
         return Model(
             id=digest,
-            tags=tuple(self._models[digest]),
+            tags=tags,
             created=created,
             config=config,
-            gguf=str(self.blobs.path(manifest.gguf.digest)),
-            files={role: str(self.blobs.path(d)) for role, d in manifest.files().items()},
+            gguf=self.blobs.file(manifest.gguf.digest),
+            files={role: self.blobs.file(d) for role, d in manifest.files().items()},
+            problem=self.integrity.problem(digest, manifest),
         )
 
     def _artifact(self, digest: str) -> tuple[Manifest, dict[str, Any], int]:
@@ -258,7 +350,7 @@ class ModelStore:
                 manifest = parse_manifest(self.blobs.read(digest))
                 config, created = parse_config(self.blobs.read(manifest.config.digest))
             except (OSError, InvalidManifest) as e:
-                raise StoreCorrupt(f"model {digest} cannot be read: {e}") from None
+                raise StoreCorrupt(f"the manifest or config of model {digest} cannot be read: {e}") from None
             self._artifacts[digest] = (manifest, config, created)
         return self._artifacts[digest]
 
@@ -284,12 +376,31 @@ class ModelStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, self._index_path)
+        fsync_dir(self.root)
         self._models = models
         self._tags = self._tag_map()
 
 
-def _stage(writer: BlobWriter, source: BinaryIO) -> gguf_meta.GGUFInfo:
-    """Copy and hash C{source} into the temp, then read its GGUF header (in a thread)."""
-    writer.copy(source)
-    writer.seal()
-    return gguf_meta.read(writer.temp)
+def _stage(
+    weights: BinaryIO, licenses: Sequence[bytes], blobs: Blobs
+) -> tuple[gguf_meta.GGUFInfo, list[BlobWriter]]:
+    """Copy and hash the weights and licenses into temps, then read the GGUF header (in a thread).
+
+    @return: the header and the sealed writers, weights first; on failure no temp is left.
+    """
+    writers: list[BlobWriter] = []
+    try:
+        for source in (weights, *map(io.BytesIO, licenses)):
+            writers.append(blobs.writer(None))
+            writers[-1].copy(source)
+            writers[-1].seal()
+        return gguf_meta.read(writers[0].temp), writers
+    except BaseException:
+        for writer in writers:
+            writer.discard()
+        raise
+
+
+def _stage_package(source: BinaryIO, blobs: Blobs) -> tuple[gguf_meta.GGUFInfo, list[BlobWriter]]:
+    """L{_stage} the members of a package tar (in a thread: reading the tar blocks)."""
+    return _stage(*read_package(source), blobs)

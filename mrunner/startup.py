@@ -1,0 +1,115 @@
+"""What must hold before the daemon touches anything: its home is usable and its own, its address free.
+
+Each failure is a L{StartupError} whose message is one line naming the
+option or variable, its value and what to do. It ends C{twistd} with status 1
+and that line (L{one_line_errors}), instead of a traceback from a daemon that
+keeps running. It is an ordinary exception on purpose: a daemonizing twistd
+reports only those to the parent process waiting on the terminal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from types import TracebackType
+from typing import Any
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import Service
+from twisted.internet.endpoints import serverFromString
+
+from mrunner.home import PRIVATE_FILE, Home
+
+LOCK_FILE = "daemon.lock"
+HOME_HINT = "set MRUNNER_HOME (or --home, or home in tap.conf) to a directory you can write"
+LISTEN_HINT = "give --listen (or MRUNNER_LISTEN, or listen in tap.conf) an endpoint like"
+LISTEN_EXAMPLES = "tcp:12434:interface=127.0.0.1 or unix:/path/api.sock"
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to do, in one line."""
+
+
+def check_listen(description: str) -> None:
+    """Parse the endpoint C{description} without listening.
+
+    @raise StartupError: Twisted cannot read it.
+    """
+    try:
+        serverFromString(None, description)  # parsing only stores the reactor
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise StartupError(
+            f"listen address {description!r} is not a Twisted endpoint ({e}); {LISTEN_HINT} {LISTEN_EXAMPLES}"
+        ) from None
+
+
+class HomeLock(Service):
+    """An exclusive C{flock} on C{$MRUNNER_HOME/daemon.lock}, holding the owner's pid, for the daemon's life.
+
+    It is taken when built, before the store sweeps staged imports or the
+    scheduler cleans stale runners: a second daemon on the same home would
+    otherwise kill the first's runners and race it on the model index.
+    """
+
+    def __init__(self, home: Home) -> None:
+        try:
+            home.prepare()
+            self._fd: int | None = os.open(home.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+        except OSError as e:
+            raise StartupError(
+                f"cannot create the home directory {home.root} ({e.strerror}); {HOME_HINT}"
+            ) from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            self.release()
+            raise StartupError(
+                f"another mrunner daemon (pid {owner}) is using {home.root}; stop it, or give this one"
+                " another MRUNNER_HOME"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def stopService(self) -> Any:
+        self.release()
+        return super().stopService()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the lock
+            self._fd = None
+
+
+class Listener(StreamServerEndpointService):
+    """Listens at start, and raises L{StartupError} if it cannot, rather than logging and going on."""
+
+    _raiseSynchronously = True
+
+    def __init__(self, reactor: Any, description: str, factory: Any) -> None:
+        super().__init__(serverFromString(reactor, description), factory)
+        self.description = description
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except Exception as e:
+            reason = getattr(e, "socketError", None) or e
+            raise StartupError(
+                f"cannot listen on {self.description}: {getattr(reason, 'strerror', None) or reason};"
+                f" stop what uses it, or {LISTEN_HINT} {LISTEN_EXAMPLES}"
+            ) from None
+
+
+def one_line_errors() -> None:
+    """Print an uncaught L{StartupError} as C{mrunner: MESSAGE}, not as a traceback (for twistd)."""
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(error, StartupError):
+            sys.stderr.write(f"mrunner: {error}\n")
+        else:
+            previous(kind, error, tb)
+
+    sys.excepthook = excepthook

@@ -1,0 +1,73 @@
+"""Whether stored blobs are still what their digests say: sizes, hashes once per start, quarantine.
+
+A blob is trusted without hashing only when it was hashed since the daemon
+started (written by this daemon, or checked): after a restart, or when a pull
+finds a blob already there, it is hashed again. A blob that fails is moved
+to quarantine, so nothing loads it and a pull fetches it afresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from mrunner.store.artifact import Descriptor, Manifest
+from mrunner.store.blobs import Blobs
+from mrunner.store.locks import KeyedLocks
+
+
+class Integrity:
+    """Checks the blobs of a store; C{in_thread} runs the hashing off the reactor."""
+
+    log = Logger()
+
+    def __init__(self, blobs: Blobs, in_thread: Callable[..., Deferred[Any]]) -> None:
+        self.blobs = blobs
+        self._in_thread = in_thread
+        self._hashing = KeyedLocks()
+
+    def known_good(self, blob: Descriptor) -> bool:
+        return blob.digest in self.blobs.verified and self.blobs.size(blob.digest) == blob.size
+
+    async def intact(self, blob: Descriptor, rehash: bool = False) -> bool:
+        """Whether C{blob} is here with its size, hashed since start (or now, with C{rehash}).
+
+        A blob of the wrong size or content is quarantined.
+        """
+        size = self.blobs.size(blob.digest)
+        if size is None:
+            return False
+        if size != blob.size:
+            self._quarantine(blob.digest, f"{size} bytes instead of {blob.size}")
+            return False
+        if rehash:
+            self.blobs.verified.discard(blob.digest)
+        async with self._hashing.holding(blob.digest):
+            if blob.digest in self.blobs.verified:
+                return True
+            if not self.blobs.has(blob.digest):  # quarantined while this one waited
+                return False
+            if not await self._in_thread(self.blobs.intact, blob.digest):
+                self._quarantine(blob.digest, "its content does not match its digest")
+                return False
+            self.blobs.verified.add(blob.digest)
+            return True
+
+    def problem(self, digest: str, manifest: Manifest) -> str | None:
+        """Why the model's blobs cannot be used (the first missing or quarantined one), if they cannot."""
+        for blob, role in [(digest, "manifest")] + [
+            (b.digest, manifest.role(b.digest)) for b in manifest.blobs
+        ]:
+            if self.blobs.size(blob) is None:
+                what = f"its {role} {blob}"
+                if self.blobs.quarantined(blob).exists():
+                    return f"{what} is corrupt (moved to {self.blobs.quarantine_root})"
+                return f"{what} is missing"
+        return None
+
+    def _quarantine(self, digest: str, why: str) -> None:
+        self.log.error("blob {digest} is corrupt ({why}): quarantined", digest=digest, why=why)
+        self.blobs.quarantine(digest)
