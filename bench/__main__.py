@@ -20,16 +20,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx2
 
-from bench import daemon, inputs, loading, report, servers, small, soak, streaming
+from bench import daemon, inputs, loading, report, servers, small, soak, store, streaming
 from bench.client import BadResponse
 from bench.report import Row
+from bench.servers import Target
 from bench.settings import Settings
 from mrunner.tinymodel import write_tiny_llama
 
@@ -46,27 +48,44 @@ def progress(message: str) -> None:
     print(f"bench {time.monotonic() - BEGAN:4.0f}s: {message}", file=sys.stderr, flush=True)
 
 
-def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row]:
-    """Scenarios 1, 2, 3, 4 and 6: everything that runs the real ``llama-server``."""
+@contextmanager
+def llama_paths(tmp: Path, executable: Path, settings: Settings, threads: int) -> Iterator[Paths]:
+    """mrunner with both tiny models, then llama-server direct and behind nginx with its runner's argv."""
     ggufs = [tmp / "tiny-a.gguf", tmp / "tiny-b.gguf"]
     for seed, gguf in enumerate(ggufs):
-        write_tiny_llama(gguf, seed=seed)
-    model = MODELS[0]
+        if not gguf.exists():
+            write_tiny_llama(gguf, seed=seed)
+    home = tmp / f"home-threads-{threads}"
     with ExitStack() as running:
-        progress(f"mrunner with {executable}")
-        conf = daemon.llama_conf(executable, settings.parallel, settings.threads)
-        mrunner = running.enter_context(daemon.started(tmp / "home", conf, "llama.cpp"))
+        progress(f"mrunner with {executable}, runner threads {threads or 'llama-server default'}")
+        conf = daemon.llama_conf(executable, settings.parallel, threads)
+        mrunner = running.enter_context(daemon.started(home, conf, "llama.cpp"))
         for name, gguf in zip(MODELS, ggufs, strict=True):
             daemon.import_model(mrunner.url, name, gguf)
-        loading.first_token_ms(mrunner.url, model)
+        loading.first_token_ms(mrunner.url, MODELS[0])
         argv = daemon.runner_argv(mrunner.url)
         progress(f"llama-server direct and behind nginx: {' '.join(argv)}")
-        direct = running.enter_context(servers.llama_server(argv, tmp, "direct"))
-        upstream = tmp / "upstream.sock"
+        direct = running.enter_context(servers.llama_server(argv, tmp, f"direct-{threads}"))
+        upstream = tmp / f"upstream-{threads}.sock"
         upstream_argv = servers.replaced(argv, "--host", ["--host", str(upstream)])
-        running.enter_context(servers.on_socket(upstream_argv, upstream, tmp / "upstream.log"))
-        nginx = running.enter_context(servers.nginx(upstream, tmp / "nginx"))
-        targets = {"direct": direct, "nginx": nginx, "mrunner": mrunner}
+        running.enter_context(servers.on_socket(upstream_argv, upstream, tmp / f"upstream-{threads}.log"))
+        nginx = running.enter_context(servers.nginx(upstream, tmp / f"nginx-{threads}"))
+        yield Paths({"direct": direct, "nginx": nginx, "mrunner": mrunner}, argv, ggufs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    targets: dict[str, Target]
+    argv: list[str]
+    ggufs: list[Path]
+
+
+def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row]:
+    """Scenarios 1, 2, 3, 4, 6, 7 and 8: everything that runs the real ``llama-server``, and the store."""
+    model = MODELS[0]
+    with llama_paths(tmp, executable, settings, settings.threads) as paths:
+        targets, argv = paths.targets, paths.argv
+        mrunner = targets["mrunner"]
         progress(f"1 and 6: small chats through wrk, {settings.rounds} rounds")
         rows = small.measure(targets, model, settings, tmp)
         progress(f"2: streams, {settings.rounds} rounds")
@@ -74,8 +93,17 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
         progress(f"3: cold loads, {settings.load_rounds} rounds")
         rows.append(loading.cold(mrunner, argv, model, settings, tmp))
         progress(f"4: swaps, {settings.load_rounds} rounds")
-        argv_b = servers.replaced(argv, "--model", ["--model", str(ggufs[1])])
+        argv_b = servers.replaced(argv, "--model", ["--model", str(paths.ggufs[1])])
         rows.append(loading.swap(mrunner, [argv, argv_b], MODELS, settings, tmp))
+        if settings.store_rounds:
+            progress(f"7 and 8: pulls and imports of a 112 MB model, {settings.store_rounds} rounds")
+            rows += store.measure(mrunner, settings.store_rounds, tmp)
+    if settings.threads and settings.default_threads_rounds:
+        rounds = settings.default_threads_rounds
+        with llama_paths(tmp, executable, settings, 0) as paths:
+            progress(f"2: streams with llama-server's default threads, {rounds} rounds")
+            variant = dataclasses.replace(settings, rounds=rounds)
+            rows += streaming.measure(paths.targets, model, variant, ", default threads")
     return rows
 
 
@@ -134,6 +162,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(
             f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default
         )
+    parser.add_argument(
+        "--default-threads",
+        action="store_const",
+        const=0,
+        dest="threads",
+        help="runners keep llama-server's default thread count (the same as --threads 0)",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 

@@ -37,6 +37,19 @@ def share(reference: str, fraction: float) -> Goal:
     return Goal(f">= {fraction:.0%} of {reference}", lambda v: v["mrunner"] >= fraction * v[reference])
 
 
+def added(reference: str, fraction: float) -> Goal:
+    """What mrunner adds to C{reference} at most C{fraction} of C{reference} itself."""
+    return Goal(
+        f"added <= {fraction:g} x {reference}",
+        lambda v: v["mrunner"] - v[reference] <= fraction * v[reference],
+    )
+
+
+def times(reference: str, factor: float) -> Goal:
+    """mrunner at most C{factor} times C{reference} (CPU, memory)."""
+    return Goal(f"<= {factor:g} x {reference}", lambda v: v["mrunner"] <= factor * v[reference])
+
+
 def at_most(limit: float, unit: str = "") -> Goal:
     return Goal(f"<= {limit:g} {unit}".rstrip(), lambda v: v["mrunner"] <= limit)
 

@@ -19,7 +19,9 @@ class Settings:
     stream_tokens: int = 256
     load_rounds: int = 6
     parallel: int = 4
-    threads: int = 1
+    threads: int = 1  # 0: llama-server's default
+    default_threads_rounds: int = 5  # scenario 2 again with llama-server's default threads (0: not)
+    store_rounds: int = 3
     soak_streams: int = 1000
     soak_seconds: float = 60.0
     soak_events: int = 10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -62,3 +63,19 @@ class Metrics:
             registry=self.registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def finished(self, mode: str, status: int, seconds: float) -> None:
+        """Count a request that ended with C{status} after C{seconds}.
+
+        The labelled children are kept: looking them up in prometheus_client
+        (a lock, label checks) took 3% of the daemon's CPU on small chats.
+        """
+        children = self._children.get((mode, status))
+        if children is None:
+            children = self._children[(mode, status)] = (
+                self.requests.labels(mode, str(status)),
+                self.seconds.labels(mode),
+            )
+        children[0].inc()
+        children[1].observe(seconds)

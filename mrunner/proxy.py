@@ -4,40 +4,34 @@ This plays the role of twisted.web's C{ReverseProxyResource}, which speaks
 HTTP/1.0 over TCP, buffers nothing but has no backpressure, and ignores client
 disconnects. Here the runner's transport is registered as the client request's
 producer, a client that goes away aborts the upstream connection (so
-llama-server stops generating), and nothing is buffered.
+llama-server stops generating), and nothing is buffered. The runner side is
+mrunner's own HTTP/1.1 client (L{mrunner.upstream}): a chunked answer goes to
+an HTTP/1.1 client with its framing as the runner wrote it.
 """
 
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from twisted.internet import tcp
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.error import ConnectError, ConnectingCancelledError
 from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web.client import (
-    URI,
-    Agent,
-    HTTPConnectionPool,
-    RequestNotSent,
-    RequestTransmissionFailed,
-    ResponseDone,
-    ResponseNeverReceived,
-)
+from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from twisted.web.server import Request
 from zope.interface import implementer
 
 from mrunner.errors import BadGateway
 from mrunner.home import SOCKET_SUFFIX
+from mrunner.upstream import CHUNKED, Body, Head, RunnerConnection, RunnerPool, runner_url
 
-# RFC 9110 §7.6.1 hop-by-hop fields, and those twisted.web sets itself.
+# RFC 9110 §7.6.1 hop-by-hop fields, those twisted.web sets itself, and Expect (the body is here already).
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -51,14 +45,11 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
         b"host",
         b"content-length",
+        b"expect",
     }
 )
 
-# Drop pooled connections before llama-server's own 5 s keep-alive does, so a
-# POST never races a server-side close.
-POOL_IDLE_SECONDS = 4
-# Runner sockets are <run_dir>/<name>.sock (see mrunner.home); requests name them as
-# http://<name>/. The names are spelled with os.path: pathlib interns every part, per request.
+__all__ = ["runner_url"]  # for the runner's health checks
 
 
 @implementer(IAgentEndpointFactory)
@@ -67,29 +58,16 @@ class RunnerEndpoints:
 
     def __init__(self, reactor: object, run_dir: Path):
         self._reactor = reactor
-        self._run_dir = str(run_dir)
+        self._run_dir = run_dir
 
     def endpointForURI(self, uri: URI) -> UNIXClientEndpoint:
-        socket = os.path.join(self._run_dir, uri.host.decode() + SOCKET_SUFFIX)
-        return UNIXClientEndpoint(self._reactor, socket)
+        return UNIXClientEndpoint(self._reactor, str(self._run_dir / (uri.host.decode() + SOCKET_SUFFIX)))
 
 
-def connection_pool(reactor: object, per_host: int) -> HTTPConnectionPool:
-    """A persistent pool that drops idle connections before the runner would."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.maxPersistentPerHost = per_host
-    pool.cachedConnectionTimeout = POOL_IDLE_SECONDS
-    return pool
-
-
-def runner_agent(reactor: object, run_dir: Path, pool: HTTPConnectionPool) -> Agent:
-    """An Agent that reaches runners by their socket name, through C{pool}."""
+def health_agent(reactor: object, run_dir: Path) -> Agent:
+    """An Agent for a runner's C{/health} while it loads: a new connection a poll, none kept."""
+    pool = HTTPConnectionPool(reactor, persistent=False)
     return Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, run_dir), pool)
-
-
-def runner_url(socket: str, path: bytes) -> bytes:
-    """The URL that reaches C{path} on the runner listening on C{socket}."""
-    return b"http://" + os.path.basename(socket).removesuffix(SOCKET_SUFFIX).encode() + path
 
 
 @implementer(IBodyProducer)
@@ -128,13 +106,21 @@ def forwarded_headers(headers: Headers) -> Headers:
     return kept
 
 
+def answer_fields(head: Head) -> Iterator[tuple[bytes, bytes]]:
+    """The runner's header fields a client gets: all but hop-by-hop ones, C{Connection}'s names included."""
+    named = head.tokens(b"connection")
+    for lower, name, value in head.fields:
+        if lower not in HOP_BY_HOP and lower not in named:
+            yield name, value
+
+
 class Forwarder:
-    """Sends requests to runners through one persistent C{Agent}."""
+    """Sends requests to runners through one pool of keep-alive connections (L{RunnerPool})."""
 
     log = Logger()
 
-    def __init__(self, agent: Agent):
-        self._agent = agent
+    def __init__(self, pool: RunnerPool):
+        self._pool = pool
 
     async def forward(self, request: Request, socket: str, path: bytes, body: bytes) -> None:
         """Relay C{request} (whose body is C{body}) to the runner; returns when the answer is sent.
@@ -142,45 +128,45 @@ class Forwarder:
         Cancelling the Deferred that awaits it (Klein does, when the client
         disconnects) aborts the upstream connection.
         """
-        response = await self._send(request, runner_url(socket, path), body)
-        request.setResponseCode(response.code, response.phrase)
-        for name, values in forwarded_headers(response.headers).getAllRawHeaders():
-            request.responseHeaders.setRawHeaders(name, values)
-        if response.length is not UNKNOWN_LENGTH:
-            request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
-        events = is_event_stream(response.headers)
+        connection, head = await self._send(request, runner_url(socket, path), body)
+        request.setResponseCode(head.code, head.phrase)
+        headers = request.responseHeaders
+        for name, value in answer_fields(head):
+            headers.addRawHeader(name, value)
+        if head.length >= 0:
+            headers.setRawHeaders(b"content-length", [b"%d" % head.length])
+        events = is_event_stream(head.value(b"content-type") or b"")
         if events:
             start_event_stream(request)
-        relay = _Relay(request, events)
-        response.deliverBody(relay)
+        # An HTTP/1.1 client takes the runner's chunks as they are: Twisted sends the
+        # headers saying chunked, and is then told not to frame the body a second time.
+        framed = head.framing == CHUNKED and request.clientproto == b"HTTP/1.1"
+        if framed:
+            request.write(b"")
+            request.chunked = False
+        relay = _Relay(request, connection, events, framed)
+        connection.relay(relay, framed)
         await relay.done
 
-    async def _send(self, request: Request, url: bytes, body: bytes, retry: bool = True) -> IResponse:
-        """The runner's response, once its headers are in.
+    async def _send(self, request: Request, url: bytes, body: bytes) -> tuple[RunnerConnection, Head]:
+        """The runner's connection and answer head, once the head is in (the pool resends after a race).
 
-        llama-server closes a connection after a stream while announcing
-        keep-alive, so a pooled connection can die under the next request
-        before the runner reads it: such a request is sent once more. A client
-        that went away meanwhile cancelled it, and that stays a cancellation,
-        which Klein expects, rather than an error logged with its traceback.
+        A client that went away meanwhile cancelled it, and that stays a
+        cancellation, which Klein expects, rather than an error logged with
+        its traceback, whatever the cancelled step raised.
         """
-        headers = forwarded_headers(request.requestHeaders)
         try:
-            return await self._agent.request(request.method, url, headers, BytesBody(body))
-        except ConnectingCancelledError:
-            raise CancelledError() from None
-        except (ResponseNeverReceived, RequestNotSent, RequestTransmissionFailed) as e:
+            answer: tuple[RunnerConnection, Head] = await self._pool.request(
+                request.method, url, forwarded_headers(request.requestHeaders), body
+            )
+        except Exception:
             if request.channel is None:
                 raise CancelledError() from None
-            if retry:
-                return await self._send(request, url, body, retry=False)
-            raise BadGateway(f"the runner closed the connection before answering: {e}") from None
-        except ConnectError as e:
-            raise BadGateway(f"the runner cannot be reached: {e}") from None
+            raise
+        return answer
 
 
-def is_event_stream(headers: Headers) -> bool:
-    content_type = headers.getRawHeaders(b"content-type", [b""])[0]
+def is_event_stream(content_type: bytes) -> bool:
     return content_type.split(b";")[0].strip().lower() == b"text/event-stream"
 
 
@@ -197,40 +183,70 @@ def start_event_stream(request: Request) -> None:
     request.write(b"")
 
 
-class _Relay(Protocol):
+def send_now(transport: Any, data: bytes) -> None:
+    """Write C{data} to a client's TCP connection, sending it at once when nothing is queued before it.
+
+    Twisted queues every write for the reactor's next turn, registering the
+    socket for writability and unregistering it once sent: two C{epoll_ctl}
+    calls and a turn of the loop for each streamed event, where the socket
+    could take the event at once. What the socket does not take is queued
+    as before, and later writes queue behind it, so the order holds.
+    """
+    if (
+        isinstance(transport, tcp.Connection)
+        and not transport.TLS
+        and transport.connected
+        and not transport.disconnecting
+        and not transport.dataBuffer
+        and not transport._tempDataBuffer
+    ):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):
+            data = data[sent:]
+    if data:
+        transport.write(data)
+
+
+class _Relay(Body):
     """Writes a runner's response body to the client as it arrives, with backpressure."""
 
-    def __init__(self, request: Request, events: bool):
+    def __init__(self, request: Request, connection: RunnerConnection, events: bool, framed: bool):
         self._request = request
+        self._connection = connection
         self._events = events
-        self._aborted = False
-        self.done: Deferred[None] = Deferred(lambda d: self.abort())
+        self._framed = framed
+        self.done: Deferred[None] = Deferred(lambda d: connection.abort())
+        producer: IPushProducer = connection.transport  # type: ignore[assignment]
+        request.registerProducer(producer, True)
 
-    def connectionMade(self) -> None:
-        producer: IPushProducer = self.transport  # type: ignore[assignment]
-        self._request.registerProducer(producer, True)
+    def write(self, data: bytes) -> None:
+        request = self._request
+        if request.startedWriting and not request.chunked and request.channel is not None:
+            send_now(request.channel.transport, data)
+        else:
+            request.write(data)
 
-    def dataReceived(self, data: bytes) -> None:
-        self._request.write(data)
+    def end(self) -> None:
+        if self._request.channel is not None:
+            self._request.unregisterProducer()
+        if not self.done.called:
+            self.done.callback(None)
 
-    def abort(self) -> None:
-        """The client went away: close the runner connection now."""
-        self._aborted = True
-        self.transport.stopProducing()  # type: ignore[union-attr]
+    def cut(self, why: str, between_chunks: bool) -> None:
+        """Tell a streaming client the runner died; make any other client see a truncated body.
 
-    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
-        if self._aborted or self._request.channel is None:
+        Passing the runner's chunks through, the error event is a chunk of its
+        own, and Twisted ends the body; a chunk cut in its middle cannot be ended.
+        """
+        if self.done.called or self._request.channel is None:
             return  # the client is gone, and the request with it
         self._request.unregisterProducer()
-        if not reason.check(ResponseDone):
-            Forwarder.log.warn("runner response cut short: {why}", why=reason.getErrorMessage())
-            self._cut_short(reason)
-        self.done.callback(None)
-
-    def _cut_short(self, reason: Failure) -> None:
-        """Tell a streaming client the runner died; make any other client see a truncated body."""
-        if self._events:
-            error = BadGateway(f"the runner stopped in the middle of the answer: {reason.getErrorMessage()}")
+        Forwarder.log.warn("runner response cut short: {why}", why=why)
+        if self._framed and between_chunks:
+            self._request.chunked = True
+        if self._events and (between_chunks or not self._framed):
+            error = BadGateway(f"the runner stopped in the middle of the answer: {why}")
             self._request.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
         else:
             self._request.channel.transport.abortConnection()  # type: ignore[union-attr]
+        self.done.callback(None)

@@ -13,7 +13,6 @@ from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.server import Site
 
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
@@ -31,9 +30,9 @@ from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
-from mrunner.logfiles import DaemonLogFile
+from mrunner.logfiles import BatchedLogSite, DaemonLogFile
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, connection_pool, runner_agent
+from mrunner.proxy import Forwarder, health_agent
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
@@ -43,6 +42,7 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+from mrunner.upstream import RunnerPool, unix_connect
 
 log = Logger()
 
@@ -84,7 +84,7 @@ class Parts:
     root: Routes
     scheduler: Scheduler
     logs: LogsAPI
-    pools: tuple[HTTPConnectionPool, ...]
+    closers: tuple[Callable[[], object], ...]
     reloader: Reloader
 
 
@@ -95,16 +95,21 @@ def make_parts(
     home = Home(config.home)
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor, config.store.partial_max_age)
-    runner_pool = connection_pool(reactor, per_host=max(config.scheduler.parallel, 2))
-    agent = runner_agent(reactor, home.run, runner_pool)
+    runner_pool = RunnerPool(reactor, unix_connect(reactor), str(home.run), max(config.scheduler.parallel, 2))
     options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
         log_max_bytes=config.runner.log_max_bytes,
         log_keep=config.runner.log_keep,
     )
+    probe = health_probe(health_agent(reactor, home.run))
     scheduler = Scheduler(
-        reactor, config, backends, store, partial(start_runner, reactor, health_probe(agent), options), home
+        reactor,
+        config,
+        backends,
+        store,
+        partial(start_runner, reactor, probe, options),
+        home,
     )
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
@@ -118,10 +123,10 @@ def make_parts(
     models = ModelsAPI(store, scheduler, puller, pusher, reactor)
     logs = LogsAPI(home.logs, reactor)
     gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes)
-    runners = RunnerClient(agent)
+    runners = RunnerClient(runner_pool)
     responses = config.responses
     groups = [  # the inference routes first: every token's request is matched against them
-        InferenceAPI(scheduler, store, Forwarder(agent), metrics, reactor, config.max_request_bytes),
+        InferenceAPI(scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes),
         AnthropicAPI(gateway, runners),
         ResponsesAPI(
             gateway, runners, ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)
@@ -131,7 +136,8 @@ def make_parts(
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
-    return Parts(Routes(groups), scheduler, logs, (runner_pool, registry_pool), reloader)
+    closers = (runner_pool.close, registry_pool.closeCachedConnections)
+    return Parts(Routes(groups), scheduler, logs, closers, reloader)
 
 
 def make_service(
@@ -147,13 +153,11 @@ def make_service(
     service = MultiService()
     lock.setServiceParent(service)
     DaemonLogFile(parts.scheduler.home).setServiceParent(service)
-    SchedulerService(parts.scheduler, [pool.closeCachedConnections for pool in parts.pools]).setServiceParent(
-        service
-    )
+    SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
     # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
-    site = Site(parts.root, parsePOSTFormSubmission=False)
+    site = BatchedLogSite(parts.root, reactor, parsePOSTFormSubmission=False)
     site.displayTracebacks = False
     Listener(reactor, config.listen, site).setServiceParent(service)
     return service, parts

@@ -1,9 +1,12 @@
 """A stand-in inference server for tests: a real process that speaks llama-server's HTTP on a UNIX socket.
 
 Run as ``python runner_program.py --socket S --alias NAME [--health-delay SECONDS]
-[--exit-at-start] [--starts FILE] [--events FILE] [--requests FILE] [--gate PREFIX]``:
+[--exit-at-start] [--starts FILE] [--events FILE] [--requests FILE] [--gate PREFIX]
+[--close-after-answer]``:
 --starts gets a line per process start, --events "finished" or "cancelled" per stream,
---requests each POST body as a JSON line; --gate is the default gate of every stream.
+--requests each POST body as a JSON line; --gate is the default gate of every stream;
+--close-after-answer reads nothing more on a connection once an answer ends, and closes it
+a moment later, though the answer announced keep-alive (as llama-server does after streams).
 A request may carry ``"test": {"events": N, "interval": SECONDS, "gate": PREFIX,
 "crash_after": K}`` in its JSON body: stream N
 events, before event i wait until the file PREFIX<i> exists, exit the process after
@@ -32,6 +35,15 @@ class Runner(resource.Resource):
         if self.options.events:
             with open(self.options.events, "a") as f:
                 f.write(f"{event}\n")
+
+    def render(self, request):
+        if self.options.close_after_answer:
+            request.notifyFinish().addBoth(self.hang_up, request.channel.transport)
+        return super().render(request)
+
+    def hang_up(self, _, transport):
+        transport.pauseProducing()
+        reactor.callLater(0.02, transport.loseConnection)
 
     def render_GET(self, request):
         if request.path == b"/health":
@@ -163,6 +175,7 @@ def main():
     parser.add_argument("--events")
     parser.add_argument("--requests")
     parser.add_argument("--gate")
+    parser.add_argument("--close-after-answer", action="store_true")
     options, _ = parser.parse_known_args()
     if options.starts:
         with open(options.starts, "a") as f:

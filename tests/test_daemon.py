@@ -185,6 +185,15 @@ class PathTests(DaemonTestCase):
         self.assertEqual((code, body["choices"][0]["message"]["content"]), (200, "echo: hi"))
         self.assertEqual(len(lines(self.home / "starts")), 2)
 
+    async def test_a_runner_dying_mid_stream_is_told_in_words(self) -> None:
+        await self.start()
+        _, events = await self.open_stream({"test": {"events": 3, "crash_after": 1}})
+        await events.done
+        last = json.loads(events.data.split(b"data: ")[-1])
+        self.assertEqual(
+            last["error"]["message"], "the runner stopped in the middle of the answer: its connection closed"
+        )
+
     async def test_runner_dies_before_headers_is_502(self) -> None:
         await self.start()
         code, body, _ = await self.post(
@@ -203,6 +212,24 @@ class PathTests(DaemonTestCase):
         await self.daemon.service.stopService()
         self.assertEqual([pid for pid in pids if alive(pid)], [])
         self.assertEqual(list((self.home / "run").iterdir()), [])
+
+
+class KeepAliveRaceTests(DaemonTestCase):
+    """A runner that closes every connection after an answer that announced keep-alive."""
+
+    runner_args = ("--close-after-answer",)
+
+    async def test_a_cold_burst_of_twenty_streams_loses_none(self) -> None:
+        await self.start()
+        for _ in range(2):  # cold, then onto the connections the first burst left behind
+            streams = [self.post("/v1/chat/completions", self.chat(stream=True)) for _ in range(20)]
+            results = await DeferredList([ensureDeferred(s) for s in streams], consumeErrors=True)
+            answers = [result if ok else repr(result) for ok, result in results]
+            self.assertEqual([answer[0] for answer in answers], [200] * 20, answers)
+            for _, text, _ in answers:
+                self.assertIn("tok0 ", text)
+                self.assertTrue(text.endswith("data: [DONE]\n\n"), text)
+        self.assertEqual(len(lines(self.home / "starts")), 1)
 
 
 class FailingRunnerTests(DaemonTestCase):

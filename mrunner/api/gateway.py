@@ -35,8 +35,7 @@ class Gateway:
         started = self.clock.seconds()
 
         def finished(result: object) -> None:
-            self._metrics.requests.labels(mode, str(request.code)).inc()
-            self._metrics.seconds.labels(mode).observe(self.clock.seconds() - started)
+            self._metrics.finished(mode, request.code, self.clock.seconds() - started)
 
         request.notifyFinish().addBoth(finished)
 

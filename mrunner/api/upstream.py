@@ -4,7 +4,7 @@ The OpenAI routes relay a runner's bytes through the proxy. Ollama's and the
 Responses API's answers are translated, and Anthropic's errors reshaped, so
 these routes read the runner's answer here: a whole JSON body, server-sent
 events one by one, or (Anthropic) the bytes relayed once the status is known
-to be a success. Requests go through the same pooled C{Agent} as the proxy's.
+to be a success. Requests go through the proxy's pool of runner connections.
 Cancelling whatever awaits the runner (Klein does when the client goes away)
 aborts the runner connection, and llama-server stops generating.
 """
@@ -16,25 +16,14 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred, fail, succeed
-from twisted.internet.error import ConnectError, ConnectingCancelledError
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Protocol
-from twisted.python.failure import Failure
-from twisted.web.client import (
-    Agent,
-    RequestNotSent,
-    RequestTransmissionFailed,
-    ResponseDone,
-    ResponseNeverReceived,
-)
-from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 
 from mrunner.errors import BadGateway, MrunnerError
-from mrunner.proxy import BytesBody, is_event_stream, runner_url, start_event_stream
+from mrunner.proxy import is_event_stream, start_event_stream
+from mrunner.upstream import Body, Head, RunnerConnection, RunnerPool, runner_url
 
 _JSON = Headers({b"content-type": [b"application/json"]})
 
@@ -62,56 +51,63 @@ def refusal(status: int, body: bytes) -> RunnerRefused:
     return RunnerRefused(status, f"the runner refused the request: {message}")
 
 
-class _Body(Protocol):
-    """Keeps a response body for a reader that takes it chunk by chunk."""
+class _Pieces(Body):
+    """Keeps a response body for a reader that takes it piece by piece."""
 
-    def __init__(self) -> None:
+    def __init__(self, connection: RunnerConnection) -> None:
+        self._connection = connection
         self._chunks: deque[bytes] = deque()
         self._waiting: Deferred[bytes | None] | None = None
-        self._end: Failure | None = None
+        self._ended = False
+        self._why: str | None = None
 
-    def dataReceived(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
             waiting.callback(data)
         else:
             self._chunks.append(data)
 
-    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
-        self._end = reason
+    def end(self) -> None:
+        self._stop(None)
+
+    def cut(self, why: str, between_chunks: bool) -> None:
+        self._stop(why)
+
+    def _stop(self, why: str | None) -> None:
+        self._ended, self._why = True, why
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
             self._finish().chainDeferred(waiting)
 
     def _finish(self) -> Deferred[bytes | None]:
-        assert self._end is not None
-        if self._end.check(ResponseDone, PotentialDataLoss):
+        if self._why is None:
             return succeed(None)
-        return fail(
-            BadGateway(f"the runner stopped in the middle of the answer: {self._end.getErrorMessage()}")
-        )
+        return fail(BadGateway(f"the runner stopped in the middle of the answer: {self._why}"))
 
     def next(self) -> Deferred[bytes | None]:
-        """The next chunk, C{None} at the end; L{BadGateway} when the runner went away."""
+        """The next piece, C{None} at the end; L{BadGateway} when the runner went away."""
         if self._chunks:
             return succeed(self._chunks.popleft())
-        if self._end is not None:
+        if self._ended:
             return self._finish()
         self._waiting = Deferred(self._abort)
         return self._waiting
 
     def _abort(self, waiting: Deferred[bytes | None]) -> None:
         self._waiting = None
-        self.transport.stopProducing()  # type: ignore[union-attr]
+        self._connection.abort()
 
 
 class Answer:
     """A runner's successful response, once its headers are in."""
 
-    def __init__(self, response: IResponse):
-        self.response = response
-        self._body = _Body()
-        response.deliverBody(self._body)
+    def __init__(self, connection: RunnerConnection, head: Head):
+        self.code = head.code
+        self.content_type = head.value(b"content-type") or b""
+        self._connection = connection
+        self._body = _Pieces(connection)
+        connection.relay(self._body, framed=False)
 
     async def read(self) -> bytes:
         chunks = []
@@ -146,13 +142,12 @@ class Answer:
 
     async def relay(self, request: Request) -> None:
         """Send the runner's status, content type and body to the client as they come, with backpressure."""
-        request.setResponseCode(self.response.code)
-        kind = self.response.headers.getRawHeaders(b"content-type")
-        if kind:
-            request.setHeader(b"content-type", kind[0])
-        if is_event_stream(self.response.headers):
+        request.setResponseCode(self.code)
+        if self.content_type:
+            request.setHeader(b"content-type", self.content_type)
+        if is_event_stream(self.content_type):
             start_event_stream(request)
-        producer: IPushProducer = self._body.transport  # type: ignore[assignment]
+        producer: IPushProducer = self._connection.transport  # type: ignore[assignment]
         request.registerProducer(producer, True)
         try:
             while (chunk := await self._body.next()) is not None:
@@ -163,34 +158,15 @@ class Answer:
 
 
 class RunnerClient:
-    """Posts JSON to runners over their UNIX sockets, through the proxy's pooled C{Agent}."""
+    """Posts JSON to runners over their UNIX sockets, through the proxy's pool of connections."""
 
-    def __init__(self, agent: Agent):
-        self._agent = agent
+    def __init__(self, pool: RunnerPool):
+        self._pool = pool
 
     async def post(self, socket: str, path: bytes, body: bytes) -> Answer:
         """POST the JSON C{body} to C{path} on the runner at C{socket}; L{RunnerRefused} for an error."""
-        response = await self._send(runner_url(socket, path), body)
-        answer = Answer(response)
-        if response.code >= 400:
-            raise refusal(response.code, await answer.read())
+        connection, head = await self._pool.request(b"POST", runner_url(socket, path), _JSON.copy(), body)
+        answer = Answer(connection, head)
+        if head.code >= 400:
+            raise refusal(head.code, await answer.read())
         return answer
-
-    async def _send(self, url: bytes, body: bytes, retry: bool = True) -> IResponse:
-        """The response once its headers are in, sent once more if a pooled connection had died.
-
-        llama-server closes a connection after a stream while announcing
-        keep-alive, so the pool may hand out one that is gone (see the proxy).
-        """
-        try:
-            return await self._agent.request(b"POST", url, _JSON.copy(), BytesBody(body))
-        except ConnectingCancelledError:
-            raise CancelledError() from None
-        except (ResponseNeverReceived, RequestNotSent, RequestTransmissionFailed) as e:
-            if any(reason.check(CancelledError) for reason in getattr(e, "reasons", ())):
-                raise CancelledError() from None
-            if retry:
-                return await self._send(url, body, retry=False)
-            raise BadGateway(f"the runner closed the connection before answering: {e}") from None
-        except ConnectError as e:
-            raise BadGateway(f"the runner cannot be reached: {e}") from None

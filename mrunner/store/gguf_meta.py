@@ -2,7 +2,8 @@
 
 This is what Docker Model Runner puts in a model's config blob, and what the
 scheduler's memory estimate starts from. A file is read by a child interpreter
-(``python -m mrunner.store.gguf_meta FILE`` prints it as JSON): the ``gguf``
+(``python -m mrunner.store.gguf_meta FILE`` prints it as JSON; ``-`` for
+FILE reads the path from stdin): the ``gguf``
 package brings numpy, some 20 MB that would stay resident in the daemon for
 good after its first import, for a read of a few hundred milliseconds. Reading
 maps the file and waits for that child: call it off the reactor thread.
@@ -55,13 +56,38 @@ def read(path: str | os.PathLike[str]) -> GGUFInfo:
 
     @raise BadRequest: the file is not a GGUF file.
     """
-    child = subprocess.run(
-        [sys.executable, "-m", __name__, os.fspath(path)], capture_output=True, text=True, check=False
-    )
-    if child.returncode != 0:
-        why = child.stderr.strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
-        raise BadRequest(f"not a valid GGUF file: {why[0]}", code="invalid_gguf")
-    return GGUFInfo(**json.loads(child.stdout))
+    return Reader().read(path)
+
+
+class Reader:
+    """A child interpreter for one read, started before the file is complete.
+
+    It imports the C{gguf} package (most of a read's time) while the file is
+    still being written, then reads the path it is given on its stdin.
+    """
+
+    def __init__(self) -> None:
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", __name__, "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def read(self, path: str | os.PathLike[str]) -> GGUFInfo:
+        """C{path}'s L{GGUFInfo}; L{BadRequest} if it is not a GGUF file."""
+        out, err = self._child.communicate(os.fspath(path) + "\n")
+        if self._child.returncode != 0:
+            why = err.strip().splitlines()[-1:] or [f"exit status {self._child.returncode}"]
+            raise BadRequest(f"not a valid GGUF file: {why[0]}", code="invalid_gguf")
+        return GGUFInfo(**json.loads(out))
+
+    def close(self) -> None:
+        """Stop the child if it was never given a file."""
+        if self._child.poll() is None:
+            self._child.kill()
+            self._child.communicate()
 
 
 def _read(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -122,4 +148,8 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "-":  # L{Reader}: import now, read the path when it is given
+        import gguf  # noqa: F401
+
+        sys.exit(main(sys.stdin.readline().rstrip("\n")))
     sys.exit(main(sys.argv[1]))

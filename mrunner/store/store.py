@@ -386,19 +386,24 @@ def _stage(
 ) -> tuple[gguf_meta.GGUFInfo, list[BlobWriter]]:
     """Copy and hash the weights and licenses into temps, then read the GGUF header (in a thread).
 
+    The header's reader starts first, so its interpreter starts during the copy.
+
     @return: the header and the sealed writers, weights first; on failure no temp is left.
     """
     writers: list[BlobWriter] = []
+    reader = gguf_meta.Reader()
     try:
         for source in (weights, *map(io.BytesIO, licenses)):
             writers.append(blobs.writer(None))
             writers[-1].copy(source)
             writers[-1].seal()
-        return gguf_meta.read(writers[0].temp), writers
+        return reader.read(writers[0].temp), writers
     except BaseException:
         for writer in writers:
             writer.discard()
         raise
+    finally:
+        reader.close()
 
 
 def _stage_package(source: BinaryIO, blobs: Blobs) -> tuple[gguf_meta.GGUFInfo, list[BlobWriter]]:
