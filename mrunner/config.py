@@ -121,6 +121,14 @@ class RegistryConfig:
 
 
 @attrs.frozen
+class HuggingFaceConfig:
+    """Where ``hf.co/...`` pulls go; C{HF_ENDPOINT} and C{HF_TOKEN} override it. The token is never shown."""
+
+    endpoint: str = "https://huggingface.co"
+    token: str | None = attrs.field(default=None, repr=False)
+
+
+@attrs.frozen
 class StoreConfig:
     partial_max_age: float = _duration(7 * 24 * 3600.0)
 
@@ -144,6 +152,7 @@ class Config:
     runner: RunnerConfig = RunnerConfig()
     registry: RegistryConfig = RegistryConfig()
     store: StoreConfig = StoreConfig()
+    huggingface: HuggingFaceConfig = HuggingFaceConfig()
     responses: ResponsesConfig = ResponsesConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     models: ModelsConfig = ModelsConfig()
@@ -239,6 +248,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "runner": RunnerConfig,
         "registry": RegistryConfig,
         "store": StoreConfig,
+        "huggingface": HuggingFaceConfig,
         "responses": ResponsesConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}

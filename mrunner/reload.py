@@ -28,6 +28,7 @@ RESTART_KEYS = (
     "max_request_bytes",
     "backends",
     "registry",
+    "huggingface",
     "scheduler.load_timeout",
     "scheduler.stop_grace",
     "runner.log_max_bytes",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -38,6 +39,7 @@ from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
+from mrunner.store.huggingface import HubClient
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
@@ -117,8 +119,10 @@ def make_parts(
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     metrics = Metrics(scheduler)
     registry_pool = HTTPConnectionPool(reactor)
-    registry = RegistryClient(config.registry, reactor, HTTPClient(Agent(reactor, pool=registry_pool)))
-    puller = Puller(store, registry, config.registry.max_pulls)
+    http = HTTPClient(Agent(reactor, pool=registry_pool))
+    registry = RegistryClient(config.registry, reactor, http)
+    hub = HubClient(config.huggingface, http, os.environ)
+    puller = Puller(store, registry, config.registry.max_pulls, hub=hub)
     pusher = Pusher(store, registry, reactor)
     models = ModelsAPI(store, scheduler, puller, pusher, reactor)
     logs = LogsAPI(home.logs, reactor)

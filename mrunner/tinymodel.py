@@ -56,7 +56,9 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def _write(path: str | os.PathLike[str], arch: str, pooling: gguf.PoolingType, seed: int) -> None:
+def _write(
+    path: str | os.PathLike[str], arch: str, pooling: gguf.PoolingType, seed: int, shard_tensors: int = 0
+) -> None:
     tokens, scores, types = _vocabulary()
     rng = np.random.default_rng(seed)
 
@@ -66,7 +68,7 @@ def _write(path: str | os.PathLike[str], arch: str, pooling: gguf.PoolingType, s
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
-    writer = gguf.GGUFWriter(os.fspath(path), arch)
+    writer = gguf.GGUFWriter(os.fspath(path), arch, split_max_tensors=shard_tensors)
     writer.add_name(f"tiny-{arch}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(CONTEXT)
@@ -127,9 +129,74 @@ def _write(path: str | os.PathLike[str], arch: str, pooling: gguf.PoolingType, s
     writer.close()
 
 
-def write_tiny_llama(path: str | os.PathLike[str], seed: int = 0) -> None:
-    """A chat, completion and embedding model (llama architecture, mean pooling), ~0.5 MB."""
-    _write(path, "llama", gguf.PoolingType.MEAN, seed)
+def write_tiny_llama(path: str | os.PathLike[str], seed: int = 0, shard_tensors: int = 0) -> None:
+    """A chat, completion and embedding model (llama architecture, mean pooling), ~0.5 MB.
+
+    With C{shard_tensors}, a split model of that many tensors a file, named as
+    llama.cpp's ``gguf-split`` names shards (``tiny.gguf`` → ``tiny-00001-of-00010.gguf``, ...).
+    """
+    _write(path, "llama", gguf.PoolingType.MEAN, seed, shard_tensors)
+
+
+#: The tiny projector's images: 32 x 32 pixels in 8 x 8 patches, 16 image tokens.
+IMAGE_SIZE = 32
+PATCH = 8
+VISION_EMBED = 32
+
+
+def write_tiny_mmproj(path: str | os.PathLike[str], seed: int = 0) -> None:
+    """A vision projector for L{write_tiny_llama}'s model: llama.cpp's ``clip`` with a LLaVA MLP.
+
+    A two-block vision transformer over 8 x 8 patches of a 32 x 32 image, then
+    a two-layer MLP into the language model's 64-dimensional embeddings; random
+    weights, so it "sees" nothing, but llama-server loads it with ``--mmproj``
+    and runs every image through it.
+    """
+    rng = np.random.default_rng(seed)
+
+    def weights(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    patches = (IMAGE_SIZE // PATCH) ** 2
+    writer = gguf.GGUFWriter(os.fspath(path), "clip")
+    writer.add_name("tiny-mmproj")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.use_gelu", True)
+    for key, value in (
+        ("image_size", IMAGE_SIZE),
+        ("patch_size", PATCH),
+        ("embedding_length", VISION_EMBED),
+        ("feed_forward_length", 2 * VISION_EMBED),
+        ("block_count", 2),
+        ("projection_dim", EMBED),
+        ("attention.head_count", 2),
+    ):
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    writer.add_tensor("v.patch_embd.weight", weights(VISION_EMBED, 3, PATCH, PATCH))
+    writer.add_tensor("v.position_embd.weight", weights(patches, VISION_EMBED))
+    for block in range(2):
+        blk = f"v.blk.{block}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"{blk}.{name}.weight", weights(VISION_EMBED, VISION_EMBED))
+            writer.add_tensor(f"{blk}.{name}.bias", np.zeros(VISION_EMBED, dtype=np.float32))
+        for norm in ("ln1", "ln2"):
+            writer.add_tensor(f"{blk}.{norm}.weight", np.ones(VISION_EMBED, dtype=np.float32))
+            writer.add_tensor(f"{blk}.{norm}.bias", np.zeros(VISION_EMBED, dtype=np.float32))
+        writer.add_tensor(f"{blk}.ffn_up.weight", weights(2 * VISION_EMBED, VISION_EMBED))
+        writer.add_tensor(f"{blk}.ffn_down.weight", weights(VISION_EMBED, 2 * VISION_EMBED))
+    writer.add_tensor("mm.0.weight", weights(EMBED, VISION_EMBED))
+    writer.add_tensor("mm.0.bias", np.zeros(EMBED, dtype=np.float32))
+    writer.add_tensor("mm.2.weight", weights(EMBED, EMBED))
+    writer.add_tensor("mm.2.bias", np.zeros(EMBED, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def write_tiny_reranker(path: str | os.PathLike[str], seed: int = 0) -> None:

@@ -19,12 +19,15 @@ def write_tiny_gguf(
     name: str = "tiny",
     rows: int = 8,
     seed: int = 0,
+    shards: bool = False,
 ) -> int:
     """Write a GGUF file at C{path}; return its parameter count.
 
     C{seed} changes the tensor contents, so files with different seeds have different digests.
+    With C{shards}, each tensor goes to a file of its own, named as llama.cpp's
+    ``gguf-split`` names them (``tiny.gguf`` → ``tiny-00001-of-00002.gguf``, ...).
     """
-    writer = GGUFWriter(os.fspath(path), architecture)
+    writer = GGUFWriter(os.fspath(path), architecture, split_max_tensors=1 if shards else 0)
     writer.add_name(name)
     if context_length is not None:
         writer.add_context_length(context_length)

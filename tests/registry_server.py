@@ -195,16 +195,21 @@ class StandInRegistry(Resource):
     def _blob(self, request: Request, data: bytes) -> bytes | int:
         if self.corrupt:
             data = data[:-1] + bytes([data[-1] ^ 1])
-        start = 0
-        wanted = request.getHeader("range")
-        if wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
-            start = int(wanted[6:-1])
-            request.setResponseCode(206)
-            request.setHeader("content-range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        body = data[start:]
-        request.setHeader("content-length", str(len(body)))
-        if self.cut_at is not None and start < self.cut_at:
-            request.write(body[: self.cut_at - start])
-            request.loseConnection()
-            return NOT_DONE_YET
-        return body
+        return serve_range(request, data, self.cut_at)
+
+
+def serve_range(request: Request, data: bytes, cut_at: int | None = None) -> bytes | int:
+    """C{data} from the request's C{Range: bytes=N-} (206) or whole (200); cut the connection at C{cut_at}."""
+    start = 0
+    wanted = request.getHeader("range")
+    if wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
+        start = int(wanted[6:-1])
+        request.setResponseCode(206)
+        request.setHeader("content-range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+    body = data[start:]
+    request.setHeader("content-length", str(len(body)))
+    if cut_at is not None and start < cut_at:
+        request.write(body[: cut_at - start])
+        request.loseConnection()
+        return NOT_DONE_YET
+    return body

@@ -170,6 +170,16 @@ class APITests(SynchronousTestCase):
         self.assertError(self.request("POST", CHAT, {"model": "smollm2"}), 422, "3.00 GiB", "1.00 GiB")
         self.assertEqual(self.spawn.processes, [])
 
+    def test_images_for_a_model_without_a_projector(self) -> None:
+        self.install()
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": [image]}]}
+        self.assertError(self.request("POST", CHAT, body), 400, "no multimodal projector", "--mmproj")
+        self.assertEqual(self.spawn.processes, [])
+        self.store.models["ai/smollm2:latest"] = attrs.evolve(model(), files={"mmproj": "/p.gguf"})
+        self.assertNoResult(self.request("POST", CHAT, body))
+        self.assertEqual(len(self.spawn.processes), 1)
+
     def test_runner_failed_to_start(self) -> None:
         self.install()
         d = self.request("POST", CHAT, {"model": "smollm2"})
@@ -258,6 +268,27 @@ class APITests(SynchronousTestCase):
             "--model",
         )
 
+    def test_configure_a_draft_model(self) -> None:
+        self.install()
+        self.store.models["ai/draft:latest"] = model("ai/draft:latest", "d" * 64)
+        url = f"{BASE}/engines/_configure"
+        body = {"model": "smollm2", "speculative": {"draft_model": "ai/other"}}
+        self.assertError(self.request("POST", url, body), 404, "draft model ai/other is not in the store")
+        body = {
+            "model": "smollm2",
+            "speculative": {"draft_model": "draft"},
+            "runtime-flags": "--spec-draft-n-max 8",
+        }
+        self.assertEqual(self.answer(self.request("POST", url, body))[0], 200)
+        shown = self.answer(self.request("GET", f"{url}?model=smollm2"))[1]
+        self.assertEqual(shown["speculative"], {"draft_model": "draft"})
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        (runner,) = self.scheduler.loader.runners.values()
+        self.assertEqual(runner.request.settings.draft, self.store.models["ai/draft:latest"])
+        self.assertError(
+            self.request("POST", url, {"model": "smollm2", "speculative": "draft"}), 400, "object"
+        )
+
     def test_configure_raw_flags(self) -> None:
         self.install()
         body = {"model": "smollm2", "raw-runtime-flags": "--temp 0.2 --top-k 5"}
@@ -305,6 +336,7 @@ class APITests(SynchronousTestCase):
                 "runtime_flags": [],
                 "keep_alive": 300,
                 "pinned": False,
+                "speculative": {"draft_model": None},
             },
         )
         self.assertError(self.request("GET", f"{url}?model=nothing"), 404)

@@ -29,6 +29,7 @@ import mrunner
 from mrunner.store.store import ModelStore
 from tests.daemon import InProcessDaemon, eventually, free_port, http, lines, short_home, write_config
 from tests.ggufs import flip_last_byte, write_tiny_gguf
+from tests.hub_server import Repo, StandInHub
 from tests.registry_server import SKIP, RealRegistry
 
 MRUNNER = str(Path(sys.executable).with_name("mrunner"))
@@ -78,13 +79,16 @@ class CLITestCase(TestCase):
     def setUp(self) -> None:
         self.home = short_home(self)
         runner_args = ("--requests", str(self.home / "requests"), *self.runner_args())
-        self.daemon = InProcessDaemon(write_config(self.home, runner_args=runner_args))
+        self.daemon = InProcessDaemon(write_config(self.home, self.config_text(), runner_args=runner_args))
         self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
         self.gguf = self.home / "tiny.gguf"
         write_tiny_gguf(self.gguf, rows=4096)  # 256 KiB: several progress lines
 
     def runner_args(self) -> tuple[str, ...]:
         return ()
+
+    def config_text(self) -> str:
+        return ""
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "MRUNNER_HOST": self.daemon.url, **extra}
@@ -275,6 +279,61 @@ class ModelCommandTests(CLITestCase):
             "not a valid GGUF file", await self.fails("package", "--gguf", str(self.home / "tap.conf"), "x")
         )
         self.assertIn("cannot read", await self.fails("package", "--gguf", str(self.home / "none.gguf"), "x"))
+
+
+class ModelFilesCommandTests(CLITestCase):
+    def config_text(self) -> str:
+        self.hub = StandInHub({})
+        self.addCleanup(lambda: ensureDeferred(self.hub.stop()))
+        return f'[huggingface]\nendpoint = "{self.hub.start()}"\n'
+
+    async def test_pull_from_hugging_face_with_progress(self) -> None:
+        self.hub.add("team/tiny-gguf", Repo({"tiny-Q4_K_M.gguf": self.gguf.read_bytes()}))
+        out = await self.ok("pull", "hf.co/team/tiny-gguf")
+        self.assertRegex(out, r"(?m)^pull [0-9a-f]{12}: .* of .* \(100%\)$")
+        self.assertIn("Model pulled successfully: hf.co/team/tiny-gguf:latest", out)
+        self.assertIn("hf.co/team/tiny-gguf:latest", await self.ok("ls"))
+        self.assertIn(
+            "has no q2_k GGUF file; available: Q4_K_M", await self.fails("pull", "hf.co/team/tiny-gguf:q2_k")
+        )
+        self.assertIn("not a valid reference", await self.fails("pull", "hf.co/../.."))
+
+    async def test_package_a_split_vision_model_and_configure_it(self) -> None:
+        write_tiny_gguf(self.home / "big.gguf", shards=True)
+        write_tiny_gguf(self.home / "mmproj-big.gguf", architecture="clip")
+        (self.home / "chat.jinja").write_text("{{ messages }}")
+        first = str(self.home / "big-00001-of-00002.gguf")
+        options = [
+            "--mmproj",
+            str(self.home / "mmproj-big.gguf"),
+            "--chat-template",
+            str(self.home / "chat.jinja"),
+        ]
+        self.assertIn("Packaged", await self.ok("package", "--gguf", first, *options, "big"))
+        stored = ModelStore(self.home, reactor).resolve("big")  # type: ignore[arg-type]
+        self.assertEqual((len(stored.shards), sorted(stored.files)), (2, ["chat_template", "mmproj"]))
+        await self.ok("package", "--gguf", str(self.gguf), "draft")
+        out = await self.ok(
+            "configure",
+            "big",
+            "--context-size",
+            "512",
+            "--runtime-flags",
+            "--temp 0.2",
+            "--speculative-draft-model",
+            "draft",
+        )
+        self.assertEqual(out, "big: configured\n")
+        response = await http.get(self.daemon.url + "/engines/_configure", params={"model": "big"})
+        shown = await response.json()
+        self.assertEqual(
+            (shown["context_size"], shown["runtime_flags"], shown["speculative"]),
+            (512, ["--temp", "0.2"], {"draft_model": "draft"}),
+        )
+        self.assertIn(
+            "draft model nothing is not in the store",
+            await self.fails("configure", "big", "--speculative-draft-model", "nothing"),
+        )
 
 
 class RegistryCommandTests(CLITestCase):

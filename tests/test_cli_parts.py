@@ -35,12 +35,38 @@ class PackageTests(SynchronousTestCase):
         data = b"".join(stream.chunks(sent.append))
         self.assertEqual(len(data), stream.length)
         self.assertEqual(sent[-1], stream.length)
-        weights, licenses = read_package(io.BytesIO(data))
-        self.assertEqual((weights.read(), licenses), (gguf.read_bytes(), [b"MIT\n"]))
+        package = read_package(io.BytesIO(data))
+        self.assertEqual([w.read() for w in package.weights], [gguf.read_bytes()])
+        self.assertEqual(package.licenses, [b"MIT\n"])
 
     def test_a_missing_file_is_named(self) -> None:
         error = self.assertRaises(CommandError, TarStream, members(Path("/nonexistent.gguf"), []))
         self.assertIn("/nonexistent.gguf", str(error))
+
+    def test_the_first_shard_brings_the_whole_set_in_order(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        paths = [directory / f"big-Q4_K_M-{n:05d}-of-00003.gguf" for n in (1, 2, 3)]
+        for n, path in enumerate(paths):
+            path.write_bytes(b"shard %d" % n)
+        projector, template = directory / "mmproj-big-f16.gguf", directory / "chat.jinja"
+        projector.write_bytes(b"projector")
+        template.write_text("{{ messages }}")
+        data = b"".join(TarStream(members(paths[0], [], projector, template)).chunks(lambda _: None))
+        package = read_package(io.BytesIO(data))
+        self.assertEqual([w.read() for w in package.weights], [b"shard 0", b"shard 1", b"shard 2"])
+        self.assertEqual(package.mmproj and package.mmproj.read(), b"projector")
+        self.assertEqual(package.chat_template, b"{{ messages }}")
+
+    def test_a_shard_set_must_be_whole_and_given_by_its_first(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        for n in (1, 3):
+            (directory / f"big-{n:05d}-of-00003.gguf").write_bytes(b"x")
+        error = self.assertRaises(CommandError, members, directory / "big-00001-of-00003.gguf", [])
+        self.assertIn("big-00002-of-00003.gguf", str(error))
+        error = self.assertRaises(CommandError, members, directory / "big-00003-of-00003.gguf", [])
+        self.assertIn("give the first shard", str(error))
 
 
 class NameTests(SynchronousTestCase):

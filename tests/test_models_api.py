@@ -112,7 +112,8 @@ class ModelsAPITests(SynchronousTestCase):
         gguf = ("model.gguf", self.gguf.read_bytes())
         for files, fragment in [
             ([], "0 .gguf file(s)"),
-            ([gguf, ("b.gguf", b"")], "2 .gguf file(s)"),
+            ([gguf, ("b.gguf", self.gguf.read_bytes())], "give every shard of one split model"),
+            ([gguf, ("mmproj/a.gguf", b""), ("mmproj/b.gguf", b"")], "2 projector(s)"),
             ([gguf, ("../etc/passwd", b"x")], "'../etc/passwd'"),
         ]:
             self.assertError(400, "POST", "/load?name=x", fragment, data=package(files), headers=headers)

@@ -6,6 +6,7 @@ each finishes in well under a second.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -22,9 +23,19 @@ from twisted.web.client import Agent
 from twisted.web.server import Site
 
 from mrunner.api.models import ModelsAPI
+from mrunner.cli.package import TarStream, members
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, NotFound
-from mrunner.store.artifact import MODEL_CONFIG, OCI_MANIFEST, Descriptor, Manifest, canonical, sha256
+from mrunner.store.artifact import (
+    GGUF,
+    MMPROJ,
+    MODEL_CONFIG,
+    OCI_MANIFEST,
+    Descriptor,
+    Manifest,
+    canonical,
+    sha256,
+)
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
@@ -132,6 +143,28 @@ class RealRegistryTests(RegistryTestCase):
             {b.digest for b in other.store.manifest(pulled.id).blobs},
         )
         self.assertFalse([f for f in other.files() if f.endswith(".incomplete")])
+
+    async def test_a_split_vision_model_keeps_its_layers_in_order(self) -> None:
+        await self.setUpRegistry()
+        write_tiny_gguf(self.dir / "big.gguf", shards=True, seed=5)
+        write_tiny_gguf(self.dir / "mmproj.gguf", architecture="clip", seed=6)
+        stream = TarStream(members(self.dir / "big-00001-of-00002.gguf", [], self.dir / "mmproj.gguf"))
+        data = io.BytesIO(b"".join(stream.chunks(lambda _: None)))
+        model = await self.source.store.import_package("big", data)
+        name = f"{self.registry.host}/team/big:v1"
+        self.source.store.tag("big", name)
+        await self.source.push(name)
+        other = self.side("other")
+        pulled = await other.pull(name)
+        self.assertEqual(pulled.id, model.id)
+        self.assertEqual(
+            [layer.media_type for layer in other.store.manifest(pulled.id).layers], [GGUF, GGUF, MMPROJ]
+        )
+        self.assertEqual(
+            [Path(p).read_bytes() for p in pulled.shards], [Path(p).read_bytes() for p in model.shards]
+        )
+        await other.store.ready(name)
+        self.assertEqual(Path(pulled.gguf).resolve(), Path(pulled.shards[0]).resolve())
 
     async def test_repull_and_repush_transfer_no_blobs(self) -> None:
         await self.setUpRegistry()

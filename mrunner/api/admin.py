@@ -15,6 +15,7 @@ from mrunner.api.views import runner_json
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.scheduling.scheduler import ModelSettings
+from mrunner.store.names import parse
 
 # Runtime flags a client may add: sampling and performance knobs, never a path,
 # a network address or anything that fetches.
@@ -26,6 +27,10 @@ ALLOWED_FLAGS = frozenset((
     "--n-gpu-layers", "-ngl", "--rope-scaling", "--rope-freq-base", "--rope-freq-scale",
     "--n-predict", "-n", "--cont-batching", "--no-cont-batching", "--cache-reuse", "--keep",
     "--reasoning-budget", "--reasoning-format",
+    # the draft model's own settings, for speculative decoding (the draft itself comes from the store)
+    "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min", "--spec-draft-p-split",
+    "--spec-draft-ngl", "-ngld", "--spec-draft-threads", "-td", "--spec-draft-type-k", "-ctkd",
+    "--spec-draft-type-v", "-ctvd",
 ))
 # fmt: on
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
@@ -88,7 +93,22 @@ def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
         flags=None if flags is None else runtime_flags(flags),
         keep_alive=keep_alive(field("keep_alive")),
         pinned=pinned,
+        draft_model=draft_model(payload),
     )
+
+
+def draft_model(payload: Mapping[str, Any]) -> str | None:
+    """C{speculative.draft_model} (Docker Model Runner's shape) or a top-level C{draft_model}; "" for none."""
+    speculative = payload.get("speculative")
+    if speculative is not None and not isinstance(speculative, dict):
+        raise BadRequest('speculative must be an object, e.g. {"draft_model": "ai/smollm2"}')
+    name = (speculative or {}).get("draft_model", payload.get("draft_model", payload.get("draft-model")))
+    if name is None or name == "":
+        return name
+    if not isinstance(name, str):
+        raise BadRequest("speculative.draft_model must be the name of a model in the store")
+    parse(name, "draft model")
+    return name
 
 
 class AdminAPI:

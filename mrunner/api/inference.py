@@ -11,9 +11,10 @@ from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
-from mrunner.api.requests import target
+from mrunner.api.requests import target, wants_images
 from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
+from mrunner.errors import BadRequest
 from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder
@@ -64,11 +65,24 @@ class InferenceAPI:
         self._scheduler.backend_name(backend)
         body = self._gateway.body(request)
         model, keep_alive = target(body)
+        if wants_images(body):
+            self._check_vision(model)
         async with self._gateway.lease(backend, model, mode, keep_alive) as lease:
             if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
                 return json_body(request, {"status": "loaded", "model": lease.model})
             await self._forwarder.forward(request, lease.socket, path, body)
         return None
+
+    def _check_vision(self, name: str) -> None:
+        """A request with images needs a projector: say so before any runner loads."""
+        model = self._store.resolve(name)
+        if "mmproj" not in model.files:
+            raise BadRequest(
+                f"model {model.name} cannot read images: it has no multimodal projector (mmproj) layer;"
+                " use a vision model, e.g. one pulled from a Hugging Face repository with an mmproj-*.gguf,"
+                " or add a projector with `mrunner package --mmproj FILE`",
+                code="model_has_no_vision",
+            )
 
     @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
     def chat(self, request: Request, backend: str | None = None) -> Any:

@@ -97,7 +97,7 @@ class ModelsAPI:
 
     @app.route("/create", methods=["POST"])
     async def create(self, request: Request) -> bytes:
-        """Pull ``{"from": ref}`` from its registry, streaming progress."""
+        """Pull ``{"from": ref}`` from its registry (Hugging Face for ``hf.co/...``), streaming progress."""
         ref = parse(json_object(read_body(request, MAX_CREATE_BODY)).get("from"), "'from'")
         return await self._stream(
             request, "pull", f"Model pulled successfully: {ref}", partial(self._puller.pull, ref)
@@ -108,7 +108,8 @@ class ModelsAPI:
         """Import the request body as ``?name=`` (``&context_size=N`` sets its default context).
 
         The body is a GGUF file, or (``Content-Type: application/x-tar``) a package
-        as ``mrunner package`` sends it: one ``*.gguf`` and license files under ``licenses/``.
+        as ``mrunner package`` sends it: the weights (one ``*.gguf`` or its shards),
+        ``licenses/``, ``mmproj/`` and ``chat-template/`` (see L{mrunner.store.package}).
         """
         name = query(request, "name")
         if name is None:

@@ -53,6 +53,25 @@ def target(body: bytes) -> tuple[str, float | None]:
     return model_name(payload), keep_alive(payload.get("keep_alive"))
 
 
+IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
+
+
+def wants_images(body: bytes) -> bool:
+    """Whether a chat's messages carry image parts, which only a model with a projector can read.
+
+    The body is decoded again only when it mentions an image type at all.
+    """
+    if not any(kind.encode() in body for kind in IMAGE_PARTS):
+        return False
+    messages = json_object(body).get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(part, dict) and part.get("type") in IMAGE_PARTS
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
+
+
 def keep_alive(value: object) -> float | None:
     """Ollama's C{keep_alive} (``"5m"``, seconds, ``0``): seconds, -1 for any negative (for ever)."""
     if value is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from mrunner.store.model import Model
+
 COMPLETION = "completion"
 EMBEDDING = "embedding"
 RERANKING = "reranking"
@@ -18,6 +20,8 @@ class RunnerSettings:
     parallel: int = 1
     threads: int = 0
     flags: tuple[str, ...] = ()
+    #: A smaller model of the same vocabulary that drafts tokens for speculative decoding.
+    draft: Model | None = None
 
 
 @attrs.frozen

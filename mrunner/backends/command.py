@@ -54,7 +54,7 @@ class CommandBackend:
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         """Only the weights are known of an arbitrary server."""
-        return os.path.getsize(model.gguf)
+        return sum(os.path.getsize(path) for path in model.weights)
 
     def disk_usage(self) -> int:
         return 0

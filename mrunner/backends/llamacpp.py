@@ -40,6 +40,10 @@ DEFAULT_CONTEXT_SIZE = 4096
 #: Seconds a ``llama-server --version`` probe may take.
 PROBE_TIMEOUT = 30.0
 
+#: Model files llama-server loads beside the weights, by role, and the flag that names each.
+FILE_FLAGS = {"mmproj": "--mmproj", "chat_template": "--chat-template-file"}
+LOADED_FILES = ("mmproj",)
+
 _MODE_FLAGS = {
     COMPLETION: (),
     EMBEDDING: ("--embeddings",),
@@ -64,7 +68,8 @@ def context_size(model: Model, settings: RunnerSettings) -> int:
 def memory_estimate(model: Model, settings: RunnerSettings) -> int:
     """Bytes a llama-server of C{model} needs on the CPU, as it allocates them.
 
-    - weights: the GGUF file, mapped whole;
+    - weights: the GGUF file (every shard of a split model), mapped whole, and
+      the vision projector's, loaded whole;
     - KV cache: f16 keys and values of every layer for the context; with
       ``--kv-unified`` the slots share one cache, so C{settings.parallel}
       does not multiply it;
@@ -73,8 +78,13 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
       48 bytes per embedding dimension per token (read off llama-server's
       ``compute buffer size`` for the test models);
     - the process itself: code, libraries and server state (``BASE_RSS``,
-      the resident size of a llama-server with a near-empty model).
+      the resident size of a llama-server with a near-empty model);
+    - a draft model for speculative decoding: its own weights, KV cache and
+      buffers for the same context, in the same process.
     """
+    draft = 0
+    if settings.draft is not None:
+        draft = memory_estimate(settings.draft, attrs.evolve(settings, draft=None)) - BASE_RSS
     metadata = model.config.get("gguf") or {}
     architecture = model.config.get("architecture") or metadata.get("general.architecture")
 
@@ -93,11 +103,13 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
     )
     kv_cache = number("block_count", 0) * context * per_token * F16_BYTES
     compute = UBATCH * context * F16_BYTES + UBATCH * embedding * ACTIVATION_BYTES
-    try:
-        weights = os.path.getsize(model.gguf)
-    except OSError:
-        weights = 0
-    return weights + kv_cache + compute + BASE_RSS
+    return files_size(model) + kv_cache + compute + BASE_RSS + draft
+
+
+def files_size(model: Model) -> int:
+    """Bytes of the files a runner loads: every weights shard and the projector (0 for a missing one)."""
+    paths = [*model.weights, *(model.files[role] for role in LOADED_FILES if role in model.files)]
+    return sum(os.path.getsize(path) if os.path.exists(path) else 0 for path in paths)
 
 
 def cache_root(settings: Mapping[str, Any], environ: Mapping[str, str]) -> Path:
@@ -207,6 +219,10 @@ class LlamaCppBackend:
     def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
         """``llama-server`` serving C{model} in C{mode} on the UNIX socket C{socket}.
 
+        The model's projector and chat template layers are passed as ``--mmproj``
+        and ``--chat-template-file``; a split model is opened at its first shard;
+        a draft model in the settings as ``--model-draft``.
+
         ``--kv-unified`` lets every parallel slot use the whole context (llama-server
         otherwise splits it into ``-np`` equal parts once ``-np`` is given), so the
         KV cache, and the memory estimate, do not grow with C{settings.parallel}.
@@ -221,6 +237,11 @@ class LlamaCppBackend:
             *("--parallel", str(settings.parallel), "--kv-unified"),
             *("--metrics", "--jinja", "--no-webui"),
         ]
+        for role, flag in FILE_FLAGS.items():
+            if role in model.files:
+                args += [flag, model.files[role]]
+        if settings.draft is not None:  # a plain model as the draft: say which kind of drafting
+            args += ["--model-draft", settings.draft.gguf, "--spec-type", "draft-simple"]
         if settings.threads > 0:
             args += ["--threads", str(settings.threads)]
         if mode == RERANKING and not can_rerank(model):

@@ -87,7 +87,7 @@ def unload(ctx: Context, args: Namespace) -> None:
 
 
 def configure(ctx: Context, args: Namespace) -> None:
-    """Set a model's runner settings: pin, keep-alive, context size."""
+    """Set a model's runner settings: pin, keep-alive, context size, runtime flags, draft model."""
     body: dict[str, Any] = {"model": args.model}
     if args.pin is not None:
         body["pinned"] = args.pin
@@ -95,6 +95,10 @@ def configure(ctx: Context, args: Namespace) -> None:
         body["keep_alive"] = args.keep_alive
     if args.context_size is not None:
         body["context_size"] = args.context_size
+    if args.runtime_flags is not None:
+        body["raw_runtime_flags"] = args.runtime_flags
+    if args.speculative_draft_model is not None:
+        body["speculative"] = {"draft_model": args.speculative_draft_model}
     result = ctx.daemon.call("POST", "/engines/_configure", body)
     ctx.out.print(f"{result['model']}: {result['status']}", markup=False)
 

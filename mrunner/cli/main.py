@@ -64,7 +64,9 @@ def parser() -> argparse.ArgumentParser:
     unload = command("unload", engines.unload, "unload the named models' runners, or all of them")
     unload.add_argument("models", nargs="*", metavar="MODEL")
     unload.add_argument("--all", action="store_true", help="unload every runner")
-    configure = command("configure", engines.configure, "set a model's runner settings (pin, keep-alive)")
+    configure = command(
+        "configure", engines.configure, "set a model's runner settings (docker model configure)"
+    )
     configure.add_argument("model")
     pin = configure.add_mutually_exclusive_group()
     pin.add_argument(
@@ -73,15 +75,31 @@ def parser() -> argparse.ArgumentParser:
     pin.add_argument("--unpin", dest="pin", action="store_false", help="let it expire and be evicted again")
     configure.add_argument("--keep-alive", help="idle time before unloading, e.g. 10m; -1 for ever")
     configure.add_argument("--context-size", type=_positive, help="context size of its next runner")
+    configure.add_argument(
+        "--runtime-flags", help='llama-server flags from the allowed list, e.g. "--temp 0.2 --top-k 20"'
+    )
+    configure.add_argument(
+        "--speculative-draft-model",
+        metavar="NAME",
+        help='a model in the store that drafts for it; "" for none',
+    )
     command("reload", engines.reload, "make the daemon read its tap.conf again (as SIGHUP does)")
     command("status", engines.status, "is the daemon running, and its backends' install state", json=True)
     command("logs", engines.logs, "show the daemon's and the runners' logs").add_argument(
         "-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C"
     )
-    package = command("package", models.package, "store a GGUF file as a model, with its license")
+    package = command(
+        "package", models.package, "store a GGUF file (or shard set) as a model, with its files"
+    )
     package.add_argument("model", metavar="NAME")
-    package.add_argument("--gguf", required=True, help="the GGUF file")
+    package.add_argument(
+        "--gguf",
+        required=True,
+        help="the GGUF file; the first shard (…-00001-of-0000N.gguf) takes the whole set",
+    )
     package.add_argument("--license", action="append", default=[], help="a license file (repeatable)")
+    package.add_argument("--mmproj", help="a multimodal projector GGUF (mmproj-*.gguf), for images")
+    package.add_argument("--chat-template", help="a Jinja chat template file that replaces the GGUF's")
     package.add_argument("--context-size", type=_positive, help="the model's default context size")
     package.add_argument("--push", action="store_true", help="push it to its registry afterwards")
     command("version", engines.version, "show the client's and the daemon's versions")

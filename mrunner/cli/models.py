@@ -108,8 +108,9 @@ def split_tag(name: str) -> tuple[str, str]:
 
 
 def package(ctx: Context, args: Namespace) -> None:
-    """Upload the GGUF (and licenses) as C{args.model}; push it too with C{--push}."""
-    stream = TarStream(members(Path(args.gguf), [Path(path) for path in args.license]))
+    """Upload the GGUF or shard set (and licenses, projector, template) as C{args.model}; C{--push} too."""
+    optional = [Path(path) if path else None for path in (args.mmproj, args.chat_template)]
+    stream = TarStream(members(Path(args.gguf), [Path(path) for path in args.license], *optional))
     query = {"name": args.model} | ({"context_size": args.context_size} if args.context_size else {})
     with layer_progress(ctx.out, "package") as bars:
         model = ctx.daemon.call(

@@ -1,4 +1,4 @@
-"""``mrunner package``: a GGUF file and its licenses, streamed to the daemon as one tar.
+"""``mrunner package``: a GGUF file (or shard set) and its files, streamed to the daemon as one tar.
 
 The tar is written on the fly with its length known beforehand, so a model
 of many gigabytes needs no temporary copy and the upload can show progress.
@@ -6,6 +6,7 @@ of many gigabytes needs no temporary copy and the upload can show progress.
 
 from __future__ import annotations
 
+import re
 import tarfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -15,11 +16,40 @@ from mrunner.cli.errors import CommandError
 
 BLOCK = 512
 CHUNK = 1024 * 1024
+#: llama.cpp's shard names: ``<prefix>-00001-of-00003.gguf``.
+SHARD = re.compile(r"(?P<prefix>.*)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf")
 
 
-def members(gguf: Path, licenses: Sequence[Path]) -> list[tuple[str, Path]]:
-    """Names in the archive as the daemon expects them: one C{.gguf}, licenses under C{licenses/}."""
-    return [("model.gguf", gguf), *((f"licenses/{i}-{path.name}", path) for i, path in enumerate(licenses))]
+def shards(first: Path) -> list[Path]:
+    """C{first}, or every shard of the split set C{first} is the first of, in order."""
+    match = SHARD.fullmatch(first.name)
+    if match is None:
+        return [first]
+    if int(match["number"]) != 1:
+        raise CommandError(f"{first} is shard {int(match['number'])} of a split model: give the first shard")
+    count = int(match["count"])
+    paths = [first.with_name(f"{match['prefix']}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
+    missing = [path.name for path in paths if not path.is_file()]
+    if missing:
+        raise CommandError(f"the split model {first.name} lacks {', '.join(missing)} in {first.parent}")
+    return paths
+
+
+def members(
+    gguf: Path, licenses: Sequence[Path], mmproj: Path | None = None, chat_template: Path | None = None
+) -> list[tuple[str, Path]]:
+    """Names in the archive as the daemon expects them (see L{mrunner.store.package})."""
+    weights = shards(gguf)
+    names = (
+        ["model.gguf"]
+        if len(weights) == 1
+        else [f"model-{n:05d}-of-{len(weights):05d}.gguf" for n in range(1, len(weights) + 1)]
+    )
+    files = [*zip(names, weights, strict=True)]
+    files += [(f"licenses/{i}-{path.name}", path) for i, path in enumerate(licenses)]
+    files += [(f"mmproj/{mmproj.name}", mmproj)] if mmproj else []
+    files += [(f"chat-template/{chat_template.name}", chat_template)] if chat_template else []
+    return files
 
 
 class TarStream:

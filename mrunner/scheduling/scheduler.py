@@ -37,6 +37,8 @@ class ModelSettings:
     flags: tuple[str, ...] | None = None
     keep_alive: float | None = None
     pinned: bool | None = None
+    #: The name of a model in the store that drafts for speculative decoding; "" for none.
+    draft_model: str | None = None
 
     def over(self, base: ModelSettings) -> ModelSettings:
         """C{base} with what these settings set."""
@@ -118,6 +120,8 @@ class Scheduler:
         await self.installer.wait(backend, install_wait)
         configured = self._model_settings(backend, model)
         settings = self._runner_settings(configured)
+        if configured.draft_model:
+            await self._store.ready(configured.draft_model)
         memory = self._backends[backend].memory(model, mode, settings)
         budget = self._config.scheduler.memory_budget
         if budget and memory > budget:
@@ -211,7 +215,20 @@ class Scheduler:
             parallel=self._config.scheduler.parallel,
             threads=self._config.runner.threads,
             flags=configured.flags or (),
+            draft=self._draft(configured.draft_model),
         )
+
+    def _draft(self, name: str | None) -> Model | None:
+        """The draft model named in the settings, if any (it must still be in the store)."""
+        if not name:
+            return None
+        try:
+            return self._store.resolve(name)
+        except NotFound:
+            raise NotFound(
+                f"draft model {name} is not in the store; pull it, or configure the model without it",
+                code="draft_model_not_found",
+            ) from None
 
     def _keep_alive(self, configured: ModelSettings) -> float:
         default = self._config.scheduler.keep_alive
@@ -239,7 +256,10 @@ class Scheduler:
         return [self._snapshot(runner) for runner in self.loader.runners.values()]
 
     def _snapshot(self, runner: Runner) -> RunnerSnapshot:
-        wanted = self._runner_settings(self._model_settings(runner.key.backend, runner.request.model))
+        try:
+            wanted = self._runner_settings(self._model_settings(runner.key.backend, runner.request.model))
+        except NotFound:  # its draft model was removed: the next load fails, so this runner is stale
+            wanted = None
         return RunnerSnapshot(
             backend=runner.key.backend,
             model_name=runner.request.model.name,
@@ -291,6 +311,7 @@ class Scheduler:
             "runtime_flags": list(configured.flags or ()),
             "keep_alive": self._keep_alive(configured),
             "pinned": bool(configured.pinned),
+            "speculative": {"draft_model": configured.draft_model or None},
         }
 
     def configure(self, backend: str | None, model: str, settings: ModelSettings) -> Deferred[bool]:

@@ -23,12 +23,13 @@ MODEL_CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
 GGUF = "application/vnd.docker.ai.gguf.v3"
 LICENSE = "application/vnd.docker.ai.license"
 CHAT_TEMPLATE = "application/vnd.docker.ai.chat.template.jinja"
+MMPROJ = "application/vnd.docker.ai.mmproj"
 
 # Layers other than the weights are files of the model, found by role.
 ROLES = {
     LICENSE: "license",
     CHAT_TEMPLATE: "chat_template",
-    "application/vnd.docker.ai.mmproj": "mmproj",
+    MMPROJ: "mmproj",
 }
 
 # Blobs that are small by nature, and read whole (the config is served in every model list):
@@ -103,7 +104,12 @@ class Manifest:
 
     @property
     def gguf(self) -> Descriptor:
-        return next(layer for layer in self.layers if layer.media_type == GGUF)
+        return self.shards[0]
+
+    @property
+    def shards(self) -> tuple[Descriptor, ...]:
+        """The GGUF layers in manifest order: one file, or the shards of a split model."""
+        return tuple(layer for layer in self.layers if layer.media_type == GGUF)
 
     def oversized(self) -> Descriptor | None:
         """The first blob larger than L{MAX_SIZES} allows its type, if any."""
@@ -113,18 +119,22 @@ class Manifest:
         """What the blob C{digest} is to the model, for messages: weights, config, license, ..."""
         if digest == self.config.digest:
             return "config"
-        if digest == self.gguf.digest:
-            return "weights"
+        shards = [shard.digest for shard in self.shards]
+        if digest in shards:
+            return (
+                "weights"
+                if len(shards) == 1
+                else f"weights shard {shards.index(digest) + 1} of {len(shards)}"
+            )
         return next(
             (ROLES.get(b.media_type, b.media_type) for b in self.layers if b.digest == digest), "blob"
         )
 
     def files(self) -> dict[str, str]:
-        """Role (``license``, ``chat_template``, or the media type) → digest, weights excluded."""
+        """Role (``license``, ``chat_template``, ``mmproj``, or the media type) → digest, weights excluded."""
         files: dict[str, str] = {}
-        weights = self.gguf
         for layer in self.layers:
-            if layer is weights:
+            if layer.media_type == GGUF:
                 continue
             role = ROLES.get(layer.media_type, layer.media_type)
             key, n = role, 1

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -56,14 +57,22 @@ def read(path: str | os.PathLike[str]) -> GGUFInfo:
 
     @raise BadRequest: the file is not a GGUF file.
     """
-    return Reader().read(path)
+    return read_all([path])[0]
+
+
+def read_all(paths: Sequence[str | os.PathLike[str]]) -> list[GGUFInfo]:
+    """Read each file's header and tensor table, all in one child interpreter.
+
+    @raise BadRequest: a file is not a GGUF file.
+    """
+    return Reader().read_all(paths)
 
 
 class Reader:
-    """A child interpreter for one read, started before the file is complete.
+    """A child interpreter for one read, started before the files are complete.
 
-    It imports the C{gguf} package (most of a read's time) while the file is
-    still being written, then reads the path it is given on its stdin.
+    It imports the C{gguf} package (most of a read's time) while the files are
+    still being written, then reads the paths it is given on its stdin.
     """
 
     def __init__(self) -> None:
@@ -75,19 +84,52 @@ class Reader:
             text=True,
         )
 
-    def read(self, path: str | os.PathLike[str]) -> GGUFInfo:
-        """C{path}'s L{GGUFInfo}; L{BadRequest} if it is not a GGUF file."""
-        out, err = self._child.communicate(os.fspath(path) + "\n")
+    def read_all(self, paths: Sequence[str | os.PathLike[str]]) -> list[GGUFInfo]:
+        """Each file's L{GGUFInfo}, in order; L{BadRequest} if one is not a GGUF file."""
+        out, err = self._child.communicate("".join(os.fspath(path) + "\n" for path in paths))
         if self._child.returncode != 0:
             why = err.strip().splitlines()[-1:] or [f"exit status {self._child.returncode}"]
             raise BadRequest(f"not a valid GGUF file: {why[0]}", code="invalid_gguf")
-        return GGUFInfo(**json.loads(out))
+        return [GGUFInfo(**info) for info in json.loads(out)]
 
     def close(self) -> None:
         """Stop the child if it was never given a file."""
         if self._child.poll() is None:
             self._child.kill()
             self._child.communicate()
+
+
+def weights(shards: Sequence[GGUFInfo]) -> GGUFInfo:
+    """One model's weights from its files in order: the first's metadata, every file's size and tensors.
+
+    @raise BadRequest: several files that are not one split set (``split.no``,
+        ``split.count``), whole and in order, as llama.cpp's ``gguf-split`` writes it.
+    """
+    first = shards[0]
+    if len(shards) > 1 or "split.count" in first.metadata:
+        for n, shard in enumerate(shards):
+            number, count = shard.metadata.get("split.no"), shard.metadata.get("split.count")
+            if number != str(n) or count != str(len(shards)):
+                raise BadRequest(
+                    f"GGUF file {n + 1} of {len(shards)} says it is shard {number} of {count}"
+                    " (split.no, split.count): give every shard of one split model, in order",
+                    code="invalid_gguf_shards",
+                )
+    return attrs.evolve(
+        first,
+        parameters=sum(shard.parameters for shard in shards),
+        size=sum(shard.size for shard in shards),
+    )
+
+
+def check_projector(info: GGUFInfo) -> None:
+    """@raise BadRequest: the file is not a llama.cpp vision projector (a ``clip`` GGUF)."""
+    if info.architecture != "clip":
+        raise BadRequest(
+            f"the projector is a GGUF file of architecture {info.architecture!r}, not a multimodal"
+            " projector (architecture 'clip', usually named mmproj-*.gguf)",
+            code="invalid_mmproj",
+        )
 
 
 def _read(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -136,20 +178,20 @@ def format_parameters(count: int) -> str:
     return str(count)
 
 
-def main(path: str) -> int:
-    """Print C{path}'s L{GGUFInfo} as JSON, or why it is not a GGUF file."""
+def main(paths: Sequence[str]) -> int:
+    """Print each file's L{GGUFInfo} as a JSON list, or why one is not a GGUF file."""
     try:
-        info = _read(path)
+        infos = [_read(path) for path in paths]
     except Exception as e:  # a malformed file fails in numpy, struct or enum lookups alike
         print(e, file=sys.stderr)
         return 1
-    print(json.dumps(attrs.asdict(info)))
+    print(json.dumps([attrs.asdict(info) for info in infos]))
     return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "-":  # L{Reader}: import now, read the path when it is given
+    if sys.argv[1:] == ["-"]:  # L{Reader}: import now, read the paths when they are given
         import gguf  # noqa: F401
 
-        sys.exit(main(sys.stdin.readline().rstrip("\n")))
-    sys.exit(main(sys.argv[1]))
+        sys.exit(main(sys.stdin.read().splitlines()))
+    sys.exit(main(sys.argv[1:]))

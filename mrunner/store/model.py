@@ -13,7 +13,10 @@ class Model:
     """A model in the local store, as resolved from one of its names.
 
     ``id`` is the manifest digest (``sha256:<hex>``); tags of one digest are one
-    model and share a runner. ``gguf`` is the path of the weights blob.
+    model and share a runner. ``gguf`` is the path a runner opens: the weights
+    blob, or for a split model the first shard's link beside the others.
+    ``shards`` are the weights blobs in order; ``files`` other layers by role
+    (``mmproj``, ``chat_template``, ``license``...).
     """
 
     id: str
@@ -21,8 +24,14 @@ class Model:
     created: int
     config: Mapping[str, Any]
     gguf: str
+    shards: tuple[str, ...] = ()
     files: Mapping[str, str] = attrs.field(factory=dict)
     problem: str | None = None
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        """Paths of every weights file (all shards), for sizes."""
+        return self.shards or (self.gguf,)
 
     @property
     def short_id(self) -> str:

@@ -11,20 +11,29 @@ while the others wait their turn.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
+
 import treq
 from twisted.internet.defer import Deferred, DeferredSemaphore
 from twisted.logger import Logger
 from twisted.web.client import ResponseFailed
+from twisted.web.iweb import IResponse
 
-from mrunner.errors import MrunnerError, NotFound
+from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
+from mrunner.store.hub_pull import HubPuller
+from mrunner.store.huggingface import HubClient, is_hub
 from mrunner.store.locks import KeyedLocks
 from mrunner.store.model import Model
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.registry import RegistryClient, Repository, registry_error
 from mrunner.store.store import ModelStore
+
+#: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.
+Open = Callable[[int], Awaitable[IResponse]]
 
 
 class Puller:
@@ -33,17 +42,27 @@ class Puller:
     log = Logger()
 
     def __init__(
-        self, store: ModelStore, client: RegistryClient, max_pulls: int = 2, attempts: int = 3
+        self,
+        store: ModelStore,
+        client: RegistryClient,
+        max_pulls: int = 2,
+        attempts: int = 3,
+        hub: HubClient | None = None,
     ) -> None:
         self._store = store
         self._client = client
         self._slots = DeferredSemaphore(max_pulls)
         self._attempts = attempts
         self._fetching = KeyedLocks()
+        self._hub = HubPuller(store, hub, self.fetch) if hub else None
 
     def pull(self, ref: Reference, progress: Progress) -> Deferred[Model]:
-        """Fetch C{ref} and store it under its tag; waits while C{max_pulls} others run."""
-        return self._slots.run(lambda: Deferred.fromCoroutine(self._pull(ref, progress)))
+        """Fetch C{ref} (from a registry, or from Hugging Face for ``hf.co/...``) and store it under
+        its tag; waits while C{max_pulls} others run."""
+        if is_hub(ref) and self._hub is None:
+            raise BadRequest(f"{ref}: this daemon has no Hugging Face client configured")
+        pull = self._hub.pull if is_hub(ref) and self._hub else self._pull
+        return self._slots.run(lambda: Deferred.fromCoroutine(pull(ref, progress)))
 
     async def _pull(self, ref: Reference, progress: Progress) -> Model:
         self._store.remove_old_partials()
@@ -88,23 +107,27 @@ class Puller:
         return data
 
     async def _fetch(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
-        """Make sure the store has C{blob}; one download per digest however many pulls want it."""
+        await self.fetch(blob, progress, repo.host, partial(self._client.blob, repo, blob.digest))
+
+    async def fetch(self, blob: Descriptor, progress: Progress, host: str, open: Open) -> None:
+        """Make sure the store has C{blob}, from C{open(offset)}; one download per digest however
+        many pulls want it."""
         async with self._fetching.holding(blob.digest):
             if not await self._store.integrity.intact(blob):
-                await self._download(repo, blob, progress)
+                await self._download(blob, progress, host, open)
         progress.update(blob.digest, blob.size, blob.size)
 
-    async def _download(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
+    async def _download(self, blob: Descriptor, progress: Progress, host: str, open: Open) -> None:
         writer: BlobWriter = await self._store.in_thread(self._store.blobs.writer, blob.digest, True)
         try:
             for attempt in range(1, self._attempts + 1):
                 try:
-                    await self._stream(repo, blob, writer, progress)
+                    await self._stream(blob, writer, progress, open)
                     break
                 except ResponseFailed as e:
                     if attempt == self._attempts:
                         raise registry_error(
-                            f"download of {blob.digest} from {repo.host} failed {attempt} times"
+                            f"download of {blob.digest} from {host} failed {attempt} times"
                             f" (the partial download is kept and resumes next time): {e}"
                         ) from None
                     self.log.warn(
@@ -116,18 +139,16 @@ class Puller:
             writer.commit()
         except DigestMismatch as e:
             writer.discard()
-            raise registry_error(f"{repo.host} sent a corrupt blob {blob.digest}: {e}") from None
+            raise registry_error(f"{host} sent a corrupt blob {blob.digest}: {e}") from None
         except BaseException:
             writer.close()
             raise
 
-    async def _stream(
-        self, repo: Repository, blob: Descriptor, writer: BlobWriter, progress: Progress
-    ) -> None:
-        response = await self._client.blob(repo, blob.digest, writer.offset)
+    async def _stream(self, blob: Descriptor, writer: BlobWriter, progress: Progress, open: Open) -> None:
+        response = await open(writer.offset)
         if response.code == 416:  # our partial is not a prefix the server knows: start over
             writer.restart()
-            response = await self._client.blob(repo, blob.digest)
+            response = await open(0)
         if response.code == 200 and writer.offset:
             writer.restart()
 

@@ -14,6 +14,7 @@ from zope.interface import implementer
 
 from mrunner.errors import BadRequest
 from mrunner.store.artifact import Descriptor
+from mrunner.store.huggingface import is_hub
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.registry import RegistryClient, Repository
@@ -38,6 +39,12 @@ class Pusher:
     async def _push(self, ref: Reference, progress: Progress) -> str:
         if not ref.tag:
             raise BadRequest(f"push needs a tag to push to, not a digest: {ref}")
+        if is_hub(ref):
+            raise BadRequest(
+                f"{ref} names a Hugging Face repository, which mrunner pulls from but does not push to;"
+                " tag the model with a registry name (mrunner tag) and push that",
+                code="push_to_hub",
+            )
         digest = self._store.lookup(str(ref))
         manifest = self._store.manifest(digest)
         repo = self._client.repositories(ref, pull=False)[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,8 +35,10 @@ from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound
 from mrunner.interfaces import IModelStore
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import (
+    CHAT_TEMPLATE,
     GGUF,
     LICENSE,
+    MMPROJ,
     MODEL_CONFIG,
     Descriptor,
     InvalidManifest,
@@ -48,7 +51,7 @@ from mrunner.store.blobs import Blobs, BlobWriter, fsync_dir
 from mrunner.store.integrity import Integrity
 from mrunner.store.model import Model
 from mrunner.store.names import DIGEST, SHORT_ID, Reference, parse
-from mrunner.store.package import read_package
+from mrunner.store.package import Package, read_package
 
 DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
 
@@ -74,7 +77,13 @@ class ModelCorrupt(Conflict):
     code = "model_corrupt"
 
 
-Stage = Callable[[Blobs], tuple[gguf_meta.GGUFInfo, list[BlobWriter]]]
+Staged = tuple[gguf_meta.GGUFInfo, list[tuple[str, BlobWriter]]]
+Stage = Callable[[Blobs], Staged]
+
+
+def shard_name(number: int, count: int) -> str:
+    """The name llama.cpp gives shard C{number} (from 1) of C{count}, and looks for beside the first."""
+    return f"model-{number:05d}-of-{count:05d}.gguf"
 
 
 @implementer(IModelStore)
@@ -95,11 +104,13 @@ class ModelStore:
         self._index_path = self.root / "index.json"
         for temp in self.root.glob("index.*.tmp"):  # a crash between write and rename
             temp.unlink()
+        self._bundles = self.root / "bundles"
         self._models: Index = self._read_index()
         self._tags = self._tag_map()
         self._artifacts: dict[str, tuple[Manifest, dict[str, Any], int]] = {}
         self._pins: Counter[str] = Counter()
         self.integrity = Integrity(self.blobs, self.in_thread)
+        self._remove_stale_bundles()
 
     # IModelStore
 
@@ -116,7 +127,8 @@ class ModelStore:
         licenses: Sequence[bytes] = (),
         context_size: int | None = None,
     ) -> Deferred[Model]:
-        return Deferred.fromCoroutine(self._import(name, partial(_stage, source, licenses), context_size))
+        package = Package([source], list(licenses))
+        return Deferred.fromCoroutine(self._import(name, partial(_stage, package), context_size))
 
     def import_package(self, name: str, source: BinaryIO, context_size: int | None = None) -> Deferred[Model]:
         """Store the package tar read from C{source} (see L{read_package}); the tar is read in a thread."""
@@ -131,6 +143,7 @@ class ModelStore:
     def ready(self, name: str) -> Deferred[Model]:
         model = self.resolve(name)
         if model.problem is None and all(self.integrity.known_good(b) for b in self.manifest(model.id).blobs):
+            self._link_shards(model.id)
             return succeed(model)  # every request but the first: a stat per blob, no hashing
         return Deferred.fromCoroutine(self._ready(model))
 
@@ -146,6 +159,7 @@ class ModelStore:
                 f"model {model.name} cannot be loaded: {model.problem}; pull it again"
                 " (or import it again if it was never pulled)"
             )
+        self._link_shards(model.id)
         return model
 
     def verify(self, name: str | None = None) -> Deferred[Reports]:
@@ -215,6 +229,7 @@ class ModelStore:
             raise StoreCorrupt(f"cannot add a model whose blobs are missing: {missing}")
         digest = self.blobs.put(manifest)
         self._retag(digest, ref.tag and str(ref) if ref else None)
+        self._link_shards(digest)
         self.log.info("stored model {digest} as {ref}", digest=digest, ref=ref)
         return self._model(digest)
 
@@ -292,11 +307,10 @@ class ModelStore:
         info, writers = await self.in_thread(stage, self.blobs)
         try:  # committed together, on the reactor: no collection runs in between
             layers = [
-                Descriptor(LICENSE if n else GGUF, writer.commit(), writer.offset)
-                for n, writer in enumerate(writers)
+                Descriptor(media_type, writer.commit(), writer.offset) for media_type, writer in writers
             ]
         finally:
-            for writer in writers:
+            for _, writer in writers:
                 writer.discard()  # the temps, now renamed or useless
         described = info.config()
         if context_size is not None:
@@ -326,6 +340,45 @@ class ModelStore:
             if digest not in used:
                 self.blobs.remove(digest)
                 self._artifacts.pop(digest, None)
+        self._remove_stale_bundles()
+
+    # Shards
+
+    def _bundle(self, digest: str) -> Path:
+        return self._bundles / digest.removeprefix("sha256:")
+
+    def _link_shards(self, digest: str) -> None:
+        """Give a split model's shards the names llama.cpp expects, in a directory of its own.
+
+        llama-server is handed the first shard and opens the others by names it
+        derives from the first one's; the blobs are named by digest, so the
+        directory holds symbolic links to them (never copies). It is made in a
+        temp directory and renamed, so a load never sees half of it.
+        """
+        shards = self.manifest(digest).shards
+        if len(shards) == 1:
+            return
+        directory = self._bundle(digest)
+        links = {
+            directory / shard_name(n, len(shards)): os.path.abspath(self.blobs.path(shard.digest))
+            for n, shard in enumerate(shards, 1)
+        }
+        if all(os.path.islink(link) and os.readlink(link) == target for link, target in links.items()):
+            return
+        temp = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}.tmp")
+        temp.mkdir(parents=True)
+        for link, target in links.items():
+            os.symlink(target, temp / link.name)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.rename(temp, directory)
+
+    def _remove_stale_bundles(self) -> None:
+        """Remove shard directories of models no longer stored, and temps a crash left."""
+        if not self._bundles.is_dir():
+            return
+        for entry in os.scandir(self._bundles):
+            if entry.name.endswith(".tmp") or f"sha256:{entry.name}" not in self._models:
+                shutil.rmtree(entry.path, ignore_errors=True)
 
     def _model(self, digest: str) -> Model:
         tags = tuple(self._models[digest])
@@ -333,12 +386,15 @@ class ModelStore:
             manifest, config, created = self._artifact(digest)
         except StoreCorrupt as e:
             return Model(id=digest, tags=tags, created=0, config={}, gguf="", problem=e.message)
+        shards = tuple(self.blobs.file(shard.digest) for shard in manifest.shards)
+        first = shards[0] if len(shards) == 1 else str(self._bundle(digest) / shard_name(1, len(shards)))
         return Model(
             id=digest,
             tags=tags,
             created=created,
             config=config,
-            gguf=self.blobs.file(manifest.gguf.digest),
+            gguf=first,
+            shards=shards,
             files={role: self.blobs.file(d) for role, d in manifest.files().items()},
             problem=self.integrity.problem(digest, manifest),
         )
@@ -381,31 +437,39 @@ class ModelStore:
         self._tags = self._tag_map()
 
 
-def _stage(
-    weights: BinaryIO, licenses: Sequence[bytes], blobs: Blobs
-) -> tuple[gguf_meta.GGUFInfo, list[BlobWriter]]:
-    """Copy and hash the weights and licenses into temps, then read the GGUF header (in a thread).
+def _stage(package: Package, blobs: Blobs) -> Staged:
+    """Copy and hash the model's files into temps, then read the GGUF headers (in a thread).
 
-    The header's reader starts first, so its interpreter starts during the copy.
+    The headers' reader starts first, so its interpreter starts during the copy.
 
-    @return: the header and the sealed writers, weights first; on failure no temp is left.
+    @return: the weights' header and the sealed writers with their media types,
+        in manifest order (weights, licenses, projector, template); on failure no temp is left.
     """
-    writers: list[BlobWriter] = []
+    parts: list[tuple[str, BinaryIO]] = [(GGUF, source) for source in package.weights]
+    parts += [(LICENSE, io.BytesIO(text)) for text in package.licenses]
+    if package.mmproj is not None:
+        parts.append((MMPROJ, package.mmproj))
+    if package.chat_template is not None:
+        parts.append((CHAT_TEMPLATE, io.BytesIO(package.chat_template)))
+    writers: list[tuple[str, BlobWriter]] = []
     reader = gguf_meta.Reader()
     try:
-        for source in (weights, *map(io.BytesIO, licenses)):
-            writers.append(blobs.writer(None))
-            writers[-1].copy(source)
-            writers[-1].seal()
-        return reader.read(writers[0].temp), writers
+        for media_type, source in parts:
+            writers.append((media_type, blobs.writer(None)))
+            writers[-1][1].copy(source)
+            writers[-1][1].seal()
+        headers = reader.read_all([w.temp for t, w in writers if t in (GGUF, MMPROJ)])
+        if package.mmproj is not None:
+            gguf_meta.check_projector(headers.pop())
+        return gguf_meta.weights(headers), writers
     except BaseException:
-        for writer in writers:
+        for _, writer in writers:
             writer.discard()
         raise
     finally:
         reader.close()
 
 
-def _stage_package(source: BinaryIO, blobs: Blobs) -> tuple[gguf_meta.GGUFInfo, list[BlobWriter]]:
+def _stage_package(source: BinaryIO, blobs: Blobs) -> Staged:
     """L{_stage} the members of a package tar (in a thread: reading the tar blocks)."""
-    return _stage(*read_package(source), blobs)
+    return _stage(read_package(source), blobs)

@@ -1,0 +1,86 @@
+"""Pull a GGUF model from a Hugging Face repository into the store as a Docker Model Runner artifact.
+
+The files chosen (L{select}) are blobs named by the sha256 the Hub publishes
+for them, fetched, resumed and verified as registry blobs are; the config is
+read from the weights' GGUF header, dated by the repository's last change, so
+pulling an unchanged repository again yields the same manifest and moves no
+bytes but the listing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+from twisted.logger import Logger
+from twisted.web.iweb import IResponse
+
+from mrunner.errors import BadRequest
+from mrunner.store import gguf_meta
+from mrunner.store.artifact import GGUF, MMPROJ, MODEL_CONFIG, Descriptor, Manifest, model_config
+from mrunner.store.huggingface import HubClient, HubFile, hub_reference, select
+from mrunner.store.model import Model
+from mrunner.store.names import Reference
+from mrunner.store.progress import Progress
+from mrunner.store.store import ModelStore
+
+#: L{Puller.fetch}: a blob, progress, the host it comes from, and how to open it at an offset.
+Fetch = Callable[[Descriptor, Progress, str, Callable[[int], Awaitable[IResponse]]], Awaitable[None]]
+
+
+class HubPuller:
+    """Pulls ``hf.co/...`` models; blobs come through the registry puller's C{fetch} (locks, resume)."""
+
+    log = Logger()
+
+    def __init__(self, store: ModelStore, client: HubClient, fetch: Fetch) -> None:
+        self._store = store
+        self._client = client
+        self._fetch = fetch
+
+    async def pull(self, ref: Reference, progress: Progress) -> Model:
+        name = hub_reference(ref)
+        repo = ref.repository
+        if ref.digest or repo.count("/") > 1:
+            raise BadRequest(
+                f"{ref} is not a Hugging Face model name: use hf.co/{{org}}/{{repo}}[:{{quant}}]",
+                code="invalid_hub_name",
+            )
+        revision = await self._client.revision(repo)
+        chosen = select(repo, revision.files, ref.tag)
+        files = [(GGUF, f) for f in chosen.weights] + ([(MMPROJ, chosen.mmproj)] if chosen.mmproj else [])
+        layers = [Descriptor(media_type, _digest(repo, f), f.size) for media_type, f in files]
+        progress.total = sum(layer.size for layer in layers)
+        with self._store.pinned(layer.digest for layer in layers):
+            for layer, (_, f) in zip(layers, files, strict=True):
+                await self._fetch(
+                    layer, progress, self._client.host, partial(self._client.open, repo, revision, f)
+                )
+            paths = [self._store.blobs.path(layer.digest) for layer in layers]
+            headers = await self._store.in_thread(gguf_meta.read_all, paths)
+            if chosen.mmproj:
+                gguf_meta.check_projector(headers.pop())
+            info = gguf_meta.weights(headers)
+            config = model_config(info.config(), revision.modified, layers)
+            self._store.blobs.put(config)
+            manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), tuple(layers))
+            model = self._store.add(name, manifest.to_bytes())
+        self.log.info(
+            "pulled {ref} ({quant}, {files} file(s)) from {host} as {id}",
+            ref=name,
+            quant=chosen.quant,
+            files=len(layers),
+            host=self._client.host,
+            id=model.id,
+        )
+        return model
+
+
+def _digest(repo: str, file: HubFile) -> str:
+    if file.sha256 is None:
+        raise BadRequest(
+            f"hf.co/{repo}: {file.path} is not stored with Git LFS, so the Hub publishes no sha256"
+            " to verify it against; mrunner does not pull unverifiable weights",
+            code="unverifiable_file",
+        )
+    return f"sha256:{file.sha256}"
