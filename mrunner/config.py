@@ -5,6 +5,7 @@ Every key is documented in the top-level ``tap.conf``; this module only reads th
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -14,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from mrunner import durations
 from mrunner.errors import BadRequest
 from mrunner.store.names import parse
 
@@ -38,14 +40,26 @@ class ConfigError(ValueError):
 
 def parse_duration(value: object, key: str = "duration") -> float:
     """Seconds from ``30``, ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``; ``-1`` means never."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a duration like '5m', got {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    match = _DURATION.match(str(value))
-    if match is None:
-        raise ConfigError(f"{key}: expected a duration like '30s', '5m' or -1, got {value!r}")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            match = _DURATION.match(str(value))
+            if match is None:
+                raise ValueError
+            seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        if not math.isfinite(seconds):
+            raise ValueError
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{key}: expected a duration like '30s', '5m' or -1, got {value!r:.80}") from None
+    return seconds
+
+
+def parse_keep_alive(value: object, key: str = "keep_alive") -> float:
+    """A keep-alive duration: negatives and anything past a year mean for ever (-1)."""
+    return durations.keep_alive(parse_duration(value, key))
 
 
 def parse_size(value: object, key: str = "size") -> int:
@@ -79,7 +93,7 @@ class SchedulerConfig:
     max_runners: int = 4
     max_queue: int = 512
     parallel: int = 4
-    keep_alive: float = _duration(300.0)
+    keep_alive: float = attrs.field(default=300.0, metadata={"parse": parse_keep_alive})
     load_timeout: float = _duration(600.0)
     stop_grace: float = _duration(10.0)
     install_wait: float = _duration(5.0)

@@ -8,21 +8,33 @@ from __future__ import annotations
 
 
 class MrunnerError(Exception):
-    """A failure a client is told about as ``{"error": {"message", "type", "code"}}``."""
+    """A failure a client is told about as ``{"error": {"message", "type", "code"[, "param"]}}``."""
 
     status = 500
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, code: str | None = None, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        retry_after: float | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
         self.retry_after = retry_after
+        self.param = param
 
     def body(self) -> dict[str, object]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+        """OpenAI's error object; C{param} (the offending field) only when one is to blame."""
+        error: dict[str, object] = {"message": self.message, "type": self.type, "code": self.code}
+        if self.param is not None:
+            error["param"] = self.param
+        return {"error": error}
 
 
 class BadRequest(MrunnerError):

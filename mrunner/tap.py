@@ -24,6 +24,7 @@ from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
 from mrunner.api.ollama import OllamaAPI
+from mrunner.api.openapi import OpenAPI
 from mrunner.api.response_store import ResponseStore
 from mrunner.api.responses import ResponsesAPI
 from mrunner.api.upstream import RunnerClient
@@ -129,7 +130,7 @@ def make_parts(
     gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes)
     runners = RunnerClient(runner_pool)
     responses = config.responses
-    groups = [  # the inference routes first: every token's request is matched against them
+    groups: list[Any] = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes),
         AnthropicAPI(gateway, runners),
         ResponsesAPI(
@@ -140,6 +141,7 @@ def make_parts(
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
+    groups.append(OpenAPI(groups))  # last: it describes every group before it
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
     return Parts(Routes(groups), scheduler, logs, closers, reloader)
 

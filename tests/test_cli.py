@@ -257,7 +257,8 @@ class ModelCommandTests(CLITestCase):
         self.assertIn("weights", json.loads(await self.ok("inspect", "tiny"))["corrupt"])
         self.assertIn("pull it again", await self.fails("run", "tiny", "hi"))
         response = await http.post(
-            self.daemon.url + "/v1/chat/completions", json={"model": "tiny", "messages": []}
+            self.daemon.url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
         )
         error = (await response.json())["error"]
         self.assertEqual((response.code, error["code"]), (409, "model_corrupt"))

@@ -40,6 +40,7 @@ from tests.daemon import (
 from tests.ggufs import write_tiny_gguf
 
 MODEL = "ai/tiny:latest"
+HI = [{"role": "user", "content": "hi"}]
 
 
 class Events(Protocol):
@@ -96,7 +97,7 @@ class DaemonTestCase(TestCase):
             b"POST",
             (self.daemon.url + "/engines/v1/chat/completions").encode(),
             Headers({b"content-type": [b"application/json"]}),
-            BytesBody(json.dumps({"model": MODEL, "stream": True, **body}).encode()),
+            BytesBody(json.dumps({**self.chat(stream=True), **body}).encode()),
         )
         events = Events()
         response.deliverBody(events)
@@ -114,7 +115,7 @@ class DaemonTestCase(TestCase):
         return [runner.pid for runner in self.daemon.scheduler.snapshot()]
 
     def chat(self, **body: Any) -> dict[str, Any]:
-        return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
+        return {"model": MODEL, "messages": HI, **body}
 
 
 class PathTests(DaemonTestCase):
@@ -132,7 +133,7 @@ class PathTests(DaemonTestCase):
         self.assertEqual(reply.choices[0].message.content, "echo: hello")
         self.assertEqual(reply.model, MODEL)
         chunks = await deferToThread(
-            lambda: list(client.chat.completions.create(model=MODEL, messages=[], stream=True))
+            lambda: list(client.chat.completions.create(model=MODEL, messages=HI, stream=True))
         )
         self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks), "tok0 tok1 tok2 ")
         embedding = await deferToThread(client.embeddings.create, model=MODEL, input=["a", "bcd"])
@@ -205,7 +206,7 @@ class PathTests(DaemonTestCase):
     async def test_stop_service_ends_every_runner(self) -> None:
         await self.start()
         for mode_path in ("/v1/chat/completions", "/v1/embeddings"):
-            code, _, _ = await self.post(mode_path, {"model": MODEL, "input": "x", "messages": []})
+            code, _, _ = await self.post(mode_path, {"model": MODEL, "input": "x", "messages": HI})
             self.assertEqual(code, 200)
         pids = self.runner_pids()
         self.assertEqual(len(pids), 2)
@@ -276,7 +277,7 @@ class TwistdTests(TestCase):
 
     async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
         home, _, process, client = await self.start()
-        response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": []})
+        response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": HI})
         self.assertEqual(response.code, 200)
         await response.content()
         (runner_pid,) = map(int, lines(home / "starts"))

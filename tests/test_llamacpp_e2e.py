@@ -140,7 +140,9 @@ class InstallTests(LlamaCppTestCase):
         await self.tiny()
         status = await self.settled_status()
         self.assertIn("/nonexistent/llama-server", status["llama.cpp"])
-        code, answer = await self.post("/v1/chat/completions", {"model": TINY, "messages": []})
+        code, answer = await self.post(
+            "/v1/chat/completions", {"model": TINY, "messages": [{"role": "user", "content": "hi"}]}
+        )
         self.assertEqual(code, 503)
         self.assertIn("/nonexistent/llama-server", answer["error"]["message"])
 

@@ -63,6 +63,8 @@ class OptionsTests(SynchronousTestCase):
             ("listen = ", "tap.conf"),
             ("nonsense = 1", "nonsense"),
             ("[scheduler]\nkeep_alive = 'soon'", "keep_alive"),
+            ("[scheduler]\nkeep_alive = nan", "keep_alive"),
+            ("[scheduler]\nload_timeout = inf", "load_timeout"),
             ("[scheduler]\nmax_runners = 'four'", "max_runners"),
         ]:
             error = self.assertRaises(UsageError, self.options, "--config", self.write(text))
@@ -75,6 +77,17 @@ class OptionsTests(SynchronousTestCase):
             [config.parse_duration(v) for v in (30, "30s", "5m", "1h", "250ms", -1, "0")],
             [30, 30, 300, 3600, 0.25, -1, 0],
         )
+        for bad in (float("nan"), float("inf"), 10**400, "1" * 400 + "h", True, [1]):
+            self.assertRaises(config.ConfigError, config.parse_duration, bad)
+
+    def test_keep_alive_past_a_year_is_for_ever(self) -> None:
+        """A keep-alive too long for the clock and the calendar (1e12 s) never reaches either."""
+        self.assertEqual(
+            [config.parse_keep_alive(v) for v in (300, 1e12, "300000000000s", 1e308, -5, 0)],
+            [300, -1, -1, -1, -1, 0],
+        )
+        loaded = config.load(self.write("[scheduler]\nkeep_alive = 1e12\n"), environ={})
+        self.assertEqual(loaded.scheduler.keep_alive, -1)
 
     def test_sizes(self) -> None:
         ram = config.physical_memory()

@@ -2,92 +2,81 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api import validate
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import json_object, keep_alive, model_name, query, read_body
+from mrunner.api.flags import runtime_flags
+from mrunner.api.openapi import BACKEND, Piece, answer, errors, json_content, operation, parameter
+from mrunner.api.requests import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
 from mrunner.api.views import runner_json
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.scheduling.scheduler import ModelSettings
 from mrunner.store.names import parse
 
-# Runtime flags a client may add: sampling and performance knobs, never a path,
-# a network address or anything that fetches.
-# fmt: off
-ALLOWED_FLAGS = frozenset((
-    "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
-    "--batch-size", "-b", "--ubatch-size", "-ub", "--threads", "-t", "--threads-batch", "-tb",
-    "--flash-attn", "-fa", "--cache-type-k", "-ctk", "--cache-type-v", "-ctv", "--no-mmap", "--mlock",
-    "--n-gpu-layers", "-ngl", "--rope-scaling", "--rope-freq-base", "--rope-freq-scale",
-    "--n-predict", "-n", "--cont-batching", "--no-cont-batching", "--cache-reuse", "--keep",
-    "--reasoning-budget", "--reasoning-format",
-    # the draft model's own settings, for speculative decoding (the draft itself comes from the store)
-    "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min", "--spec-draft-p-split",
-    "--spec-draft-ngl", "-ngld", "--spec-draft-threads", "-td", "--spec-draft-type-k", "-ctkd",
-    "--spec-draft-type-v", "-ctvd",
-))
-# fmt: on
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
-# A flag's value is a number or a word such as "q8_0", "on" or "deepseek": never
-# a path (no slash, no "~"), whitespace that would split into more arguments, or
-# anything a shell or llama-server would read specially.
-_VALUE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
-
-
-def runtime_flags(value: object) -> tuple[str, ...]:
-    """Flags from a list or a space-separated string, each in L{ALLOWED_FLAGS}, values plain words."""
-    if isinstance(value, str):
-        value = value.split()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadRequest("runtime-flags must be a list of strings")
-    for i, token in enumerate(value):
-        flag, equals, attached = token.partition("=")
-        if token.startswith("-") and not _NUMBER.match(token):
-            if flag not in ALLOWED_FLAGS:
-                raise BadRequest(
-                    f"runtime flag {flag!r} is not allowed; allowed: {' '.join(sorted(ALLOWED_FLAGS))}",
-                    code="flag_not_allowed",
-                )
-            if equals:
-                _check_value(attached, flag)
-        elif i == 0:
-            raise BadRequest(f"runtime flags must start with a flag, not the value {token!r}")
-        else:
-            _check_value(token, value[i - 1])
-    return tuple(value)
-
-
-def _check_value(value: str, flag: str) -> None:
-    if not _VALUE.match(value):
-        raise BadRequest(
-            f"value {value!r} of runtime flag {flag!r} is not allowed: values are numbers or plain"
-            " words, never paths or text with spaces",
-            code="flag_value_not_allowed",
-        )
+SIZE = validate.integer(1, MAX_CONTEXT_SIZE)
+FLAGS = validate.array(validate.string)
+# Docker Model Runner's dashed keys, and the same with underscores.
+CONFIGURE = validate.Shape(
+    {
+        "model": validate.text,
+        **dict.fromkeys(("context_size", "context-size"), SIZE),
+        **dict.fromkeys(("runtime_flags", "runtime-flags"), FLAGS),
+        **dict.fromkeys(("raw_runtime_flags", "raw-runtime-flags"), validate.string),
+        "keep_alive": validate.DURATION,
+        "pinned": validate.boolean,
+        "speculative": validate.obj({"draft_model": validate.string}),
+        **dict.fromkeys(("draft_model", "draft-model"), validate.string),
+    },
+    required=("model",),
+)
+UNLOAD = validate.Shape({"all": validate.boolean, "backend": validate.text, "models": FLAGS})
+RUNNER = {
+    "type": "object",
+    "properties": {
+        "backend_name": {"type": "string"},
+        "model_name": {"type": "string"},
+        "mode": {"type": "string"},
+        "state": {"type": "string"},
+        "in_use": {"type": "integer"},
+        "last_used": {"type": ["string", "null"]},
+        "keep_alive": {"type": ["number", "null"]},
+        "expires_at": {"type": ["string", "null"]},
+    },
+}
 
 
 def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
     """The C{_configure} body, accepting Docker Model Runner's dashed keys and underscores.
 
-    C{runtime-flags} is a list; C{raw-runtime-flags} the same as one string.
+    C{runtime-flags} is a list; C{raw-runtime-flags} the same as one string; an
+    empty list clears the flags set before.
     """
 
     def field(name: str) -> Any:
         return payload.get(name, payload.get(name.replace("_", "-")))
 
     context_size = field("context_size")
-    if context_size is not None and (not isinstance(context_size, int) or context_size <= 0):
-        raise BadRequest("context-size must be a positive integer")
-    flags = field("runtime_flags") or field("raw_runtime_flags")
+    if context_size is not None and (
+        not isinstance(context_size, int)
+        or isinstance(context_size, bool)
+        or not 0 < context_size <= MAX_CONTEXT_SIZE
+    ):
+        raise BadRequest(
+            f"context-size must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {context_size!r:.40}",
+            param="context_size",
+        )
+    flags = field("runtime_flags")
+    if flags is None:
+        flags = field("raw_runtime_flags")
     pinned = field("pinned")
     if pinned is not None and not isinstance(pinned, bool):
-        raise BadRequest("pinned must be true or false", code="invalid_pinned")
+        raise BadRequest("pinned must be true or false", code="invalid_pinned", param="pinned")
     return ModelSettings(
         context_size=context_size,
         flags=None if flags is None else runtime_flags(flags),
@@ -135,6 +124,66 @@ class AdminAPI:
         body = read_body(request, self._max_request_bytes)
         return json_object(body) if body.strip() else {}
 
+    def openapi(self) -> Piece:
+        def configure(path: str) -> dict[str, Any]:
+            backend = [BACKEND] if "{backend}" in path else []
+            model = parameter("model", "query", {"type": "string"}, "the model", required=True)
+            settings = {"type": "object"}
+            return {
+                "post": operation(
+                    "Set a model's context size, runtime flags and keep-alive (restarts idle runners)",
+                    {
+                        "200": answer("configured or unchanged", json_content(settings)),
+                        **errors(**{"409": "the model's runner is serving requests"}),
+                    },
+                    body=json_content(CONFIGURE.schema),
+                    parameters=backend,
+                ),
+                "get": operation(
+                    "What a model's next runner starts with",
+                    {"200": answer("its settings", json_content(settings))},
+                    parameters=[*backend, model],
+                ),
+            }
+
+        sizes = {"type": "object", "additionalProperties": {"type": ["integer", "object"]}}
+        unloaded = {"type": "object", "properties": {"unloaded_runners": {"type": "integer"}}}
+        return {
+            "paths": {
+                "/engines/ps": {
+                    "get": operation(
+                        "Running runners",
+                        {"200": answer("runners", json_content({"type": "array", "items": RUNNER}))},
+                    )
+                },
+                "/engines/df": {
+                    "get": operation(
+                        "Disk used by models and backends", {"200": answer("bytes", json_content(sizes))}
+                    )
+                },
+                "/engines/unload": {
+                    "post": operation(
+                        "Stop runners: idle ones now, busy ones once drained",
+                        {"200": answer("how many", json_content(unloaded))},
+                        body=json_content(UNLOAD.schema),
+                        body_required=False,
+                    )
+                },
+                "/engines/_reload": {
+                    "post": operation(
+                        "Read tap.conf again and apply it, as SIGHUP does",
+                        {
+                            "200": answer(
+                                "what changed, and what needs a restart", json_content({"type": "object"})
+                            )
+                        },
+                    )
+                },
+                "/engines/_configure": configure("/engines/_configure"),
+                "/engines/{backend}/_configure": configure("/engines/{backend}/_configure"),
+            }
+        }
+
     @app.route("/engines/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:
         return json_body(request, [runner_json(runner) for runner in self._scheduler.snapshot()])
@@ -155,9 +204,8 @@ class AdminAPI:
     @app.route("/engines/unload", methods=["POST"])
     async def unload(self, request: IRequest) -> bytes:
         payload = self._payload(request)
+        UNLOAD(payload)
         models = payload.get("models") or []
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise BadRequest("models must be a list of model names")
         backend = payload.get("backend") or None
         if backend is not None:
             self._scheduler.backend_name(backend)
@@ -169,6 +217,7 @@ class AdminAPI:
     async def configure(self, request: IRequest, backend: str | None = None) -> bytes:
         payload = self._payload(request)
         name = model_name(payload)
+        CONFIGURE(payload)
         changed = await self._scheduler.configure(backend, name, model_settings(payload))
         return json_body(request, {"status": "configured" if changed else "unchanged", "model": name})
 

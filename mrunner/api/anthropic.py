@@ -16,9 +16,11 @@ from klein import Klein
 from twisted.logger import Logger
 from twisted.web.server import Request
 
+from mrunner.api.compat_openapi import ANTHROPIC_ERROR, describe
 from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_errors
 from mrunner.api.gateway import Gateway
 from mrunner.api.inference import routes
+from mrunner.api.openapi import Piece
 from mrunner.api.requests import target
 from mrunner.api.upstream import RunnerClient
 from mrunner.backends.base import COMPLETION
@@ -48,7 +50,7 @@ class AnthropicAPI:
         self._gateway.measure(request, COMPLETION)
         self._gateway.scheduler.backend_name(backend)
         body = self._gateway.body(request)
-        model, keep_alive = target(body)
+        model, keep_alive = target(body, None)  # llama-server checks the rest
         async with self._gateway.lease(backend, model, COMPLETION, keep_alive) as lease:
             answer = await self._runners.post(lease.socket, path, body)
             try:
@@ -58,6 +60,17 @@ class AnthropicAPI:
                 _, error = anthropic_shape(e)
                 request.write(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
         return b""
+
+    def openapi(self) -> Piece:
+        return describe(
+            self.app,
+            {
+                "messages": "Anthropic Messages (llama-server's own), streamed with stream: true",
+                "count_tokens": "Count a message's input tokens",
+                "unserved": "Other Anthropic routes: a 404 naming them",
+            },
+            ANTHROPIC_ERROR,
+        )
 
     @app.route("/anthropic/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
     def unserved(self, request: Request, rest: str) -> bytes:

@@ -10,11 +10,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
+from werkzeug.routing import RequestRedirect
 
 import mrunner
-from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.errors import handle_json_errors, json_body, render_error
+from mrunner.api.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.api.views import install_ready, preload_json
+from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IScheduler
+
+READY = {
+    "type": "object",
+    "required": ["ready", "preloads"],
+    "properties": {"ready": {"type": "boolean"}, "preloads": {"type": "array", "items": {"type": "object"}}},
+}
 
 
 class ServiceAPI:
@@ -27,6 +36,34 @@ class ServiceAPI:
         self._models = models
         self._metrics = metrics
         self._scheduler = scheduler
+        self.mounts = {"/models": models}
+
+    def openapi(self) -> Piece:
+        def get(summary: str, content: dict[str, Any]) -> dict[str, Any]:
+            return {"get": operation(summary, {"200": answer(summary, content)})}
+
+        def strings(*keys: str) -> dict[str, Any]:
+            properties = {key: {"type": "string"} for key in keys}
+            return json_content({"type": "object", "required": list(keys), "properties": properties})
+
+        return {
+            "paths": {
+                "/": get("mrunner is running", TEXT),
+                "/health": get("The daemon answers", strings("status")),
+                "/ready": {
+                    "get": operation(
+                        "Whether the default backend is installed and every preload has loaded or failed",
+                        {
+                            "200": answer("ready", json_content(READY)),
+                            "503": answer("not yet", json_content(READY)),
+                        },
+                    )
+                },
+                "/version": get("mrunner's version", strings("version")),
+                "/metrics": get("Prometheus metrics", TEXT),
+                **self._models.openapi()["paths"],
+            }
+        }
 
     @app.route("/", methods=["GET"])
     def root(self, request: IRequest) -> bytes:
@@ -80,6 +117,7 @@ class Routes(Resource):
 
     def __init__(self, groups: Sequence[Any]):
         super().__init__()
+        self.groups = tuple(groups)
         self._routes = [(group.app.url_map, group.app.resource()) for group in groups]
         self._chosen: dict[tuple[bytes, bytes], IResource] = {}
 
@@ -96,12 +134,17 @@ class Routes(Resource):
 
     def _choose(self, postpath: bytes, method_bytes: bytes) -> IResource:
         """The group whose URL map matches, else one that knows the path for another method, else the last."""
-        path = (b"/" + postpath).decode("utf-8", errors="replace")  # already unquoted
+        try:
+            path = (b"/" + postpath).decode("utf-8")  # already unquoted
+        except UnicodeDecodeError:  # Klein would answer in plain text, and log a traceback
+            return Refusal(BadRequest("the path is not UTF-8 once percent-decoded"))
         method = method_bytes.decode("ascii", errors="replace")
         chosen = self._routes[-1][1]
         for url_map, resource in self._routes:
             try:
                 url_map.bind("localhost").match(path, method)
+            except RequestRedirect:  # werkzeug would redirect /a//b to /a/b: no client means that
+                return Refusal(BadRequest(f"the path {path!r:.100} has an empty segment (//)"))
             except MethodNotAllowed:
                 chosen = resource
             except NotFound:
@@ -110,3 +153,16 @@ class Routes(Resource):
                 chosen = resource
                 break
         return chosen
+
+
+class Refusal(Resource):
+    """Answers every request with one client error: a path no route group can be asked about."""
+
+    isLeaf = True
+
+    def __init__(self, error: MrunnerError):
+        super().__init__()
+        self._error = error
+
+    def render(self, request: IRequest) -> bytes:
+        return render_error(request, self._error)

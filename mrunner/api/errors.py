@@ -67,6 +67,13 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     return json.dumps(value).encode() + b"\n"
 
 
+def error_response(request: IRequest, failure: Failure) -> bytes:
+    """The response for a L{MrunnerError} raised by a route, in OpenAI's shape."""
+    error = failure.value
+    assert isinstance(error, MrunnerError)
+    return render_error(request, error)
+
+
 def render_error(request: IRequest, error: MrunnerError, shape: Shape = openai_shape) -> bytes:
     """The response for C{error} in C{shape}, with C{Retry-After} when a retry can help."""
     if error.retry_after is not None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
+from mrunner.api import validate
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
+from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, template, with_backend
 from mrunner.api.requests import target, wants_images
 from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
@@ -20,6 +22,8 @@ from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder
 from mrunner.store.model import Model
 
+Check = Callable[[Mapping[str, Any]], None]
+
 # Every OpenAI-style route is served with and without a backend, and under /v1.
 PREFIXES = ("/engines", "/engines/<backend>", "/v1")
 
@@ -27,6 +31,52 @@ PREFIXES = ("/engines", "/engines/<backend>", "/v1")
 def _v1(path: str) -> list[str]:
     """C{path} under each prefix; C{/v1} is itself an alias of C{/engines/v1}."""
     return [prefix + path.removeprefix("/v1") if prefix == "/v1" else prefix + path for prefix in PREFIXES]
+
+
+CHAT = _v1("/v1/chat/completions")
+COMPLETIONS = _v1("/v1/completions")
+EMBEDDINGS = _v1("/v1/embeddings")
+RERANK = [
+    *_v1("/v1/rerank"),
+    *("/rerank", "/score", "/engines/rerank", "/engines/<backend>/rerank"),
+    *("/engines/score", "/engines/<backend>/score"),
+]
+MODELS = _v1("/v1/models")
+MODEL_PATHS = _v1("/v1/models/<path:name>")
+
+MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+}
+LIST = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {"data": {"type": "array", "items": MODEL}},
+}
+# One server-sent event: its data is a JSON chunk, or [DONE] at the end.
+EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+INFERENCE_ANSWERS = {
+    "200": answer(
+        "the runner's answer, as JSON or (stream: true) as server-sent events",
+        {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": EVENT},
+        },
+    ),
+    **errors(
+        **{
+            "422": "the model needs more memory than the whole budget",
+            "500": "the runner failed to start; the message has the tail of its log",
+            "502": "the runner died or could not be reached before it answered",
+        }
+    ),
+}
 
 
 def routes(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
@@ -60,15 +110,22 @@ class InferenceAPI:
         self._forwarder = forwarder
         self._gateway = Gateway(scheduler, metrics, clock, max_request_bytes)
 
-    async def _infer(self, request: Request, backend: str | None, mode: str, path: bytes) -> Any:
+    async def _infer(
+        self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
+    ) -> Any:
+        """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
         self._gateway.measure(request, mode)
         self._scheduler.backend_name(backend)
         body = self._gateway.body(request)
-        model, keep_alive = target(body)
+        preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
+        model, keep_alive = target(body, None if preload else check)
         if wants_images(body):
             self._check_vision(model)
+        # The body is checked JSON, whatever the client called it: a runner reading the
+        # Content-Type (multipart/form-data, say) must not take it for something else.
+        request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
         async with self._gateway.lease(backend, model, mode, keep_alive) as lease:
-            if (request.getHeader(b"x-preload-only") or b"").lower() == b"true":
+            if preload:
                 return json_body(request, {"status": "loaded", "model": lease.model})
             await self._forwarder.forward(request, lease.socket, path, body)
         return None
@@ -82,43 +139,60 @@ class InferenceAPI:
                 " use a vision model, e.g. one pulled from a Hugging Face repository with an mmproj-*.gguf,"
                 " or add a projector with `mrunner package --mmproj FILE`",
                 code="model_has_no_vision",
+                param="model",
             )
 
-    @routes(app, _v1("/v1/chat/completions"), methods=["POST"])
+    def openapi(self) -> Piece:
+        paths: dict[str, Any] = {}
+        for route_paths, summary, shape in [
+            (CHAT, "Chat completion (OpenAI), streamed with stream: true", validate.chat),
+            (COMPLETIONS, "Text completion (OpenAI)", validate.completions),
+            (EMBEDDINGS, "Embeddings (OpenAI)", validate.embeddings),
+            (RERANK, "Rerank documents against a query (Jina/Cohere style)", validate.rerank),
+        ]:
+            op = operation(summary, INFERENCE_ANSWERS, body=json_content(shape.schema))
+            paths.update({template(path): {"post": with_backend(template(path), op)} for path in route_paths})
+        models = operation(
+            "Local models as OpenAI model objects", {"200": answer("a list", json_content(LIST))}
+        )
+        model = operation(
+            "One local model as an OpenAI model object",
+            {"200": answer("a model", json_content(MODEL))},
+            parameters=[NAME],
+        )
+        paths.update({template(path): {"get": with_backend(template(path), models)} for path in MODELS})
+        paths.update({template(path): {"get": with_backend(template(path), model)} for path in MODEL_PATHS})
+        statuses = {"type": "object", "additionalProperties": {"type": "string"}}
+        paths["/engines/status"] = {
+            "get": operation(
+                "Each backend's state", {"200": answer("backend: state", json_content(statuses))}
+            )
+        }
+        return {"paths": paths}
+
+    @routes(app, CHAT, methods=["POST"])
     def chat(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions")
+        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions", validate.chat)
 
-    @routes(app, _v1("/v1/completions"), methods=["POST"])
+    @routes(app, COMPLETIONS, methods=["POST"])
     def completions(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, COMPLETION, b"/v1/completions")
+        return self._infer(request, backend, COMPLETION, b"/v1/completions", validate.completions)
 
-    @routes(app, _v1("/v1/embeddings"), methods=["POST"])
+    @routes(app, EMBEDDINGS, methods=["POST"])
     def embeddings(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, EMBEDDING, b"/v1/embeddings")
+        return self._infer(request, backend, EMBEDDING, b"/v1/embeddings", validate.embeddings)
 
-    @routes(
-        app,
-        [
-            *_v1("/v1/rerank"),
-            "/rerank",
-            "/score",
-            "/engines/rerank",
-            "/engines/<backend>/rerank",
-            "/engines/score",
-            "/engines/<backend>/score",
-        ],
-        methods=["POST"],
-    )
+    @routes(app, RERANK, methods=["POST"])
     def rerank(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, RERANKING, b"/v1/rerank")
+        return self._infer(request, backend, RERANKING, b"/v1/rerank", validate.rerank)
 
-    @routes(app, _v1("/v1/models"), methods=["GET"])
+    @routes(app, MODELS, methods=["GET"])
     def models(self, request: Request, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         data = [entry for model in self._store.list() for entry in openai_models(model)]
         return json_body(request, {"object": "list", "data": data})
 
-    @routes(app, _v1("/v1/models/<path:name>"), methods=["GET"])
+    @routes(app, MODEL_PATHS, methods=["GET"])
     def model(self, request: Request, name: str, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         return json_body(request, openai_models(self._store.resolve(name))[0])

@@ -18,6 +18,7 @@ from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors
+from mrunner.api.openapi import TEXT, Piece, answer, operation, parameter
 from mrunner.api.requests import flag
 from mrunner.logfiles import LogTail
 
@@ -34,6 +35,17 @@ class LogsAPI(Service):
         self._directory = directory
         self._clock = clock
         self._follows: dict[Deferred[bytes], LoopingCall] = {}
+
+    def openapi(self) -> Piece:
+        follow = parameter("follow", "query", {"type": "boolean"}, "keep sending lines as they are written")
+        lines = answer("lines: [source] text", TEXT)
+        return {
+            "paths": {
+                "/logs": {
+                    "get": operation("The daemon's and runners' logs", {"200": lines}, parameters=[follow])
+                }
+            }
+        }
 
     @app.route("/logs", methods=["GET"])
     def logs(self, request: IRequest) -> bytes | Deferred[bytes]:

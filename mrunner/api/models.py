@@ -21,7 +21,8 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.requests import flag, json_object, query, read_body
+from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
+from mrunner.api.requests import MAX_CONTEXT_SIZE, flag, json_object, query, read_body
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IScheduler
 from mrunner.store.model import Model
@@ -33,6 +34,35 @@ from mrunner.store.push import Pusher
 from mrunner.store.store import ModelStore
 
 MAX_CREATE_BODY = 64 * 1024
+
+MODEL = {
+    "type": "object",
+    "required": ["id", "tags", "created", "config"],
+    "properties": {
+        "id": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "created": {"type": "integer"},
+        "config": {"type": "object"},
+        "corrupt": {"type": "string"},
+    },
+}
+VERIFIED = {
+    "type": "object",
+    "required": ["id", "status"],
+    "properties": {
+        "id": {"type": "string"},
+        "status": {"enum": ["ok", "corrupt"]},
+        "blobs": {"type": "array"},
+    },
+}
+# Docker's answer to a delete: [{"Untagged": name}, ..., {"Deleted": digest}]
+REMOVED = {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "string"}}}
+PROGRESS = {"application/x-ndjson": {"schema": {"type": "string"}}}
+REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with an error"})
+
+
+def _query(name: str, schema: dict[str, Any], description: str, required: bool = False) -> Piece:
+    return parameter(name, "query", schema, description, required)
 
 
 def model_json(model: Model) -> dict[str, Any]:
@@ -89,6 +119,83 @@ class ModelsAPI:
         self._puller = puller
         self._pusher = pusher
         self._clock = clock
+
+    def openapi(self) -> Piece:
+        model = {"200": answer("the model", json_content(MODEL))}
+        create = {"type": "object", "required": ["from"], "properties": {"from": {"type": "string"}}}
+        binary = {"schema": {"type": "string", "format": "binary"}}
+        verified = {"200": answer("a report per model", json_content({"type": "array", "items": VERIFIED}))}
+        tagged = {
+            "type": "object",
+            "properties": {key: {"type": "string"} for key in ("message", "target", "id")},
+        }
+        return {
+            "paths": {
+                "/models": {
+                    "get": operation(
+                        "Local models",
+                        {"200": answer("models", json_content({"type": "array", "items": MODEL}))},
+                    )
+                },
+                "/models/create": {
+                    "post": operation(
+                        "Pull a model from its registry, with NDJSON progress",
+                        {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
+                        body=json_content(create),
+                    )
+                },
+                "/models/load": {
+                    "post": operation(
+                        "Import a GGUF file, or a package as mrunner package sends it (application/x-tar)",
+                        {"201": answer("the imported model", json_content(MODEL))},
+                        body={"application/octet-stream": binary, "application/x-tar": binary},
+                        parameters=[
+                            _query("name", {"type": "string"}, "the new model's name", required=True),
+                            _query(
+                                "context_size",
+                                {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_SIZE},
+                                "its default context size",
+                            ),
+                        ],
+                    )
+                },
+                "/models/{name}": {
+                    "get": operation("One local model", model, parameters=[NAME]),
+                    "delete": operation(
+                        "Remove a model, stopping its runners",
+                        {
+                            "200": answer("what was removed", json_content(REMOVED)),
+                            **errors(**{"409": "the model has several tags: give force=true"}),
+                        },
+                        parameters=[NAME, _query("force", {"type": "boolean"}, "remove every tag of it")],
+                    ),
+                },
+                "/models/{name}/tag": {
+                    "post": operation(
+                        "Give a model another name",
+                        {"201": answer("the new name", json_content(tagged))},
+                        parameters=[
+                            NAME,
+                            _query("repo", {"type": "string"}, "the new repository", required=True),
+                            _query("tag", {"type": "string"}, "the new tag", required=True),
+                        ],
+                    )
+                },
+                "/models/verify": {
+                    "post": operation("Re-hash every model's blobs; corrupt ones are quarantined", verified)
+                },
+                "/models/{name}/verify": {
+                    "post": operation("Re-hash one model's blobs", verified, parameters=[NAME])
+                },
+                "/models/{name}/push": {
+                    "post": operation(
+                        "Push a model to the registry its name points at, with NDJSON progress",
+                        {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
+                        parameters=[NAME],
+                    )
+                },
+            }
+        }
 
     # Mounted at /models, this route sees an empty path; without strict slashes it matches.
     @app.route("/", methods=["GET"], strict_slashes=False)
@@ -185,8 +292,11 @@ class ModelsAPI:
 
 
 def _positive(value: str | None, key: str) -> int | None:
+    """A positive C{int} a runner's flag can hold (``isdigit`` alone would pass ``"²"``)."""
     if value is None:
         return None
-    if not value.isdigit() or int(value) == 0:
-        raise BadRequest(f"?{key}= must be a positive integer, not {value!r}")
+    if not (value.isascii() and value.isdigit()) or not 0 < int(value) <= MAX_CONTEXT_SIZE:
+        raise BadRequest(
+            f"?{key}= must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {value!r:.40}", param=key
+        )
     return int(value)

@@ -21,10 +21,12 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api import ollama_shapes as shapes
+from mrunner.api.compat_openapi import OLLAMA_ERROR, describe
 from mrunner.api.completions import Tally
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.gateway import Gateway
 from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream
+from mrunner.api.openapi import Piece
 from mrunner.api.requests import json_object, keep_alive, model_name, read_body, typed
 from mrunner.api.upstream import RunnerClient
 from mrunner.backends.base import COMPLETION, EMBEDDING
@@ -78,6 +80,12 @@ class OllamaAPI:
         self._store = store
         self._puller = puller
         self._pusher = pusher
+
+    def openapi(self) -> Piece:
+        summaries = {name: f"Ollama's /api/{name}" for name in SERVED}
+        return describe(
+            self.app, {**summaries, "unserved": "Other Ollama routes: a 404 naming them"}, OLLAMA_ERROR
+        )
 
     @app.route("/api/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
     def unserved(self, request: IRequest, rest: str) -> bytes:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.web.iweb import IRequest
 
-from mrunner.config import ConfigError, parse_duration
+from mrunner.api.validate import parse_json
+from mrunner.config import ConfigError, parse_keep_alive
 from mrunner.errors import BadRequest, PayloadTooLarge
 
 
@@ -25,11 +25,11 @@ def read_body(request: IRequest, limit: int) -> bytes:
 
 
 def json_object(body: bytes) -> dict[str, Any]:
-    """C{body} decoded as a JSON object, else L{BadRequest} saying what is wrong."""
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    """C{body} decoded as a JSON object, strictly (L{parse_json}), else L{BadRequest} saying what is wrong.
+
+    Every route that reads a JSON body reads it here.
+    """
+    value = parse_json(body)
     if not isinstance(value, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     return value
@@ -43,14 +43,17 @@ def model_name(payload: dict[str, Any]) -> str:
     return name.strip()
 
 
-def target(body: bytes) -> tuple[str, float | None]:
-    """The model an inference request names, and its C{keep_alive}.
+def target(body: bytes, check: Callable[[Mapping[str, Any]], None] | None) -> tuple[str, float | None]:
+    """The model an inference request names, and its C{keep_alive}, once C{check} accepts its shape.
 
     The decoded body is dropped here: a stream can last minutes, and its
     request already holds the body once as bytes for the runner.
     """
     payload = json_object(body)
-    return model_name(payload), keep_alive(payload.get("keep_alive"))
+    name, seconds = model_name(payload), keep_alive(payload.get("keep_alive"))
+    if check is not None:
+        check(payload)
+    return name, seconds
 
 
 IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
@@ -73,14 +76,13 @@ def wants_images(body: bytes) -> bool:
 
 
 def keep_alive(value: object) -> float | None:
-    """Ollama's C{keep_alive} (``"5m"``, seconds, ``0``): seconds, -1 for any negative (for ever)."""
+    """Ollama's C{keep_alive} (``"5m"``, seconds, ``0``) in seconds; -1 (for ever) if < 0 or past a year."""
     if value is None:
         return None
     try:
-        seconds = parse_duration(value, "keep_alive")
+        return parse_keep_alive(value)
     except ConfigError as e:
-        raise BadRequest(str(e), code="invalid_keep_alive") from None
-    return max(seconds, -1.0)
+        raise BadRequest(str(e), code="invalid_keep_alive", param="keep_alive") from None
 
 
 def query(request: IRequest, key: str) -> str | None:
@@ -95,6 +97,10 @@ def flag(request: IRequest, key: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise BadRequest(f"?{key}= must be true or false, not {value!r}")
     return value in ("true", "1")
+
+
+# The most a runner's context may hold: past any model's training context, inside llama-server's int.
+MAX_CONTEXT_SIZE = 2**24
 
 
 def typed(payload: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:

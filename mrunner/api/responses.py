@@ -22,10 +22,12 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api import responses_shapes as shapes
+from mrunner.api.compat_openapi import describe
 from mrunner.api.completions import Tally
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.inference import routes
+from mrunner.api.openapi import Piece
 from mrunner.api.requests import json_object, keep_alive, model_name, query, typed
 from mrunner.api.response_store import ResponseStore, StoredResponse
 from mrunner.api.upstream import RunnerClient
@@ -67,6 +69,17 @@ class ResponsesAPI:
         self._gateway = gateway
         self._runners = runners
         self._store = store
+
+    def openapi(self) -> Piece:
+        return describe(
+            self.app,
+            {
+                "create": "Create a response (OpenAI Responses), streamed as its events with stream: true",
+                "retrieve": "A stored response",
+                "items": "The input items of a stored response",
+                "delete": "Delete a stored response",
+            },
+        )
 
     @routes(app, _paths("/responses"), methods=["POST"])
     def create(self, request: Request, backend: str | None = None) -> Deferred[bytes]:

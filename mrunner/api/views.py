@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
 from typing import Any
 
+from mrunner.durations import timestamp
 from mrunner.scheduling.installer import InstallState, InstallStatus
 from mrunner.scheduling.lifecycle import State
 from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
@@ -34,14 +34,6 @@ def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
         "pid": runner.pid,
         "socket": runner.socket,
     }
-
-
-def timestamp(seconds: float) -> str | None:
-    """ISO 8601 in UTC; None for a time no calendar holds (an overflowing or NaN keep-alive)."""
-    try:
-        return datetime.fromtimestamp(seconds, UTC).isoformat()
-    except (OverflowError, ValueError, OSError):
-        return None
 
 
 def seconds_or_forever(seconds: float) -> float | None:

@@ -110,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
+    if not (text.isascii() and text.isdigit()) or int(text) == 0:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
     return int(text)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 import attrs
+import hyperlink
 
 from mrunner.errors import BadRequest
 
@@ -93,10 +94,19 @@ def parse(text: object, what: str = "model name") -> Reference:
 def _split_registry(name: str) -> tuple[str, str]:
     first, slash, rest = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
-        if not _DOMAIN.fullmatch(first):
+        if not _DOMAIN.fullmatch(first) or not _reachable_as_url(first):
             raise BadRequest(f"registry {first!r} is not a valid host[:port]")
         return ("" if first.lower() in DOCKER_HUB else first.lower()), rest
     return "", name
+
+
+def _reachable_as_url(host: str) -> bool:
+    """Whether the HTTP client can address C{host}: IDNA labels (no IPv6 literal), a port up to 65535."""
+    try:
+        url = hyperlink.URL.from_text(f"https://{host}/").to_uri()
+    except ValueError:
+        return False
+    return url.port is not None and 0 < url.port <= 65535
 
 
 def _check_tag(tag: str, text: str | None = None) -> str:

@@ -1,0 +1,75 @@
+"""The published contract, fuzzed: schemathesis against a real daemon, real llama-server, tiny model.
+
+Every operation in /openapi.json gets generated requests (examples, boundary
+coverage, random fuzzing; valid and invalid). The run passes only with no 5xx,
+no crash (trial fails a test whose daemon logs an unhandled error), and every
+answer matching the document. Its summary is printed into the CI log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+from twisted.internet.utils import getProcessOutputAndValue
+
+from mrunner.tinymodel import write_tiny_llama
+from tests.daemon import http
+from tests.registry_server import SKIP, RealRegistry
+from tests.test_llamacpp_e2e import TINY, LlamaCppTestCase
+
+ST = str(Path(sys.executable).with_name("st"))
+CHECKS = ",".join(
+    (
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_headers_conformance",
+        "response_schema_conformance",
+        "negative_data_rejection",
+    )
+)
+EXAMPLES_PER_OPERATION = 8
+# CI runs a few hundred cases; MRUNNER_FUZZ_PHASES=examples,coverage,fuzzing adds schemathesis's
+# boundary cases (thousands, a few minutes) for a deeper look.
+PHASES = os.environ.get("MRUNNER_FUZZ_PHASES", "examples,fuzzing")
+CONFIGURED = "ai/configured:latest"  # _configure restarts runners: it gets a model of its own
+
+
+class SchemathesisTests(LlamaCppTestCase):
+    timeout = 240
+    skip = SKIP
+
+    async def test_contract(self) -> None:
+        registry = RealRegistry(Path(self.mktemp()))
+        await registry.start()
+        self.addCleanup(registry.stop)
+        await self.start(f'[registry]\ndefault = "{registry.host}"\n')
+        await self.tiny()
+        await self.tiny(CONFIGURED, partial(write_tiny_llama, seed=1))  # another digest
+        models = json.loads(await (await http.get(self.daemon.url + "/models")).text())
+        env = {
+            **os.environ,
+            "SCHEMATHESIS_HOOKS": "tests.fuzz_hooks",
+            "MRUNNER_FUZZ_MODEL": TINY,
+            "MRUNNER_FUZZ_CONFIGURED": CONFIGURED,
+            "MRUNNER_FUZZ_KEEP": ",".join(name for model in models for name in (model["id"], *model["tags"])),
+            "PYTHONPATH": str(Path(__file__).parent.parent),
+        }
+        args = [
+            *("run", self.daemon.url + "/openapi.json"),
+            *("--checks", CHECKS),
+            *("--max-examples", str(EXAMPLES_PER_OPERATION)),
+            *("--phases", PHASES),
+            *("--seed", "1", "--generation-deterministic"),
+            *("--workers", "2", "--request-timeout", "60", "--no-color"),
+            *("--suppress-health-check", "all"),
+            *("--report-dir", self.mktemp()),
+        ]
+        out, err, code = await getProcessOutputAndValue(ST, args, env=env, path=str(self.home))
+        summary = (out + err).decode(errors="replace")
+        sys.__stdout__.write(f"\n--- schemathesis against mrunner ---\n{summary}\n")
+        self.assertEqual(code, 0, "schemathesis found failures: see its summary above")
