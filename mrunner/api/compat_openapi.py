@@ -7,7 +7,16 @@ from typing import Any
 
 from klein import Klein
 
-from mrunner.api.openapi import Piece, answer, json_content, operation, parameter, template, with_backend
+from mrunner.api.openapi import (
+    ERROR,
+    Piece,
+    answer,
+    json_content,
+    operation,
+    parameter,
+    template,
+    with_backend,
+)
 
 ANTHROPIC_ERROR = {
     "type": "object",
@@ -41,7 +50,9 @@ ANSWER = {
 
 def describe(app: Klein, summaries: Mapping[str, str], error: Mapping[str, Any] | None = None) -> Piece:
     """Every route of C{app}, summarised by its endpoint's name (less any C{_N} suffix)."""
-    errors = {status: answer(why, json_content(error)) for status, why in STATUSES.items()} if error else {}
+    # A path the URL maps cannot parse (a newline in it) gets the daemon's OpenAI-shaped 404.
+    either = {"anyOf": [error, ERROR]} if error else None
+    errors = {status: answer(why, json_content(either)) for status, why in STATUSES.items()} if either else {}
     paths: dict[str, Any] = {}
     for rule in app.url_map.iter_rules():
         path = template(rule.rule)
@@ -54,7 +65,7 @@ def describe(app: Klein, summaries: Mapping[str, str], error: Mapping[str, Any] 
             if arg != "backend"
         ]
         op = operation(summaries[name], {"200": answer("the answer", ANSWER), **errors}, parameters=params)
-        if "POST" in (rule.methods or ()) or "DELETE" in (rule.methods or ()):
+        if "POST" in (rule.methods or ()):
             op["requestBody"] = {"required": False, "content": json_content({"type": "object"})}
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             paths.setdefault(path, {})[method.lower()] = with_backend(path, op)
