@@ -179,6 +179,15 @@ class StoreConfig:
 
 
 @attrs.frozen
+class ResponsesConfig:
+    """The Responses API's store of responses (memory only)."""
+
+    ttl: float = _duration(3600.0)
+    max_count: int = 1000
+    max_bytes: int = attrs.field(default=64 * 1024 * 1024, metadata={"parse": parse_size})
+
+
+@attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
     home: Path = attrs.field(factory=lambda: Path("~/.mrunner").expanduser())
@@ -190,6 +199,7 @@ class Config:
     http: HTTPConfig = HTTPConfig()
     store: StoreConfig = StoreConfig()
     huggingface: HuggingFaceConfig = HuggingFaceConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     models: ModelsConfig = ModelsConfig()
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
@@ -299,6 +309,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "http": HTTPConfig,
         "store": StoreConfig,
         "huggingface": HuggingFaceConfig,
+        "responses": ResponsesConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

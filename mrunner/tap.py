@@ -17,12 +17,18 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
+from mrunner.api.anthropic import AnthropicAPI
 from mrunner.api.app import Routes, ServiceAPI
 from mrunner.api.gate import GatedSite, private_listen
+from mrunner.api.gateway import Gateway
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
+from mrunner.api.ollama import OllamaAPI
 from mrunner.api.openapi import OpenAPI
+from mrunner.api.response_store import ResponseStore
+from mrunner.api.responses import ResponsesAPI
+from mrunner.api.runner_answers import RunnerClient
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
@@ -121,16 +127,20 @@ def make_parts(
     http = HTTPClient(Agent(reactor, pool=registry_pool))
     registry = RegistryClient(config.registry, reactor, http)
     hub = HubClient(config.huggingface, http, os.environ)
-    models = ModelsAPI(
-        store,
-        scheduler,
-        Puller(store, registry, config.registry.max_pulls, hub=hub),
-        Pusher(store, registry, reactor),
-        reactor,
-    )
+    puller = Puller(store, registry, config.registry.max_pulls, hub=hub)
+    pusher = Pusher(store, registry, reactor)
+    models = ModelsAPI(store, scheduler, puller, pusher, reactor)
     logs = LogsAPI(home.logs, reactor)
+    gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes)
+    runners = RunnerClient(runner_pool)
+    responses = config.responses
     groups: list[Any] = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes),
+        AnthropicAPI(gateway, runners),
+        ResponsesAPI(
+            gateway, runners, ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)
+        ),
+        OllamaAPI(gateway, runners, store, puller, pusher),
         ServiceAPI(models, metrics.registry, scheduler),
         logs,
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),

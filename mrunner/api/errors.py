@@ -1,7 +1,10 @@
-"""Every error a client sees is rendered here, in the shape of the API the request came in on.
+"""The one place errors become responses: the same L{MrunnerError}s, in each API's own shape.
 
-That is OpenAI's C{{"error": {"message", "type", "code"}}} on every route today;
-L{error_document} is the one place that picks a shape from the request's path.
+OpenAI's routes (and mrunner's own) answer C{{"error": {"message", "type", "code"}}};
+Anthropic's C{{"type": "error", "error": {"type", "message"}}} with its status codes;
+Ollama's C{{"error": "message"}}. A route group picks its shape when it registers
+the handlers; the front door, which answers before any route runs, picks it from
+the path with L{shape_for}. A route never renders an error by hand.
 """
 
 from __future__ import annotations
@@ -18,6 +21,53 @@ from werkzeug.exceptions import HTTPException
 
 from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
 
+#: An API's rendering of an error: (status, body).
+Shape = Callable[[MrunnerError], tuple[int, Any]]
+
+
+def openai_shape(error: MrunnerError) -> tuple[int, Any]:
+    return error.status, error.body()
+
+
+# Anthropic's documented statuses and types; mrunner's other statuses map onto the nearest one.
+_ANTHROPIC = {
+    400: (400, "invalid_request_error"),
+    401: (401, "authentication_error"),
+    403: (403, "permission_error"),
+    404: (404, "not_found_error"),
+    405: (405, "invalid_request_error"),
+    409: (409, "invalid_request_error"),
+    413: (413, "request_too_large"),
+    422: (400, "invalid_request_error"),
+    429: (429, "rate_limit_error"),
+    500: (500, "api_error"),
+    501: (400, "invalid_request_error"),
+    502: (500, "api_error"),
+    503: (529, "overloaded_error"),
+    504: (504, "timeout_error"),
+}
+
+
+def anthropic_shape(error: MrunnerError) -> tuple[int, Any]:
+    status, kind = _ANTHROPIC.get(error.status, (error.status, "api_error"))
+    return status, {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def ollama_shape(error: MrunnerError) -> tuple[int, Any]:
+    return error.status, {"error": error.message}
+
+
+ANTHROPIC_ENDS = (b"/v1/messages", b"/v1/messages/count_tokens")
+
+
+def shape_for(path: bytes) -> Shape:
+    """The shape of the API that C{path} belongs to: Anthropic's, Ollama's, else OpenAI's."""
+    if path.startswith(b"/anthropic/") or path.rstrip(b"/").endswith(ANTHROPIC_ENDS):
+        return anthropic_shape
+    if path.startswith(b"/api/"):
+        return ollama_shape
+    return openai_shape
+
 
 def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     """Set status and content type, and encode C{value} as the response body."""
@@ -26,44 +76,39 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     return json.dumps(value).encode() + b"\n"
 
 
-def error_document(path: bytes, error: MrunnerError) -> dict[str, object]:
-    """The JSON body that tells a client on C{path} about C{error}."""
-    return error.body()
+def render_error(request: IRequest, error: MrunnerError, shape: Shape | None = None) -> bytes:
+    """The response for C{error} in C{shape} (by default the path's), with its headers.
 
-
-def render_error(request: IRequest, error: MrunnerError) -> bytes:
-    """Status, headers (C{Retry-After} when a retry can help) and body for C{error}."""
+    C{Retry-After} goes out when a retry can help, C{WWW-Authenticate} with a 401.
+    """
     if error.retry_after is not None:
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
     for name, value in error.headers:
         request.setHeader(name, value)
-    return json_body(request, error_document(request.path, error), error.status)
+    status, body = (shape or shape_for(request.path))(error)
+    return json_body(request, body, status)
 
 
-def error_response(request: IRequest, failure: Failure) -> bytes:
-    """The response for a L{MrunnerError} a route raised."""
-    error = failure.value
-    assert isinstance(error, MrunnerError)
-    return render_error(request, error)
-
-
-def routing_error_response(request: IRequest, failure: Failure) -> bytes:
-    """Werkzeug's 404 and 405, rendered as the daemon's own errors."""
-    error = failure.value
-    assert isinstance(error, HTTPException)
+def routing_error(request: IRequest, error: HTTPException) -> MrunnerError:
+    """Werkzeug's 404 and 405 as mrunner errors."""
     message = f"{request.method.decode()} {request.uri.decode(errors='replace')}: {error.name}"
-    kind = MethodNotAllowed if error.code == 405 else NotFound
-    return render_error(request, kind(message))
+    return NotFound(message) if error.code == 404 else MethodNotAllowed(message)
 
 
-def handle_json_errors(app: Klein) -> None:
-    """Register the JSON error handlers on C{app}."""
-    handlers: list[tuple[type[Exception], Callable[..., bytes]]] = [
-        (MrunnerError, error_response),
-        (HTTPException, routing_error_response),
-    ]
-    for kind, handler in handlers:
-        app.handle_errors(kind)(lambda self, request, failure, handler=handler: handler(request, failure))
+def handle_json_errors(app: Klein, shape: Shape = openai_shape) -> None:
+    """Register handlers on C{app} that render its errors in C{shape}."""
+
+    @app.handle_errors(MrunnerError)
+    def mrunner_error(self: object, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        assert isinstance(error, MrunnerError)
+        return render_error(request, error, shape)
+
+    @app.handle_errors(HTTPException)
+    def route_error(self: object, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        assert isinstance(error, HTTPException)
+        return render_error(request, routing_error(request, error), shape)
 
 
 class Refusal(Resource):
