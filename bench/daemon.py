@@ -43,6 +43,10 @@ parallel = {streams}
 max_queue = {streams}
 keep_alive = -1
 
+[http]
+# Every stream holds a connection: room for all of them and the bench's own calls.
+max_connections = {connections}
+
 [backends.trickle]
 command = {command}
 """
@@ -55,7 +59,7 @@ def llama_conf(executable: Path, parallel: int, threads: int) -> str:
 
 def trickle_conf(command: list[str], streams: int) -> str:
     """A tap.conf whose default backend runs C{command} with room for C{streams} at once."""
-    return TRICKLE_CONF.format(streams=streams, command=json.dumps(command))
+    return TRICKLE_CONF.format(streams=streams, connections=streams + 64, command=json.dumps(command))
 
 
 @contextmanager

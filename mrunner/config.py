@@ -134,6 +134,37 @@ class RegistryConfig:
     max_pulls: int = 2
 
 
+# Browser pages on this machine: an entry ending in ":*" allows any port.
+LOCAL_ORIGINS = (
+    "http://localhost",
+    "http://localhost:*",
+    "http://127.0.0.1",
+    "http://127.0.0.1:*",
+    "http://[::1]",
+    "http://[::1]:*",
+)
+
+
+def _secret() -> Any:
+    """A list of keys, kept out of every repr (and so out of every log line)."""
+    return attrs.field(default=(), repr=False)
+
+
+@attrs.frozen
+class HTTPConfig:
+    """The front door: who may call, from which page, and what a connection may cost."""
+
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = LOCAL_ORIGINS
+    api_keys: tuple[str, ...] = _secret()
+    admin_api_keys: tuple[str, ...] = _secret()
+    max_load_bytes: int = attrs.field(default=64 * 2**30, metadata={"parse": parse_size})
+    max_connections: int = 512
+    header_timeout: float = _duration(10.0)
+    min_body_rate: int = attrs.field(default=1024, metadata={"parse": parse_size})
+    idle_timeout: float = _duration(60.0)
+
+
 @attrs.frozen
 class HuggingFaceConfig:
     """Where ``hf.co/...`` pulls go; C{HF_ENDPOINT} and C{HF_TOKEN} override it. The token is never shown."""
@@ -145,6 +176,15 @@ class HuggingFaceConfig:
 @attrs.frozen
 class StoreConfig:
     partial_max_age: float = _duration(7 * 24 * 3600.0)
+
+
+@attrs.frozen
+class ResponsesConfig:
+    """The Responses API's store of responses (memory only)."""
+
+    ttl: float = _duration(3600.0)
+    max_count: int = 1000
+    max_bytes: int = attrs.field(default=64 * 1024 * 1024, metadata={"parse": parse_size})
 
 
 @attrs.frozen
@@ -179,8 +219,10 @@ class Config:
     scheduler: SchedulerConfig = SchedulerConfig()
     runner: RunnerConfig = RunnerConfig()
     registry: RegistryConfig = RegistryConfig()
+    http: HTTPConfig = HTTPConfig()
     store: StoreConfig = StoreConfig()
     huggingface: HuggingFaceConfig = HuggingFaceConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     models: ModelsConfig = ModelsConfig()
     records: RecordsConfig = RecordsConfig()
@@ -203,6 +245,8 @@ def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
         if parse is not None:
             value = parse(value, f"{where}.{key}")
         elif isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+                raise ConfigError(f"{where}.{key}: expected a list of strings, got a {type(value).__name__}")
             value = tuple(value)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
@@ -242,7 +286,7 @@ def load(
         table["home"] = environ["MRUNNER_HOME"]
     if "MRUNNER_LISTEN" in environ:
         table["listen"] = environ["MRUNNER_LISTEN"]
-    return attrs.evolve(_config(table), source=source)
+    return _with_environment(attrs.evolve(_config(table), source=source), environ)
 
 
 def _check_commands(path: Path, stat: os.stat_result, table: Mapping[str, Any]) -> None:
@@ -270,6 +314,17 @@ def _check_commands(path: Path, stat: os.stat_result, table: Mapping[str, Any]) 
         )
 
 
+def _with_environment(config: Config, environ: Mapping[str, str]) -> Config:
+    """C{MRUNNER_API_KEY} adds a key, C{MRUNNER_ORIGINS} (comma-separated) adds origins."""
+    http = config.http
+    if environ.get("MRUNNER_API_KEY"):
+        http = attrs.evolve(http, api_keys=(*http.api_keys, environ["MRUNNER_API_KEY"]))
+    origins = [origin.strip() for origin in environ.get("MRUNNER_ORIGINS", "").split(",")]
+    if any(origins):
+        http = attrs.evolve(http, cors_origins=(*http.cors_origins, *filter(None, origins)))
+    return attrs.evolve(config, http=http)
+
+
 def _config(table: Mapping[str, Any]) -> Config:
     top = dict(table)
     sections = {
@@ -278,8 +333,10 @@ def _config(table: Mapping[str, Any]) -> Config:
         "registry": RegistryConfig,
         "records": RecordsConfig,
         "log": LogConfig,
+        "http": HTTPConfig,
         "store": StoreConfig,
         "huggingface": HuggingFaceConfig,
+        "responses": ResponsesConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

@@ -13,6 +13,8 @@ class MrunnerError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    # Response headers the status calls for, such as a 401's WWW-Authenticate.
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def __init__(
         self,
@@ -42,9 +44,30 @@ class BadRequest(MrunnerError):
     type = "invalid_request_error"
 
 
+class Unauthorized(MrunnerError):
+    """No API key, or a wrong one, where the daemon requires one."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+    headers = ((b"www-authenticate", b'Bearer realm="mrunner"'),)
+
+
+class Forbidden(MrunnerError):
+    """A Host, an Origin or a key that may not use this route."""
+
+    status = 403
+    type = "permission_error"
+
+
 class NotFound(MrunnerError):
     status = 404
     type = "not_found_error"
+
+
+class MethodNotAllowed(MrunnerError):
+    status = 405
+    type = "invalid_request_error"
 
 
 class Conflict(MrunnerError):

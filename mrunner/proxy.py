@@ -49,6 +49,23 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+# The daemon answers browsers' CORS itself (mrunner/api/gate.py): a runner's own say is dropped.
+RUNNER_CORS = frozenset(
+    {
+        b"access-control-allow-origin",
+        b"access-control-allow-credentials",
+        b"access-control-allow-methods",
+        b"access-control-allow-headers",
+        b"access-control-allow-private-network",
+        b"access-control-expose-headers",
+        b"access-control-max-age",
+    }
+)
+# The client's key is for mrunner (mrunner/api/trust.py): a runner never sees it, nor logs it.
+DAEMON_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
+NOT_RELAYED = HOP_BY_HOP | RUNNER_CORS | DAEMON_CREDENTIALS
+
+
 __all__ = ["runner_url"]  # for the runner's health checks
 
 
@@ -93,7 +110,7 @@ class BytesBody:
 
 
 def forwarded_headers(headers: Headers) -> Headers:
-    """A copy of C{headers} without hop-by-hop fields, those C{Connection} names included."""
+    """A copy of C{headers} without hop-by-hop fields (those C{Connection} names included), CORS or keys."""
     named = {
         token.strip().lower()
         for value in headers.getRawHeaders(b"connection", [])
@@ -101,16 +118,16 @@ def forwarded_headers(headers: Headers) -> Headers:
     }
     kept = Headers()
     for name, values in headers.getAllRawHeaders():
-        if name.lower() not in HOP_BY_HOP and name.lower() not in named:
+        if name.lower() not in NOT_RELAYED and name.lower() not in named:
             kept.setRawHeaders(name, values)
     return kept
 
 
 def answer_fields(head: Head) -> Iterator[tuple[bytes, bytes]]:
-    """The runner's header fields a client gets: all but hop-by-hop ones, C{Connection}'s names included."""
+    """The runner's header fields a client gets: not hop-by-hop (C{Connection}'s names included), not CORS."""
     named = head.tokens(b"connection")
     for lower, name, value in head.fields:
-        if lower not in HOP_BY_HOP and lower not in named:
+        if lower not in NOT_RELAYED and lower not in named:
             yield name, value
 
 

@@ -17,19 +17,26 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
+from mrunner.api.anthropic import AnthropicAPI
 from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.gate import GatedSite, private_listen
+from mrunner.api.gateway import Gateway
 from mrunner.api.history import RecordsAPI
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.logs import LogsAPI
 from mrunner.api.models import ModelsAPI
+from mrunner.api.ollama import OllamaAPI
 from mrunner.api.openapi import OpenAPI
 from mrunner.api.records import Records
+from mrunner.api.response_store import ResponseStore
+from mrunner.api.responses import ResponsesAPI
+from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.ui import PageAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
-from mrunner.logfiles import BatchedLogSite, DaemonLogFile
+from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, health_agent
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
@@ -80,9 +87,12 @@ def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBack
 
 @attrs.frozen
 class Parts:
-    """The wired daemon: its HTTP root and the long-lived objects behind it."""
+    """The wired daemon: its HTTP server and the long-lived objects behind it.
 
-    root: Routes
+    C{site.configure(config)} replaces the front-door rules (C{[http]}) at run time.
+    """
+
+    site: GatedSite
     scheduler: Scheduler
     logs: LogsAPI
     history: RecordsAPI
@@ -129,8 +139,8 @@ def make_parts(
     models = ModelsAPI(
         store,
         scheduler,
-        Puller(store, registry, config.registry.max_pulls, hub=hub),
-        Pusher(store, registry, reactor),
+        puller := Puller(store, registry, config.registry.max_pulls, hub=hub),
+        pusher := Pusher(store, registry, reactor),
         reactor,
         metrics.moved,
     )
@@ -141,10 +151,18 @@ def make_parts(
         else None
     )
     history = RecordsAPI(records)
+    gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes, records)
+    runners = RunnerClient(runner_pool)
+    responses = config.responses
     groups: list[Any] = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(
             scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes, records
         ),
+        AnthropicAPI(gateway, runners),
+        ResponsesAPI(
+            gateway, runners, ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)
+        ),
+        OllamaAPI(gateway, runners, store, puller, pusher),
         ServiceAPI(models, metrics.registry, scheduler, scraper),
         logs,
         history,
@@ -152,8 +170,10 @@ def make_parts(
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
     groups.append(OpenAPI(groups))  # last: it describes every group before it
+    site = GatedSite(Routes(groups), config, reactor)
+    reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
-    return Parts(Routes(groups), scheduler, logs, history, closers, reloader)
+    return Parts(site, scheduler, logs, history, closers, reloader)
 
 
 def make_service(
@@ -172,11 +192,7 @@ def make_service(
     SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     parts.history.setServiceParent(service)
-    # No route takes an HTML form, and parsing one means an email.message.EmailMessage per
-    # POST to read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
-    site = BatchedLogSite(parts.root, reactor, parsePOSTFormSubmission=False)
-    site.displayTracebacks = False
-    Listener(reactor, config.listen, site).setServiceParent(service)
+    Listener(reactor, private_listen(config.listen), parts.site).setServiceParent(service)
     return service, parts
 
 

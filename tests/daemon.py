@@ -83,22 +83,27 @@ def alive(pid: int) -> bool:
 
 
 class InProcessDaemon:
-    """The service tree of ``twistd mrunner``, in this process, on a free loopback port."""
+    """The service tree of ``twistd mrunner``, in this process, on a free loopback port.
 
-    def __init__(self, config_path: Path):
+    With C{tls} (a PEM file holding a key and its certificate) it serves HTTPS at C{https://localhost}.
+    """
+
+    def __init__(self, config_path: Path, tls: Path | None = None):
         port = free_port()
         self.config_path = config_path
+        listen = f"tcp:{port}:interface=127.0.0.1"
+        if tls is not None:
+            listen = f"ssl:{port}:interface=127.0.0.1:privateKey={tls}"
 
         def read() -> configuration.Config:
-            return configuration.load(
-                config_path, overrides={"listen": f"tcp:{port}:interface=127.0.0.1"}, environ={}
-            )
+            return configuration.load(config_path, overrides={"listen": listen}, environ={})
 
         self.config = read()
         self.service, parts = make_service(self.config, reactor, read)
         self.scheduler = parts.scheduler
+        self.site = parts.site
         self.service.startService()
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"https://localhost:{port}" if tls is not None else f"http://127.0.0.1:{port}"
 
     async def stop(self) -> None:
         if not self.service.running:
@@ -106,9 +111,13 @@ class InProcessDaemon:
         await self.service.stopService()
 
     async def import_model(self, name: str, gguf: Path) -> None:
-        """Put C{gguf} into the store as C{name}, as a user would: C{POST /models/load}."""
+        """Put C{gguf} into the store as C{name} as a user would: C{POST /models/load}, keyed if need be."""
+        keys = self.config.http.admin_api_keys or self.config.http.api_keys
+        headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
         with gguf.open("rb") as f:
-            response = await http.post(f"{self.url}/models/load", params={"name": name}, data=f)
+            response = await http.post(
+                f"{self.url}/models/load", params={"name": name}, data=f, headers=headers
+            )
             body = await response.text()
         if response.code not in (200, 201):
             raise AssertionError(f"import of {name} failed: {response.code} {body}")

@@ -35,8 +35,8 @@ def filter_case(context: Any, case: Any) -> bool:
     the run uses."""
     if case.operation.path in ("/logs", "/engines/requests"):
         return str((case.query or {}).get("follow", "")).lower() not in ("true", "1")
-    if case.operation.method.upper() == "DELETE":
-        return not _kept(str((case.path_parameters or {}).get("name", "")))
+    if case.operation.method.upper() == "DELETE" and "name" in (case.path_parameters or {}):
+        return not _kept(str(case.path_parameters["name"]))
     return True
 
 

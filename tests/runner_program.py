@@ -113,7 +113,16 @@ class Runner(resource.Resource):
 
 
 def chat(alias, body):
+    """Echo the last message; with tools and tool_choice "required", call the first tool instead."""
     last = (body.get("messages") or [{}])[-1].get("content", "")
+    message = {"role": "assistant", "content": f"echo: {last}"}
+    if body.get("tools") and body.get("tool_choice") == "required":
+        call = {"name": body["tools"][0]["function"]["name"], "arguments": '{"city": "Paris"}'}
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
+        }
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
@@ -122,8 +131,8 @@ def chat(alias, body):
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": f"echo: {last}"},
-                "finish_reason": "stop",
+                "message": message,
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
             }
         ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},

@@ -19,7 +19,7 @@ class OpenAPITests(SynchronousTestCase):
     def setUp(self) -> None:
         home = Path(self.mktemp())
         config = configuration.load(None, overrides={"home": str(home)}, environ={})
-        self.root = make_parts(config, MemoryReactorClock()).root
+        self.root = make_parts(config, MemoryReactorClock()).site.resource
         self.document = next(group for group in self.root.groups if isinstance(group, OpenAPI)).document
 
     def test_every_route_is_documented_and_nothing_else(self) -> None:

@@ -13,11 +13,11 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import RequestRedirect
 
 import mrunner
-from mrunner.api.errors import handle_json_errors, json_body, render_error
+from mrunner.api.errors import Refusal, handle_json_errors, json_body
 from mrunner.api.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.api.ui import wants_html
 from mrunner.api.views import install_ready, preload_json
-from mrunner.errors import BadRequest, MrunnerError
+from mrunner.errors import BadRequest
 from mrunner.interfaces import IScheduler
 from mrunner.runner_metrics import RunnerScraper
 
@@ -164,16 +164,3 @@ class Routes(Resource):
                 chosen = resource
                 break
         return chosen
-
-
-class Refusal(Resource):
-    """Answers every request with one client error: a path no route group can be asked about."""
-
-    isLeaf = True
-
-    def __init__(self, error: MrunnerError):
-        super().__init__()
-        self._error = error
-
-    def render(self, request: IRequest) -> bytes:
-        return render_error(request, self._error)

@@ -1,4 +1,11 @@
-"""Every error a client sees is OpenAI-shaped JSON: C{{"error": {"message", "type", "code"}}}."""
+"""The one place errors become responses: the same L{MrunnerError}s, in each API's own shape.
+
+OpenAI's routes (and mrunner's own) answer C{{"error": {"message", "type", "code"}}};
+Anthropic's C{{"type": "error", "error": {"type", "message"}}} with its status codes;
+Ollama's C{{"error": "message"}}. A route group picks its shape when it registers
+the handlers; the front door, which answers before any route runs, picks it from
+the path with L{shape_for}. A route never renders an error by hand.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,57 @@ from typing import Any
 from klein import Klein
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
+from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException
 
-from mrunner.errors import MrunnerError
+from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
+
+#: An API's rendering of an error: (status, body).
+Shape = Callable[[MrunnerError], tuple[int, Any]]
+
+
+def openai_shape(error: MrunnerError) -> tuple[int, Any]:
+    return error.status, error.body()
+
+
+# Anthropic's documented statuses and types; mrunner's other statuses map onto the nearest one.
+_ANTHROPIC = {
+    400: (400, "invalid_request_error"),
+    401: (401, "authentication_error"),
+    403: (403, "permission_error"),
+    404: (404, "not_found_error"),
+    405: (405, "invalid_request_error"),
+    409: (409, "invalid_request_error"),
+    413: (413, "request_too_large"),
+    422: (400, "invalid_request_error"),
+    429: (429, "rate_limit_error"),
+    500: (500, "api_error"),
+    501: (400, "invalid_request_error"),
+    502: (500, "api_error"),
+    503: (529, "overloaded_error"),
+    504: (504, "timeout_error"),
+}
+
+
+def anthropic_shape(error: MrunnerError) -> tuple[int, Any]:
+    status, kind = _ANTHROPIC.get(error.status, (error.status, "api_error"))
+    return status, {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def ollama_shape(error: MrunnerError) -> tuple[int, Any]:
+    return error.status, {"error": error.message}
+
+
+ANTHROPIC_ENDS = (b"/v1/messages", b"/v1/messages/count_tokens")
+
+
+def shape_for(path: bytes) -> Shape:
+    """The shape of the API that C{path} belongs to: Anthropic's, Ollama's, else OpenAI's."""
+    if path.startswith(b"/anthropic/") or path.rstrip(b"/").endswith(ANTHROPIC_ENDS):
+        return anthropic_shape
+    if path.startswith(b"/api/"):
+        return ollama_shape
+    return openai_shape
 
 
 def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
@@ -21,35 +76,56 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     return json.dumps(value).encode() + b"\n"
 
 
-def error_response(request: IRequest, failure: Failure) -> bytes:
-    """The response for a L{MrunnerError} raised by a route."""
-    error = failure.value
-    assert isinstance(error, MrunnerError)
-    return render_error(request, error)
+def render_error(request: IRequest, error: MrunnerError, shape: Shape | None = None) -> bytes:
+    """The response for C{error} in C{shape} (by default the path's), with its headers.
 
-
-def render_error(request: IRequest, error: MrunnerError) -> bytes:
-    """The response for C{error}, with C{Retry-After} when a retry can help."""
+    C{Retry-After} goes out when a retry can help, C{WWW-Authenticate} with a 401.
+    """
     if error.retry_after is not None:
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
-    return json_body(request, error.body(), error.status)
+    for name, value in error.headers:
+        request.setHeader(name, value)
+    status, body = (shape or shape_for(request.path))(error)
+    return json_body(request, body, status)
 
 
-def routing_error_response(request: IRequest, failure: Failure) -> bytes:
-    """Werkzeug's 404 and 405, in the same JSON shape."""
-    error = failure.value
-    assert isinstance(error, HTTPException)
-    status = error.code or 500
-    kind = "not_found_error" if status == 404 else "invalid_request_error"
+def routing_error(request: IRequest, error: HTTPException) -> MrunnerError:
+    """Werkzeug's 404 and 405 as mrunner errors."""
     message = f"{request.method.decode()} {request.uri.decode(errors='replace')}: {error.name}"
-    return json_body(request, {"error": {"message": message, "type": kind, "code": None}}, status)
+    return NotFound(message) if error.code == 404 else MethodNotAllowed(message)
 
 
-def handle_json_errors(app: Klein) -> None:
-    """Register the JSON error handlers on C{app}."""
-    handlers: list[tuple[type[Exception], Callable[..., bytes]]] = [
-        (MrunnerError, error_response),
-        (HTTPException, routing_error_response),
-    ]
-    for kind, handler in handlers:
-        app.handle_errors(kind)(lambda self, request, failure, handler=handler: handler(request, failure))
+def handle_json_errors(app: Klein, shape: Shape = openai_shape) -> None:
+    """Register handlers on C{app} that render its errors in C{shape}."""
+
+    @app.handle_errors(MrunnerError)
+    def mrunner_error(self: object, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        assert isinstance(error, MrunnerError)
+        return render_error(request, error, shape)
+
+    @app.handle_errors(HTTPException)
+    def route_error(self: object, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        assert isinstance(error, HTTPException)
+        return render_error(request, routing_error(request, error), shape)
+
+
+class Refusal(Resource):
+    """Answers a request with one client error, without running any route.
+
+    With C{close}, the connection closes after it: the front door refuses before
+    reading the body, which must then not be taken for the next request.
+    """
+
+    isLeaf = True
+
+    def __init__(self, error: MrunnerError, close: bool = False):
+        super().__init__()
+        self._error = error
+        self._close = close
+
+    def render(self, request: IRequest) -> bytes:
+        if self._close:
+            request.setHeader(b"connection", b"close")
+        return render_error(request, self._error)

@@ -11,9 +11,10 @@ from twisted.web.server import Request
 
 from mrunner.api import validate
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.gateway import Gateway
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, template, with_backend
-from mrunner.api.records import Record, Records, record_key
-from mrunner.api.requests import read_body, target, wants_images
+from mrunner.api.records import Records
+from mrunner.api.requests import target, wants_images
 from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.errors import BadRequest
@@ -109,39 +110,15 @@ class InferenceAPI:
         self._scheduler = scheduler
         self._store = store
         self._forwarder = forwarder
-        self._metrics = metrics
-        self._clock = clock
-        self._max_request_bytes = max_request_bytes
-        self._records = records
-
-    def _measure(self, request: Request, mode: str) -> float:
-        """Count the request when it ends; returns when it began."""
-        started = self._clock.seconds()
-
-        def finished(result: object) -> None:
-            self._metrics.finished(mode, request.code, self._clock.seconds() - started)
-
-        request.notifyFinish().addBoth(finished)
-        return started
-
-    def _record(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
-        """A record of this request, kept once its answer ends; None with records off."""
-        if self._records is None:
-            return None
-        records = self._records
-        record = records.start(
-            record_key(model), mode, request.method, request.path, request.requestHeaders, body
-        )
-        request.notifyFinish().addBoth(lambda result: records.end(record, request.code, result is None))
-        return record
+        self._gateway = Gateway(scheduler, metrics, clock, max_request_bytes, records)
 
     async def _infer(
         self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
     ) -> Any:
         """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
-        started = self._measure(request, mode)
-        name = self._scheduler.backend_name(backend)
-        body = read_body(request, self._max_request_bytes)
+        self._gateway.measure(request, mode)
+        self._scheduler.backend_name(backend)
+        body = self._gateway.body(request)
         preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
         model, keep_alive = target(body, None if preload else check)
         if wants_images(body):
@@ -149,18 +126,11 @@ class InferenceAPI:
         # The body is checked JSON, whatever the client called it: a runner reading the
         # Content-Type (multipart/form-data, say) must not take it for something else.
         request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
-        record = self._record(request, model, mode, body)
-        lease = await self._scheduler.acquire(name, model, mode, keep_alive)
-        leased = self._clock.seconds()
-        self._metrics.waited(lease.model, leased - started)
-        if record is not None:
-            record.queued = leased
-        try:
+        record = self._gateway.record(request, model, mode, body)
+        async with self._gateway.lease(backend, model, mode, keep_alive, record) as lease:
             if preload:
                 return json_body(request, {"status": "loaded", "model": lease.model})
             await self._forwarder.forward(request, lease.socket, path, body, record)
-        finally:
-            lease.release()
         return None
 
     def _check_vision(self, name: str) -> None:

@@ -101,3 +101,11 @@ def flag(request: IRequest, key: str) -> bool:
 
 # The most a runner's context may hold: past any model's training context, inside llama-server's int.
 MAX_CONTEXT_SIZE = 2**24
+
+
+def typed(payload: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """C{payload[key]} if of C{kind}, None when absent, else L{BadRequest} saying what it must be."""
+    value = payload.get(key)
+    if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
+        raise BadRequest(f"'{key}' must be {what}, not {type(value).__name__}")
+    return value

@@ -27,10 +27,14 @@ def model_path(name: str, action: str = "") -> str:
 
 
 class Daemon:
-    """The daemon at C{host} (C{http://HOST:PORT}; a bare C{HOST:PORT} means http)."""
+    """The daemon at C{host} (C{http://HOST:PORT}; a bare C{HOST:PORT} means http).
 
-    def __init__(self, host: str) -> None:
+    With C{api_key}, every request carries it as C{Authorization: Bearer KEY}.
+    """
+
+    def __init__(self, host: str, api_key: str | None = None) -> None:
         self.url = (host if "://" in host else f"http://{host}").rstrip("/")
+        self._api_key = api_key
 
     def open(
         self,
@@ -43,6 +47,8 @@ class Daemon:
     ) -> http.client.HTTPResponse:
         """Send a request (C{body} as JSON, or raw C{data}); the open response, or a L{CommandError}."""
         headers = dict(headers or {})
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"

@@ -25,6 +25,8 @@ def explain(error: CommandError, command: str, model: str | None) -> str:
         return str(error)
     if error.code == "model_not_found" and command != "pull" and model:
         return f"model {model} is not here; get it with `mrunner pull {model}` (`mrunner ls` lists what is)"
+    if error.status == 401:
+        return f"{error.message}: pass --api-key KEY or set MRUNNER_API_KEY"
     if error.code == "model_has_several_tags" and model:
         return f"{error.message.split(';')[0]}: `mrunner rm --force {model}` removes it under all of them"
     return f"{error.message} (HTTP {error.status})"

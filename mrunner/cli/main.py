@@ -32,6 +32,11 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("MRUNNER_HOST", DEFAULT_HOST),
         help=f"the daemon's address (default: $MRUNNER_HOST, else {DEFAULT_HOST})",
     )
+    top.add_argument(
+        "--api-key",
+        default=os.environ.get("MRUNNER_API_KEY"),
+        help="the key a daemon with [http] api_keys requires (default: $MRUNNER_API_KEY)",
+    )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
@@ -127,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     out = Console(highlight=False, width=None if tty else PIPE_WIDTH)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        args.run(Context(Daemon(args.host), out, err), args)
+        args.run(Context(Daemon(args.host, args.api_key), out, err), args)
     except CommandError as e:
         err.print(f"mrunner: {explain(e, args.command, getattr(args, 'model', None))}", markup=False)
         sys.exit(1)

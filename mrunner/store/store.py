@@ -242,6 +242,15 @@ class ModelStore:
         self._retag(digest, str(ref))
         return self._model(digest)
 
+    def untag(self, name: str) -> Model:
+        """Remove the tag C{name} only: the model stays, under its other names (Ollama's delete of a copy)."""
+        digest = self.lookup(name)
+        tag = str(parse(name))
+        if tag not in self._models[digest]:
+            raise BadRequest(f"{name} is not one of the model's tags: {', '.join(self._models[digest])}")
+        self._save({d: [t for t in tags if t != tag] for d, tags in self._models.items()})
+        return self._model(digest)
+
     def delete(self, name: str, force: bool = False) -> Deletion:
         """Remove the model C{name} and the blobs nothing else uses.
 

@@ -1,0 +1,276 @@
+"""The daemon's front door: twisted.web's Site with the trust rules applied before a body is read.
+
+Left alone, twisted.web reads a whole request body (to a temporary file past
+100 kB) before any resource sees the request, keeps a connection open as long
+as a byte arrives now and then, and accepts as many connections as come. Here
+the channel asks L{Trust} as soon as a request's headers are in: a refused
+request is answered at once and its body is never read. One sweep a fraction
+of C{header_timeout} apart cuts off connections whose headers or body trickle,
+and closes idle ones; the proxy path pays no timer per request for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from twisted.internet.address import UNIXAddress
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request
+
+from mrunner.api.errors import Refusal
+from mrunner.api.trust import Trust, beyond_loopback
+from mrunner.config import Config
+from mrunner.errors import MrunnerError, PayloadTooLarge, Unavailable
+from mrunner.logfiles import BatchedLogSite
+
+ALLOWED_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
+PREFLIGHT_MAX_AGE = b"600"
+# Sweeps per header_timeout: a trickler is cut off at most a quarter of it late.
+SWEEPS_PER_TIMEOUT = 4
+
+
+class GatedRequest(Request):
+    """A request that may have been refused before its body was read, or allowed a browser origin."""
+
+    refusal: MrunnerError | None = None
+    cors_origin: bytes | None = None
+    # Bytes a chunked body may still bring; a declared length is checked once, up front.
+    chunked_allowance: int | None = None
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.chunked_allowance is not None:
+            self.chunked_allowance -= len(data)
+            if self.chunked_allowance < 0:
+                self.chunked_allowance = None
+                channel: GatedChannel = self.channel  # type: ignore[assignment]
+                channel.refuse_now(self, PayloadTooLarge("request body is over this route's limit"))
+        if self.refusal is None:
+            super().handleContentChunk(data)
+
+
+class GatedChannel(HTTPChannel):
+    """An HTTP/1.1 connection that checks each request's headers before reading its body."""
+
+    log = Logger()
+    over_cap = False
+    site: GatedSite
+    transport: Any  # a TCP, UNIX or TLS transport: abortConnection, getHost, getPeer
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._received = 0
+        self._awaiting = True  # waiting for a request's headers
+        self._since: float | None = None  # when the pending request's first bytes came
+        self._idle_since = 0.0
+        self._body_mark: tuple[float, int] | None = None  # (when, bytes received) in a body
+        self._lingering: float | None = None  # since when a refused request's body is discarded
+        self._via_socket = False
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._via_socket = isinstance(self.transport.getHost(), UNIXAddress)
+        self._idle_since = self.site.reactor.seconds()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._lingering is not None:
+            return
+        self._received += len(data)
+        if self._awaiting and self._since is None:
+            self._since = self.site.reactor.seconds()
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._awaiting = False
+        self._since = None
+        request: GatedRequest = self.requests[-1]
+        trust: Trust = self.site.trust
+        try:
+            if self.over_cap:
+                raise Unavailable(
+                    f"mrunner is serving its limit of {trust.http.max_connections} connections"
+                    " ([http] max_connections); try again shortly",
+                    retry_after=1,
+                )
+            headers = request.requestHeaders
+            request.cors_origin = trust.origin(headers, self._via_socket)
+            trust.check_key(self._command, self._path, headers, request.cors_origin)
+            if self.length != 0:
+                limit = trust.body_limit(self._path, self.length)
+                if self.length is None:
+                    request.chunked_allowance = limit
+        except MrunnerError as error:
+            self._refuse(request, error)
+            self.length = 0  # answered now: the body, if any, is never read
+            request.gotLength(0)
+            return
+        if self.length != 0:
+            self._body_mark = (self.site.reactor.seconds(), self._received)
+        super().allHeadersReceived()
+
+    def _refuse(self, request: GatedRequest, error: MrunnerError) -> None:
+        request.refusal = error
+        self.persistent = False
+
+    def refuse_now(self, request: GatedRequest, error: MrunnerError) -> None:
+        """Answer C{request} with C{error} in the middle of its body, and read no more of it."""
+        self._refuse(request, error)
+        self.allContentReceived()
+
+    def allContentReceived(self) -> None:
+        if self._lingering is not None:
+            return  # the body of a request refused midway has ended: it was answered already
+        self._body_mark = None
+        super().allContentReceived()
+
+    def requestDone(self, request: GatedRequest) -> None:
+        if request.refusal is not None:
+            # Read and drop what the client still sends for a while, so that a client still
+            # sending the refused body sees the answer rather than a reset connection.
+            self.requests.remove(request)
+            self._lingering = self.site.reactor.seconds()
+            return
+        self._awaiting = True
+        self._idle_since = self.site.reactor.seconds()
+        super().requestDone(request)
+
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        self.site.forget(self)
+        super().connectionLost(reason)
+
+    def sweep(self, now: float, trust: Trust) -> None:
+        """Close this connection if it is too slow, idle too long, or done lingering."""
+        http = trust.http
+        if self._lingering is not None:
+            if now - self._lingering >= http.header_timeout:
+                self.transport.abortConnection()
+        elif self._since is not None:
+            if now - self._since > http.header_timeout:
+                self._cut_off("its request headers took over {seconds}s", seconds=http.header_timeout)
+        elif self._body_mark is not None:
+            when, received = self._body_mark
+            if now - when >= http.header_timeout:
+                if self._received - received < http.min_body_rate * (now - when):
+                    self._cut_off("its request body came slower than {rate} bytes/s", rate=http.min_body_rate)
+                self._body_mark = (now, self._received)
+        elif self._awaiting and now - self._idle_since > http.idle_timeout:
+            self.loseConnection()
+
+    def _cut_off(self, why: str, **limit: float) -> None:
+        self.log.info("cut off {peer}: " + why, peer=str(self.transport.getPeer()), **limit)
+        self.transport.abortConnection()
+
+
+class Preflight(Resource):
+    """A browser's CORS preflight from an allowed origin: 204 and what it may send."""
+
+    isLeaf = True
+
+    def render(self, request: IRequest) -> bytes:
+        request.setHeader(b"access-control-allow-methods", ALLOWED_METHODS)
+        requested = request.getHeader(b"access-control-request-headers")
+        if requested:
+            request.setHeader(b"access-control-allow-headers", requested)
+        if request.getHeader(b"access-control-request-private-network") == b"true":
+            request.setHeader(b"access-control-allow-private-network", b"true")
+        request.setHeader(b"access-control-max-age", PREFLIGHT_MAX_AGE)
+        request.setResponseCode(204)
+        return b""
+
+
+PREFLIGHT = Preflight()
+
+
+class GatedSite(BatchedLogSite):
+    """The HTTP server: counts its connections and sweeps them; its trust rules can be replaced.
+
+    C{configure(config)} swaps in the C{[http]} settings of a newly read configuration:
+    requests from then on use them. C{listen} and C{max_request_bytes} stay as the daemon
+    started with them, as the routes and the listening port do, until a restart.
+    """
+
+    protocol = GatedChannel  # type: ignore[assignment]
+    events = Logger()  # (twisted.web's Site.log writes the access log)
+
+    def __init__(self, resource: IResource, config: Config, reactor: Any):
+        # Twisted's own idle timeout is off: the sweep closes idle connections instead. No route
+        # takes an HTML form, and parsing one means an email.message.EmailMessage per POST to
+        # read its Content-Type: 14% of the daemon's CPU on small chats (py-spy).
+        super().__init__(
+            resource, reactor, requestFactory=GatedRequest, timeout=None, parsePOSTFormSubmission=False
+        )
+        self.displayTracebacks = False
+        self._channels: set[GatedChannel] = set()
+        self._sweeper = LoopingCall(self._sweep)
+        self._sweeper.clock = reactor
+        self._started = config
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """Use C{config}'s front-door rules for every request from now on."""
+        config = attrs.evolve(
+            config, listen=self._started.listen, max_request_bytes=self._started.max_request_bytes
+        )
+        self.trust = Trust(config)
+        if beyond_loopback(config.listen) and not (config.http.api_keys or config.http.admin_api_keys):
+            self.events.warn(
+                "listening on {listen} without [http] api_keys: whoever reaches it may use every route",
+                listen=config.listen,
+            )
+        if self._sweeper.running:
+            self._sweeper.stop()
+            self._start_sweeping()
+
+    def _start_sweeping(self) -> None:
+        self._sweeper.start(self.trust.http.header_timeout / SWEEPS_PER_TIMEOUT, now=False)
+
+    def startFactory(self) -> None:
+        super().startFactory()
+        self._start_sweeping()
+
+    def stopFactory(self) -> None:
+        super().stopFactory()
+        if self._sweeper.running:
+            self._sweeper.stop()
+
+    def buildProtocol(self, addr: Any) -> Any:
+        channel: GatedChannel = super().buildProtocol(addr)
+        channel.over_cap = len(self._channels) >= self.trust.http.max_connections
+        self._channels.add(channel)
+        return channel
+
+    def forget(self, channel: GatedChannel) -> None:
+        self._channels.discard(channel)
+
+    @property
+    def connections(self) -> int:
+        """Connections open now, those being refused for the cap included."""
+        return len(self._channels)
+
+    def _sweep(self) -> None:
+        now = self.reactor.seconds()
+        for channel in list(self._channels):
+            channel.sweep(now, self.trust)
+
+    def getResourceFor(self, request: GatedRequest) -> IResource:
+        if request.cors_origin is not None:
+            request.setHeader(b"access-control-allow-origin", request.cors_origin)
+            request.setHeader(b"vary", b"Origin")
+        if request.refusal is not None:
+            return Refusal(request.refusal, close=True)
+        if request.cors_origin is not None and request.method == b"OPTIONS":
+            return PREFLIGHT
+        resource: IResource = super().getResourceFor(request)
+        return resource
+
+
+def private_listen(listen: str) -> str:
+    """C{listen}, with a C{unix:} socket that only this user may open unless it names a C{mode}."""
+    if listen.startswith("unix:") and ":mode=" not in listen:
+        return listen + ":mode=600"
+    return listen

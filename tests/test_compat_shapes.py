@@ -1,0 +1,171 @@
+"""The compat APIs' pure parts: error shapes, request/answer translation, the response store."""
+
+from __future__ import annotations
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from mrunner.api import ollama_shapes, responses_shapes
+from mrunner.api.completions import Tally
+from mrunner.api.errors import anthropic_shape, ollama_shape, openai_shape
+from mrunner.api.response_store import ResponseStore, StoredResponse
+from mrunner.errors import (
+    BadGateway,
+    BadRequest,
+    MrunnerError,
+    NotFound,
+    PayloadTooLarge,
+    Unavailable,
+    Unprocessable,
+)
+
+
+class ErrorShapeTests(SynchronousTestCase):
+    def test_anthropic_statuses_and_types(self) -> None:
+        cases = [
+            (BadRequest("m"), 400, "invalid_request_error"),
+            (NotFound("m"), 404, "not_found_error"),
+            (PayloadTooLarge("m"), 413, "request_too_large"),
+            (Unprocessable("m"), 400, "invalid_request_error"),
+            (MrunnerError("m"), 500, "api_error"),
+            (BadGateway("m"), 500, "api_error"),
+            (Unavailable("m"), 529, "overloaded_error"),
+        ]
+        for error, status, kind in cases:
+            self.assertEqual(
+                anthropic_shape(error), (status, {"type": "error", "error": {"type": kind, "message": "m"}})
+            )
+
+    def test_ollama_and_openai(self) -> None:
+        self.assertEqual(ollama_shape(NotFound("gone")), (404, {"error": "gone"}))
+        self.assertEqual(openai_shape(NotFound("gone"))[1]["error"]["type"], "not_found_error")
+
+
+class OllamaShapeTests(SynchronousTestCase):
+    def test_options(self) -> None:
+        fields, num_ctx = ollama_shapes.options({"options": {"num_predict": 5, "top_k": 2, "num_ctx": 512}})
+        self.assertEqual((fields, num_ctx), ({"max_tokens": 5, "top_k": 2}, 512))
+        with self.assertRaisesRegex(BadRequest, "num_thread"):
+            ollama_shapes.options({"options": {"num_thread": 2}})
+        with self.assertRaisesRegex(BadRequest, "num_ctx"):
+            ollama_shapes.options({"options": {"num_ctx": "big"}})
+
+    def test_format_and_think(self) -> None:
+        self.assertEqual(ollama_shapes.response_format("json"), {"response_format": {"type": "json_object"}})
+        self.assertEqual(ollama_shapes.response_format(""), {})
+        with self.assertRaisesRegex(BadRequest, "format"):
+            ollama_shapes.response_format("yaml")
+        with self.assertRaisesRegex(BadRequest, "high"):
+            ollama_shapes.thinking("high")
+
+    def test_images_need_a_projector(self) -> None:
+        messages = [{"role": "user", "content": "what is it", "images": ["aGk="]}]
+        with self.assertRaisesRegex(BadRequest, "projector"):
+            ollama_shapes.chat_messages(messages, False, "m")
+        (message,) = ollama_shapes.chat_messages(messages, True, "m")
+        self.assertEqual(message["content"][1]["image_url"]["url"], "data:image/png;base64,aGk=")
+
+    def test_tool_calls_back(self) -> None:
+        calls = [{"id": "x", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+        self.assertEqual(
+            ollama_shapes.tool_calls(calls), [{"function": {"name": "f", "arguments": {"a": 1}}}]
+        )
+
+    def test_durations_in_nanoseconds(self) -> None:
+        timings = {"prompt_n": 3, "prompt_ms": 1.5, "predicted_n": 4, "predicted_ms": 2.0}
+        self.assertEqual(
+            ollama_shapes.durations(timings, 10.0, 10.25, 11.0),
+            {
+                "total_duration": 1_000_000_000,
+                "load_duration": 250_000_000,
+                "prompt_eval_count": 3,
+                "prompt_eval_duration": 1_500_000,
+                "eval_count": 4,
+                "eval_duration": 2_000_000,
+            },
+        )
+
+
+class ResponsesShapeTests(SynchronousTestCase):
+    def test_items_become_messages(self) -> None:
+        items = responses_shapes.input_items(
+            [
+                {"role": "developer", "content": "rules"},
+                {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "b", "name": "g", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "a", "output": "1"},
+            ]
+        )
+        self.assertTrue(all(item["id"] for item in items))
+        messages = responses_shapes.chat_messages(items)
+        self.assertEqual([m["role"] for m in messages], ["system", "user", "assistant", "tool"])
+        self.assertEqual([c["id"] for c in messages[2]["tool_calls"]], ["a", "b"])
+
+    def test_refusals_name_the_feature(self) -> None:
+        with self.assertRaisesRegex(BadRequest, "file_search"):
+            responses_shapes.chat_tools({"tools": [{"type": "file_search"}]})
+        with self.assertRaisesRegex(BadRequest, "computer_call"):
+            responses_shapes.chat_messages(responses_shapes.input_items([{"type": "computer_call"}]))
+        with self.assertRaisesRegex(BadRequest, "input_file"):
+            responses_shapes.chat_messages(
+                responses_shapes.input_items([{"role": "user", "content": [{"type": "input_file"}]}])
+            )
+
+    def test_streamed_tool_call_pieces(self) -> None:
+        tally = Tally()
+        for piece in ('{"ci', 'ty": "Paris"}'):
+            delta = {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "c" if piece.startswith("{") else None,
+                        "function": {
+                            "name": "weather" if piece.startswith("{") else None,
+                            "arguments": piece,
+                        },
+                    }
+                ]
+            }
+            tally.add({"choices": [{"delta": delta, "finish_reason": None}]})
+        tally.add({"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "timings": {"prompt_n": 2}})
+        (item,) = responses_shapes.output_items(tally)
+        self.assertEqual((item["type"], item["call_id"], item["name"]), ("function_call", "c", "weather"))
+        self.assertEqual(item["arguments"], '{"city": "Paris"}')
+        self.assertEqual(tally.counts, (2, 0))
+
+
+class ResponseStoreTests(SynchronousTestCase):
+    def stored(self, response_id: str, text: str = "") -> StoredResponse:
+        return StoredResponse({"id": response_id}, [{"text": text}], [])
+
+    def test_ttl(self) -> None:
+        clock = Clock()
+        store = ResponseStore(clock, 3600, 10, 10_000)
+        store.put(self.stored("a"))
+        clock.advance(3599)
+        self.assertEqual(store.get("a").response, {"id": "a"})
+        clock.advance(1)
+        self.assertRaises(NotFound, store.get, "a")
+        self.assertEqual((len(store), store.bytes), (0, 0))
+
+    def test_count_and_bytes_bounds_drop_the_oldest(self) -> None:
+        store = ResponseStore(Clock(), 3600, 2, 10_000)
+        for name in "abc":
+            store.put(self.stored(name))
+        self.assertRaises(NotFound, store.get, "a")
+        self.assertEqual(len(store), 2)
+        size = self.stored("x", "y" * 100).size
+        store = ResponseStore(Clock(), 3600, 100, size * 2)
+        for name in "abc":
+            store.put(self.stored(name, "y" * 100))
+        self.assertEqual((len(store), store.bytes), (2, size * 2))
+        store.put(self.stored("big", "y" * size * 3))
+        self.assertRaises(NotFound, store.get, "big")
+
+    def test_delete(self) -> None:
+        store = ResponseStore(Clock(), 3600, 10, 10_000)
+        store.put(self.stored("a"))
+        store.delete("a")
+        self.assertRaises(NotFound, store.delete, "a")
+        self.assertEqual(store.bytes, 0)
