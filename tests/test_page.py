@@ -20,18 +20,9 @@ from tests.daemon import http
 from tests.ggufs import write_tiny_gguf
 from tests.registry_server import SKIP as NO_REGISTRY
 from tests.registry_server import RealRegistry
+from tests.test_browser import CHROMIUM, FLAGS
 from tests.test_llamacpp_e2e import TINY, LlamaCppTestCase
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 PAGE_LIMIT = 100 * 1024
 WAIT_MS = 90_000  # for what must happen; only a broken page waits this long (2 busy cores load slowly)
 # Every value the pull's progress bar takes, as the page sets it.

@@ -14,7 +14,8 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from tests.daemon import InProcessDaemon, short_home, write_config
-from tests.test_page import CHROMIUM, FLAGS, WAIT_MS
+from tests.test_browser import CHROMIUM, FLAGS
+from tests.test_page import WAIT_MS
 
 KEY = "sk-page-key"
 
