@@ -36,7 +36,7 @@ class SchedulerErrorTests(SynchronousTestCase):
         self.scheduler = Scheduler(
             self.clock, config, {"llama.cpp": self.backend}, store, self.spawn.start_runner
         )
-        gateway = Gateway(self.scheduler, Metrics(self.scheduler), self.clock, 1000)
+        gateway = Gateway(self.scheduler, Metrics(), self.clock, 1000)
         runners = RunnerClient(None)  # type: ignore[arg-type]  # no request reaches a runner here
         groups = [AnthropicAPI(gateway, runners), OllamaAPI(gateway, runners, store, None, None)]  # type: ignore[arg-type]
         self.http = StubTreq(Routes(groups))
