@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from twisted.internet import tcp
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
+from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.logger import Logger
 from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import IAgentEndpointFactory
 from twisted.web.server import Request
 from zope.interface import implementer
 
@@ -85,28 +85,6 @@ def health_agent(reactor: object, run_dir: Path) -> Agent:
     """An Agent for a runner's C{/health} while it loads: a new connection a poll, none kept."""
     pool = HTTPConnectionPool(reactor, persistent=False)
     return Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, run_dir), pool)
-
-
-@implementer(IBodyProducer)
-class BytesBody:
-    """A request body already in memory, sent with its Content-Length."""
-
-    def __init__(self, data: bytes):
-        self._data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(self._data)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 def forwarded_headers(headers: Headers) -> Headers:

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import stat
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,10 @@ from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.protocol import Protocol
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
 from twisted.web.http_headers import Headers
 
 from mrunner.home import Home
-from mrunner.proxy import BytesBody
 from tests.daemon import (
     InProcessDaemon,
     alive,
@@ -97,7 +97,7 @@ class DaemonTestCase(TestCase):
             b"POST",
             (self.daemon.url + "/engines/v1/chat/completions").encode(),
             Headers({b"content-type": [b"application/json"]}),
-            BytesBody(json.dumps({**self.chat(stream=True), **body}).encode()),
+            FileBodyProducer(BytesIO(json.dumps({**self.chat(stream=True), **body}).encode())),
         )
         events = Events()
         response.deliverBody(events)
