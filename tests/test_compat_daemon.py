@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,9 @@ from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
-from mrunner.proxy import BytesBody
 from tests.daemon import InProcessDaemon, eventually, http, lines, short_home, write_config
 from tests.ggufs import write_tiny_gguf
 from tests.registry_server import SKIP, RealRegistry
@@ -64,7 +64,7 @@ class CompatDaemonTestCase(TestCase):
             b"POST",
             (self.daemon.url + path).encode(),
             Headers({b"content-type": [b"application/json"]}),
-            BytesBody(json.dumps(body).encode()),
+            FileBodyProducer(BytesIO(json.dumps(body).encode())),
         )
         self.assertEqual(response.code, 200)
         events = Events()
@@ -292,6 +292,9 @@ class TranslationTests(CompatDaemonTestCase):
         self.assertEqual([m["role"] for m in sent["messages"]], ["system", "user"])
         metrics = await (await http.get(self.daemon.url + "/metrics")).text()
         self.assertIn('mrunner_requests_total{mode="completion",status="200"} 1.0', metrics)
+        (record,) = json.loads(await (await http.get(self.daemon.url + "/engines/requests")).text())
+        self.assertEqual((record["route"], record["status"]), ("/api/generate", 200))
+        self.assertEqual(record["answer"]["text"], "tok0 tok1 tok2 ")
 
     async def test_ollama_num_ctx_configures(self) -> None:
         await self.start()

@@ -62,6 +62,66 @@ class RecordTests(SynchronousTestCase):
             {"stream": False, "text": "four", "body": answer, "tokens": {"prompt": 3, "completion": 1}},
         )
 
+    def test_every_apis_answers_are_read(self) -> None:
+        """Anthropic's, Responses' and Ollama's answers, whole and streamed, give their text and tokens."""
+
+        def sse(*events: dict[str, object]) -> bytes:
+            return b"".join(b"event: x\ndata: " + json.dumps(e).encode() + b"\n\n" for e in events)
+
+        cases = [
+            (
+                json.dumps(
+                    {
+                        "content": [{"type": "text", "text": "four"}],
+                        "usage": {"input_tokens": 3, "output_tokens": 1},
+                    }
+                ).encode(),
+                False,
+            ),
+            (
+                sse(
+                    {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "fo"}},
+                    {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "ur"}},
+                    {"type": "message_delta", "delta": {}, "usage": {"input_tokens": 3, "output_tokens": 1}},
+                ),
+                True,
+            ),
+            (
+                json.dumps(
+                    {
+                        "output": [{"type": "message", "content": [{"type": "output_text", "text": "four"}]}],
+                        "usage": {"input_tokens": 3, "output_tokens": 1},
+                    }
+                ).encode(),
+                False,
+            ),
+            (
+                sse(
+                    {"type": "response.output_text.delta", "delta": "four"},
+                    {
+                        "type": "response.completed",
+                        "response": {"usage": {"input_tokens": 3, "output_tokens": 1}},
+                    },
+                ),
+                True,
+            ),
+            (
+                b'{"message": {"role": "assistant", "content": "fo"}, "done": false}\n'
+                b'{"message": {"role": "assistant", "content": "ur"}, "done": false}\n'
+                b'{"message": {"role": "assistant", "content": ""}, "done": true, '
+                b'"prompt_eval_count": 3, "eval_count": 1}\n',
+                True,
+            ),
+            (b'{"response": "four", "done": true, "prompt_eval_count": 3, "eval_count": 1}', False),
+        ]
+        for raw, stream in cases:
+            answer = read_answer(raw)
+            self.assertEqual(
+                (answer["stream"], answer["text"], answer["tokens"]),
+                (stream, "four", {"prompt": 3, "completion": 1}),
+                raw,
+            )
+
     def test_chunked_framing_is_taken_off(self) -> None:
         self.assertEqual(unchunk(b"5\r\nHello\r\n1;x=y\r\n!\r\n0\r\n\r\n"), b"Hello!")
         record = self.record()

@@ -51,7 +51,8 @@ class AnthropicAPI:
         self._gateway.scheduler.backend_name(backend)
         body = self._gateway.body(request)
         model, keep_alive = target(body, None)  # llama-server checks the rest
-        async with self._gateway.lease(backend, model, COMPLETION, keep_alive) as lease:
+        record = self._gateway.record_answer(request, model, COMPLETION, body)
+        async with self._gateway.lease(backend, model, COMPLETION, keep_alive, record) as lease:
             answer = await self._runners.post(lease.socket, path, body)
             try:
                 await answer.relay(request)

@@ -63,6 +63,20 @@ class Gateway:
         request.notifyFinish().addBoth(lambda result: records.end(record, request.code, result is None))
         return record
 
+    def record_answer(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
+        """L{record}, for a route that writes its own answer (a translation): what the client
+        receives is what the record keeps."""
+        record = self.record(request, model, mode, body)
+        if record is not None:
+            write = request.write
+
+            def recorded(data: bytes) -> None:
+                record.write(data)
+                write(data)
+
+            request.write = recorded  # type: ignore[method-assign]
+        return record
+
     @asynccontextmanager
     async def lease(
         self,

@@ -266,7 +266,8 @@ class OllamaAPI:
             return await self._load_only(request, kind, name, keep, started)
         stream = payload.get("stream") is not False
         body.update(model=name, stream=stream)
-        async with self._gateway.lease(None, name, COMPLETION, keep) as lease:
+        record = self._gateway.record_answer(request, name, COMPLETION, json.dumps(payload).encode())
+        async with self._gateway.lease(None, name, COMPLETION, keep, record) as lease:
             loaded = self._gateway.clock.seconds()
             answer = await self._runners.post(lease.socket, path, json.dumps(body).encode())
             if not stream:

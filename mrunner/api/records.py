@@ -139,21 +139,27 @@ def unchunk(data: bytes) -> bytes:
 
 
 def read_answer(raw: bytes) -> dict[str, Any]:
-    """C{{"stream", "text", "body", "tokens"}} from a runner's answer: SSE events or one JSON body."""
+    """C{{"stream", "text", "body", "tokens"}} from an answer: SSE events, NDJSON lines or one JSON body.
+
+    The shapes read are OpenAI's (chat, completions, Responses), Anthropic's and Ollama's.
+    """
     stripped = raw.lstrip()
     if stripped.startswith((b"data:", b"event:", b":")):
-        return _read_events(raw)
+        return _read_events(line[5:].strip() for line in _lines(raw) if line.startswith("data:"))
     body = _decoded(raw, False)
+    if isinstance(body, str) and stripped.startswith(b"{"):  # NDJSON: Ollama's stream
+        return _read_events(_lines(raw))
     return {"stream": False, "text": _text(body), "body": body, "tokens": _tokens(body)}
 
 
-def _read_events(raw: bytes) -> dict[str, Any]:
+def _lines(raw: bytes) -> list[str]:
+    return raw.decode("utf-8", errors="replace").splitlines()
+
+
+def _read_events(datas: Iterable[str]) -> dict[str, Any]:
     pieces: list[str] = []
     tokens = None
-    for line in raw.decode("utf-8", errors="replace").splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
+    for data in datas:
         if data == "[DONE]":
             continue
         try:
@@ -166,25 +172,59 @@ def _read_events(raw: bytes) -> dict[str, Any]:
 
 
 def _text(body: Any, delta: bool = False) -> str | None:
-    """The answer's text: chat C{message}/C{delta} content, or a completion's C{text}."""
+    """The answer's text, or an event's piece of it, in whichever API's shape it came."""
     if not isinstance(body, dict):
         return None
     choices = body.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    message = choice.get("delta" if delta else "message")
-    content = message.get("content") if isinstance(message, dict) else choice.get("text")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):  # OpenAI chat, completions
+        choice = choices[0]
+        message = choice.get("delta" if delta else "message")
+        content = message.get("content") if isinstance(message, dict) else choice.get("text")
+    elif isinstance(body.get("message"), dict):  # Ollama chat
+        content = body["message"].get("content")
+    elif "response" in body and "done" in body:  # Ollama generate
+        content = body["response"]
+    elif isinstance(body.get("delta"), dict):  # Anthropic content_block_delta
+        content = body["delta"].get("text")
+    elif body.get("type") == "response.output_text.delta":  # Responses event
+        content = body.get("delta")
+    else:  # a whole Anthropic message or Responses answer
+        content = (
+            "".join(_parts_text(body.get("content")))
+            or "".join(
+                text
+                for item in body.get("output") or ()
+                if isinstance(item, dict)
+                for text in _parts_text(item.get("content"))
+            )
+            or None
+        )
     return content if isinstance(content, str) else None
 
 
+def _parts_text(parts: Any) -> list[str]:
+    """The text of Anthropic's content blocks or Responses' output parts."""
+    if not isinstance(parts, list):
+        return []
+    return [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+
+
+# (prompt, completion) token fields of each API's usage object
+_USAGE_FIELDS = (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"))
+
+
 def _tokens(body: Any) -> dict[str, int] | None:
-    """Prompt and completion tokens, from OpenAI's C{usage} or llama-server's C{timings}."""
+    """Prompt and completion tokens, from any API's usage or counts, or llama-server's C{timings}."""
     if not isinstance(body, dict):
         return None
-    usage = body.get("usage")
-    if isinstance(usage, dict) and "prompt_tokens" in usage:
-        return {"prompt": usage.get("prompt_tokens", 0), "completion": usage.get("completion_tokens", 0)}
+    inner = body.get("response") if isinstance(body.get("response"), dict) else body.get("message")
+    for usage in (body.get("usage"), inner.get("usage") if isinstance(inner, dict) else None):
+        if isinstance(usage, dict):
+            for prompt, completion in _USAGE_FIELDS:
+                if prompt in usage or completion in usage:
+                    return {"prompt": usage.get(prompt, 0), "completion": usage.get(completion, 0)}
+    if "eval_count" in body:  # Ollama's last line
+        return {"prompt": body.get("prompt_eval_count", 0), "completion": body["eval_count"]}
     timings = body.get("timings")
     if isinstance(timings, dict) and "prompt_n" in timings:
         return {"prompt": timings.get("prompt_n", 0), "completion": timings.get("predicted_n", 0)}

@@ -147,7 +147,8 @@ class ResponsesAPI:
         }
         response_id = shapes.new_id("resp")
         created = int(self._gateway.clock.seconds())
-        async with self._gateway.lease(backend, model, COMPLETION, keep) as lease:
+        record = self._gateway.record_answer(request, model, COMPLETION, json.dumps(payload).encode())
+        async with self._gateway.lease(backend, model, COMPLETION, keep, record) as lease:
             answer = await self._runners.post(
                 lease.socket, b"/v1/chat/completions", json.dumps(body).encode()
             )
