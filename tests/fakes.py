@@ -76,6 +76,7 @@ def model(name: str = "ai/smollm2:latest", digest: str = "a" * 64) -> Model:
 @attrs.define
 class FakeStore:
     models: dict[str, Model] = attrs.field(factory=dict)
+    checked: list[str] = attrs.field(factory=list)  # names L{ready} was asked for
 
     def resolve(self, name: str) -> Model:
         for candidate in (name, f"ai/{name}:latest", f"{name}:latest"):
@@ -98,6 +99,7 @@ class FakeStore:
         return 0
 
     def ready(self, name: str) -> Deferred[Model]:
+        self.checked.append(name)
         return succeed(self.resolve(name))
 
 

@@ -68,6 +68,15 @@ class SchedulerTests(SynchronousTestCase):
         self.assertTrue(verifyObject(ILease, lease))
         self.assertEqual((lease.model, lease.socket), (A, self.spawn.processes[0].socket))
 
+    def test_a_models_files_are_checked_before_a_load_not_on_every_request(self) -> None:
+        self.make()
+        self.load_a()
+        self.successResultOf(self.scheduler.acquire(None, "a", COMPLETION)).release()
+        self.assertEqual(self.store.checked, ["a"])
+        self.store.models[A] = attrs.evolve(self.store.models[A], problem="a blob was corrupt")
+        self.successResultOf(self.scheduler.acquire(None, "a", COMPLETION)).release()
+        self.assertEqual(self.store.checked, ["a", "a"])
+
     def test_failures_come_through_the_deferred(self) -> None:
         scheduler = self.make()
         self.failureResultOf(scheduler.acquire("vllm", "a", COMPLETION), NotFound)

@@ -120,11 +120,16 @@ class Scheduler:
     ) -> LoadRequest:
         """What the loader needs for C{name}: the backend installed, the model found, its memory checked."""
         backend = self.backend_name(backend_name)
-        model = await self._store.ready(name)
+        model = self._store.resolve(name)
+        # The store checks a model's files (sizes; digests once since start) before a load,
+        # not on every request a runner already holding the model serves.
+        loading = model.problem is not None or RunnerKey(backend, model.id, mode) not in self.loader.runners
+        if loading:
+            model = await self._store.ready(name)
         await self.installer.wait(backend, install_wait)
         configured = self._model_settings(backend, model)
         settings = self._runner_settings(configured)
-        if configured.draft_model:
+        if configured.draft_model and loading:
             await self._store.ready(configured.draft_model)
         memory = self._backends[backend].memory(model, mode, settings)
         budget = self._config.scheduler.memory_budget
