@@ -155,9 +155,7 @@ def make_parts(
     runners = RunnerClient(runner_pool)
     responses = config.responses
     groups: list[Any] = [  # the inference routes first: every token's request is matched against them
-        InferenceAPI(
-            scheduler, store, Forwarder(runner_pool), metrics, reactor, config.max_request_bytes, records
-        ),
+        InferenceAPI(gateway, store, Forwarder(runner_pool)),
         AnthropicAPI(gateway, runners),
         ResponsesAPI(
             gateway, runners, ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)

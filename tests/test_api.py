@@ -14,6 +14,7 @@ from twisted.web.http_headers import Headers
 
 from mrunner.api.admin import AdminAPI
 from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.gateway import Gateway
 from mrunner.api.inference import InferenceAPI
 from mrunner.api.ui import PageAPI
 from mrunner.config import Config, SchedulerConfig
@@ -58,7 +59,9 @@ class APITests(SynchronousTestCase):
         scraper = RunnerScraper(UnreachableRunners(), self.clock)
         groups = [
             ServiceAPI(NoModelsAPI(), metrics.registry, self.scheduler, scraper),
-            InferenceAPI(self.scheduler, self.store, Forwarder(None), metrics, self.clock, max_request_bytes),
+            InferenceAPI(
+                Gateway(self.scheduler, metrics, self.clock, max_request_bytes), self.store, Forwarder(None)
+            ),
             AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
         ]
         self.http = StubTreq(Routes(groups))

@@ -6,20 +6,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
-from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from mrunner.api import validate
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, template, with_backend
-from mrunner.api.records import Records
 from mrunner.api.requests import target, wants_images
 from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.errors import BadRequest
-from mrunner.interfaces import IModelStore, IScheduler
-from mrunner.metrics import Metrics
+from mrunner.interfaces import IModelStore
 from mrunner.proxy import Forwarder
 from mrunner.store.model import Model
 
@@ -97,20 +94,11 @@ class InferenceAPI:
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(
-        self,
-        scheduler: IScheduler,
-        store: IModelStore,
-        forwarder: Forwarder,
-        metrics: Metrics,
-        clock: IReactorTime,
-        max_request_bytes: int,
-        records: Records | None = None,
-    ):
-        self._scheduler = scheduler
+    def __init__(self, gateway: Gateway, store: IModelStore, forwarder: Forwarder):
+        self._gateway = gateway
+        self._scheduler = gateway.scheduler
         self._store = store
         self._forwarder = forwarder
-        self._gateway = Gateway(scheduler, metrics, clock, max_request_bytes, records)
 
     async def _infer(
         self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
