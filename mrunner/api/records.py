@@ -1,10 +1,12 @@
 """Request records: the last requests per model, with timings, token counts, the body and the answer.
 
 Recording stays off the proxy's hot path: a request's body is kept as the
-bytes it already is, and the answer as the chunks the runner sent (L{Record.write}
-only appends). Nothing is parsed until a record is read: then a streamed
-answer is reassembled into its final text, and token counts are taken from
-the runner's C{usage} (or llama-server's C{timings}).
+bytes it already is, and the answer in one buffer the runner's chunks are
+appended to (L{Record.write}), not as the chunks themselves: a thousand live
+streams then hold a buffer each, not an object per event. Nothing is parsed
+until a record is read: then a streamed answer is reassembled into its final
+text, and token counts are taken from the runner's C{usage} (or llama-server's
+C{timings}).
 
 The store is bounded by C{per_model} records per model and C{max_bytes} in
 all; a body or answer past C{max_body} is cut there and marked truncated.
@@ -43,7 +45,7 @@ class Record:
     method: str
     route: str
     started: float
-    headers: dict[str, str]
+    headers: bytes  # from L{kept_headers}
     body: bytes
     body_size: int
     max_body: int
@@ -53,7 +55,7 @@ class Record:
     first_byte: float | None = None
     ended: float | None = None
     chunked: bool = False
-    answer: list[bytes] = attrs.field(factory=list)
+    answer: bytearray = attrs.field(factory=bytearray)
     answer_size: int = 0
     now: Callable[[], float] = attrs.field(default=lambda: 0.0, repr=False)
 
@@ -65,18 +67,19 @@ class Record:
         """A piece of the runner's answer, as it was sent to the client: kept up to C{max_body} bytes."""
         if self.first_byte is None:
             self.first_byte = self.now()
-        if self.answer_size < self.max_body:
-            self.answer.append(data)
+        room = self.max_body - len(self.answer)
+        if room > 0:
+            self.answer += data[:room]
         self.answer_size += len(data)
 
     @property
     def size(self) -> int:
         """Bytes this record holds."""
-        return len(self.body) + min(self.answer_size, self.max_body)
+        return len(self.body) + len(self.answer)
 
     def to_json(self) -> dict[str, Any]:
         """The record as C{GET /engines/requests} shows it; the answer is parsed here, not before."""
-        raw = b"".join(self.answer)[: self.max_body]
+        raw = bytes(self.answer)
         if self.chunked:
             raw = unchunk(raw)
         answer = read_answer(raw)
@@ -96,7 +99,7 @@ class Record:
             },
             "tokens": answer.pop("tokens"),
             "request": {
-                "headers": self.headers,
+                "headers": _header_fields(self.headers),
                 "body": _decoded(self.body, self.body_size > len(self.body)),
                 "size": self.body_size,
                 "truncated": self.body_size > len(self.body),
@@ -240,13 +243,19 @@ def record_key(model: str) -> str:
         return model
 
 
-def kept_headers(headers: Headers) -> dict[str, str]:
-    """A request's headers without secrets."""
-    return {
-        name.decode("latin-1").lower(): b", ".join(values).decode("latin-1")
+def kept_headers(headers: Headers) -> bytes:
+    """A request's headers without secrets, as C{name: value} lines: one object, not two a field."""
+    return b"\n".join(
+        name.lower() + b": " + b", ".join(values)
         for name, values in headers.getAllRawHeaders()
         if name.lower() not in SECRET_HEADERS
-    }
+    )
+
+
+def _header_fields(kept: bytes) -> dict[str, str]:
+    """The fields of L{kept_headers}' lines (a value holds no line break: Twisted's Headers replace them)."""
+    lines = kept.decode("latin-1").split("\n") if kept else []
+    return dict(line.split(": ", 1) for line in lines)
 
 
 class Records:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from io import BytesIO
 from typing import Any
 
 from twisted.web.iweb import IRequest
@@ -17,8 +18,13 @@ def read_body(request: IRequest, limit: int) -> bytes:
     declared = request.getHeader(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
-    request.content.seek(0)
-    body: bytes = request.content.read(limit + 1)
+    content = request.content
+    # A small body is in memory: getvalue shares its buffer, where read would keep a second copy.
+    if isinstance(content, BytesIO):
+        body = content.getvalue()
+    else:
+        content.seek(0)
+        body = content.read(limit + 1)
     if len(body) > limit:
         raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
     return body
