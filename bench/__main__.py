@@ -96,8 +96,7 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
         argv_b = servers.replaced(argv, "--model", ["--model", str(paths.ggufs[1])])
         rows.append(loading.swap(mrunner, [argv, argv_b], MODELS, settings, tmp))
         if settings.store_rounds:
-            progress(f"7 and 8: pulls and imports of a 112 MB model, {settings.store_rounds} rounds")
-            rows += store.measure(mrunner, settings.store_rounds, tmp)
+            rows += pulls_and_imports(mrunner, settings, tmp)
     if settings.threads and settings.default_threads_rounds:
         rounds = settings.default_threads_rounds
         with llama_paths(tmp, executable, settings, 0) as paths:
@@ -105,6 +104,18 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
             variant = dataclasses.replace(settings, rounds=rounds)
             rows += streaming.measure(paths.targets, model, variant, ", default threads")
     return rows
+
+
+def store_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row]:
+    """Scenarios 7 and 8 alone (C{--store-only}): an mrunner and the registry, no runner or baseline server."""
+    conf = daemon.llama_conf(executable, settings.parallel, settings.threads)
+    with daemon.started(tmp / "home-store", conf, "llama.cpp") as mrunner:
+        return pulls_and_imports(mrunner, settings, tmp)
+
+
+def pulls_and_imports(mrunner: Target, settings: Settings, tmp: Path) -> list[Row]:
+    progress(f"7 and 8: pulls and imports of a 112 MB model, {settings.store_rounds} rounds")
+    return store.measure(mrunner, settings.store_rounds, tmp)
 
 
 def many_streams(tmp: Path, settings: Settings) -> list[Row]:
@@ -169,6 +180,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         dest="threads",
         help="runners keep llama-server's default thread count (the same as --threads 0)",
     )
+    parser.add_argument(
+        "--store-only", action="store_true", help="run only scenarios 7 and 8, the pull and the import"
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 
@@ -187,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     # Short, because runner sockets live under it and UNIX socket paths are limited to 108 bytes.
     tmp = Path(tempfile.mkdtemp(prefix="mrb-", dir="/tmp"))
     try:
-        rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
+        if args.store_only:
+            rows = store_scenarios(tmp, executable, settings)
+        else:
+            rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1

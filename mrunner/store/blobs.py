@@ -175,7 +175,7 @@ class BlobWriter:
                     self._hash.update(chunk)
                     self.offset += len(chunk)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self._hash.update(data)
         self._file.write(data)
         self.offset += len(data)

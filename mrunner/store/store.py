@@ -1,9 +1,10 @@
 """The model store: blobs, manifests (blobs too) and an index of tags in ``$MRUNNER_HOME/models``.
 
 The index (``index.json``: manifest digest → tags) is the only mutable file;
-it is rewritten atomically and owned by the reactor thread. Threads only copy
-and hash file contents; everything that decides what the store holds runs
-on the reactor, so a delete never races an import or a pull.
+it is rewritten atomically and owned by the reactor thread. Threads only copy,
+hash and read file contents (an upload is hashed as it arrives, see
+L{Upload}); everything that decides what the store holds runs on the
+reactor, so a delete never races an import or a pull.
 
 A model is checked before each load (L{ModelStore.ready}, with L{Integrity}):
 its blobs' sizes every time, their digests the first time since the daemon
@@ -13,7 +14,6 @@ started. A blob that fails is quarantined, and the model then says so
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -21,7 +21,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -33,12 +32,7 @@ from zope.interface import implementer
 
 from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound
 from mrunner.interfaces import IModelStore
-from mrunner.store import gguf_meta
 from mrunner.store.artifact import (
-    CHAT_TEMPLATE,
-    GGUF,
-    LICENSE,
-    MMPROJ,
     MODEL_CONFIG,
     Descriptor,
     InvalidManifest,
@@ -47,11 +41,11 @@ from mrunner.store.artifact import (
     parse_config,
     parse_manifest,
 )
-from mrunner.store.blobs import Blobs, BlobWriter, fsync_dir
+from mrunner.store.blobs import Blobs, fsync_dir
 from mrunner.store.integrity import Integrity
 from mrunner.store.model import Model
 from mrunner.store.names import DIGEST, SHORT_ID, Reference, parse
-from mrunner.store.package import Package, read_package
+from mrunner.store.upload import Staged, Upload
 
 DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
 
@@ -75,10 +69,6 @@ class ModelCorrupt(Conflict):
     """A model whose blob is missing or failed its check: it must be pulled or imported again."""
 
     code = "model_corrupt"
-
-
-Staged = tuple[gguf_meta.GGUFInfo, list[tuple[str, BlobWriter]]]
-Stage = Callable[[Blobs], Staged]
 
 
 def shard_name(number: int, count: int) -> str:
@@ -127,12 +117,25 @@ class ModelStore:
         licenses: Sequence[bytes] = (),
         context_size: int | None = None,
     ) -> Deferred[Model]:
-        package = Package([source], list(licenses))
-        return Deferred.fromCoroutine(self._import(name, partial(_stage, package), context_size))
+        upload = self.upload(packaged=False)
+        for text in licenses:
+            upload.license(text)
+        return self._import_file(name, upload, source, context_size)
 
     def import_package(self, name: str, source: BinaryIO, context_size: int | None = None) -> Deferred[Model]:
-        """Store the package tar read from C{source} (see L{read_package}); the tar is read in a thread."""
-        return Deferred.fromCoroutine(self._import(name, partial(_stage_package, source), context_size))
+        """Store the package tar read from C{source} (see L{mrunner.store.package}), read in a thread."""
+        return self._import_file(name, self.upload(packaged=True), source, context_size)
+
+    def upload(self, packaged: bool) -> Upload:
+        """Where a GGUF file or (C{packaged}) a package tar is written as it arrives, for L{import_upload}."""
+        return Upload(self.blobs, packaged)
+
+    def import_upload(self, name: str, upload: Upload, context_size: int | None = None) -> Deferred[Model]:
+        """Store as C{name} the model whose bytes were all written to C{upload}, without reading them again.
+
+        The store takes the staged files over: it commits them, or removes them when the import fails.
+        """
+        return Deferred.fromCoroutine(self._import(name, upload, upload.staged, context_size))
 
     def disk_usage(self) -> int:
         return self.blobs.usage() + (self._index_path.stat().st_size if self._index_path.exists() else 0)
@@ -300,18 +303,30 @@ class ModelStore:
 
     # Internals
 
-    async def _import(self, name: str, stage: Stage, context_size: int | None) -> Model:
-        ref = parse(name)
-        if ref.digest:
-            raise BadRequest(f"import needs a name with a tag, not a digest: {name!r}")
-        info, writers = await self.in_thread(stage, self.blobs)
-        try:  # committed together, on the reactor: no collection runs in between
+    def _import_file(
+        self, name: str, upload: Upload, source: BinaryIO, context_size: int | None
+    ) -> Deferred[Model]:
+        def stage() -> Staged:
+            upload.copy(source)
+            return upload.staged()
+
+        return Deferred.fromCoroutine(self._import(name, upload, stage, context_size))
+
+    async def _import(
+        self, name: str, upload: Upload, stage: Callable[[], Staged], context_size: int | None
+    ) -> Model:
+        upload.taken = True
+        try:
+            ref = parse(name)
+            if ref.digest:
+                raise BadRequest(f"import needs a name with a tag, not a digest: {name!r}")
+            info, writers = await self.in_thread(stage)
+            # committed together, on the reactor: no collection runs in between
             layers = [
                 Descriptor(media_type, writer.commit(), writer.offset) for media_type, writer in writers
             ]
         finally:
-            for _, writer in writers:
-                writer.discard()  # the temps, now renamed or useless
+            upload.discard()  # the temps, now renamed or useless
         described = info.config()
         if context_size is not None:
             described["context_size"] = context_size
@@ -435,41 +450,3 @@ class ModelStore:
         fsync_dir(self.root)
         self._models = models
         self._tags = self._tag_map()
-
-
-def _stage(package: Package, blobs: Blobs) -> Staged:
-    """Copy and hash the model's files into temps, then read the GGUF headers (in a thread).
-
-    The headers' reader starts first, so its interpreter starts during the copy.
-
-    @return: the weights' header and the sealed writers with their media types,
-        in manifest order (weights, licenses, projector, template); on failure no temp is left.
-    """
-    parts: list[tuple[str, BinaryIO]] = [(GGUF, source) for source in package.weights]
-    parts += [(LICENSE, io.BytesIO(text)) for text in package.licenses]
-    if package.mmproj is not None:
-        parts.append((MMPROJ, package.mmproj))
-    if package.chat_template is not None:
-        parts.append((CHAT_TEMPLATE, io.BytesIO(package.chat_template)))
-    writers: list[tuple[str, BlobWriter]] = []
-    reader = gguf_meta.Reader()
-    try:
-        for media_type, source in parts:
-            writers.append((media_type, blobs.writer(None)))
-            writers[-1][1].copy(source)
-            writers[-1][1].seal()
-        headers = reader.read_all([w.temp for t, w in writers if t in (GGUF, MMPROJ)])
-        if package.mmproj is not None:
-            gguf_meta.check_projector(headers.pop())
-        return gguf_meta.weights(headers), writers
-    except BaseException:
-        for _, writer in writers:
-            writer.discard()
-        raise
-    finally:
-        reader.close()
-
-
-def _stage_package(source: BinaryIO, blobs: Blobs) -> Staged:
-    """L{_stage} the members of a package tar (in a thread: reading the tar blocks)."""
-    return _stage(read_package(source), blobs)
