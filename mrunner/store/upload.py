@@ -116,8 +116,12 @@ class Upload:
         parts += [(MMPROJ, writer) for writer in self._files[MMPROJ]]
         parts += [(CHAT_TEMPLATE, self._stored(text)) for text in self.texts[CHAT_TEMPLATE]]
         for _, writer in parts:
+            writer.flush()
+        # The child reads the headers while the files go to disk.
+        self._reader.ask([writer.temp for kind, writer in parts if kind in (GGUF, MMPROJ)])
+        for _, writer in parts:
             writer.seal()
-        headers = self._reader.read_all([writer.temp for kind, writer in parts if kind in (GGUF, MMPROJ)])
+        headers = self._reader.answer()
         if self._files[MMPROJ]:
             gguf_meta.check_projector(headers.pop())
         return gguf_meta.weights(headers), parts
