@@ -6,28 +6,21 @@ every byte read twice and written twice. An L{Upload} takes the body's place
 instead (the request's C{content}, see L{mrunner.api.gate.GatedSite}): each
 piece is hashed and written to a staged blob as it comes off the socket, and
 the import only seals the files, reads their GGUF headers (small) and renames
-them into place.
-
-The hashing and writing happen in a thread of the upload's own, beside the
-reactor that receives the next bytes: hashlib and file writes release the
-GIL, so the two overlap, and the reactor no longer waits on the disk as it
-did for the temporary file. A few pieces wait between them at most; past
-that, the reactor waits for the thread, as it waited for its writes before.
+them into place. Hashing on the reactor costs about a millisecond a megabyte,
+where the temporary file it replaces was written on the reactor too.
 """
 
 from __future__ import annotations
 
 import io
-import queue
 import tarfile
-import threading
 from collections import Counter
 from typing import BinaryIO
 
 from mrunner.errors import MrunnerError
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ
-from mrunner.store.blobs import Blobs, BlobWriter
+from mrunner.store.blobs import CHUNK, Blobs, BlobWriter
 from mrunner.store.package import (
     MAX_SHARDS,
     Untar,
@@ -42,10 +35,6 @@ from mrunner.store.package import (
 
 #: The weights' header and the sealed writers with their media types, in manifest order.
 Staged = tuple[gguf_meta.GGUFInfo, list[tuple[str, BlobWriter]]]
-#: Pieces received but not yet written, at most: twisted.web's reads are 64 KiB, so about 2 MiB.
-QUEUED = 32
-#: What L{Upload.copy} reads at a time, as much as the reactor receives.
-PIECE = 64 * 1024
 
 
 class StoreWriteFailed(MrunnerError):
@@ -57,37 +46,38 @@ class StoreWriteFailed(MrunnerError):
 class Upload:
     """The files of one import: a GGUF file, or (C{packaged}) the members of a package tar.
 
-    L{write} hands each piece to the upload's thread, which parses, hashes and
-    writes it; L{staged} checks, seals and reads the files once all are in.
-    Nothing is committed here: the store renames what L{staged} returns, and
-    L{discard} removes every temp left, so a cut-off or refused upload leaves
-    nothing behind.
+    Written with L{write} as the bytes come, on one thread at a time; checked,
+    sealed and read by L{staged} once they are all in. Nothing is committed
+    here: the store renames what L{staged} returns, and L{discard} removes
+    every temp left, so a cut-off or refused upload leaves nothing behind.
     """
 
     def __init__(self, blobs: Blobs, packaged: bool) -> None:
         self._blobs = blobs
         self._reader = gguf_meta.Reader()  # its child imports gguf while the bytes arrive
-        self._error: Exception | None = None
+        self._error: MrunnerError | None = None
         self._temps: list[BlobWriter] = []  # every staged file, to remove what is not committed
         self._files: dict[str, list[BlobWriter]] = {GGUF: [], MMPROJ: []}
-        self._texts: dict[str, list[io.BytesIO]] = {LICENSE: [], CHAT_TEMPLATE: []}
+        self.texts: dict[str, list[io.BytesIO]] = {LICENSE: [], CHAT_TEMPLATE: []}
         self._seen: Counter[str] = Counter()  # members of each kind, kept or not
         self._license_bytes = 0
         self._unexpected: list[str] = []
+        self.received = 0
+        self.taken = False
         self._untar = Untar(self._start) if packaged else None
         self._body: Write = self._untar.feed if self._untar else self._file(GGUF)
-        self.received = 0
-        self.taken = False  # by the store's import: twisted.web's close no longer removes the files
-        self._pieces: queue.Queue[bytes | None] = queue.Queue(QUEUED)
-        self._thread = threading.Thread(target=self._work, name="mrunner upload", daemon=True)
-        self._thread.start()
 
     # What twisted.web asks of a request's content.
 
     def write(self, data: bytes) -> None:
-        """The next bytes of the body, for the upload's thread (waiting while it is L{QUEUED} behind)."""
+        """The next bytes of the body: written to the staged files, unless the upload failed already."""
         self.received += len(data)
-        self._pieces.put(data)
+        try:
+            self._body(memoryview(data))
+        except MrunnerError as e:
+            self._fail(e)
+        except OSError as e:
+            self._fail(StoreWriteFailed(f"the store cannot write the model: {e.strerror}"))
 
     def tell(self) -> int:
         return self.received
@@ -104,11 +94,11 @@ class Upload:
 
     def license(self, text: bytes) -> None:
         """Store C{text} as a license of the model, beside what the upload brings."""
-        self._texts[LICENSE].append(io.BytesIO(text))
+        self.texts[LICENSE].append(io.BytesIO(text))
 
     def copy(self, source: BinaryIO) -> None:
         """L{write} everything C{source} has (blocking: a thread's job)."""
-        while chunk := source.read(PIECE):
+        while chunk := source.read(CHUNK):
             self.write(chunk)
 
     def staged(self) -> Staged:
@@ -116,18 +106,15 @@ class Upload:
 
         @raise BadRequest: an incomplete or invalid package, or a file that is not GGUF.
         """
-        self._written()
         if self._error is None and self._untar is not None:
             self._untar.end()
-        if isinstance(self._error, OSError):
-            raise StoreWriteFailed(f"the store cannot write the model: {self._error.strerror}")
         if self._error is not None:
             raise self._error
         self._check()
         parts = [(GGUF, writer) for writer in self._files[GGUF]]
-        parts += [(LICENSE, self._stored(text)) for text in self._texts[LICENSE]]
+        parts += [(LICENSE, self._stored(text)) for text in self.texts[LICENSE]]
         parts += [(MMPROJ, writer) for writer in self._files[MMPROJ]]
-        parts += [(CHAT_TEMPLATE, self._stored(text)) for text in self._texts[CHAT_TEMPLATE]]
+        parts += [(CHAT_TEMPLATE, self._stored(text)) for text in self.texts[CHAT_TEMPLATE]]
         for _, writer in parts:
             writer.flush()
         # The child reads the headers while the files go to disk.
@@ -141,31 +128,17 @@ class Upload:
 
     def discard(self) -> None:
         """Remove the staged temps (those committed are gone already) and stop the header reader."""
-        self._written()
-        self._remove_temps()
+        for writer in self._temps:
+            writer.discard()
         self._reader.close()
 
     # Internals
 
-    def _work(self) -> None:
-        """The upload's thread: parse, hash and write each piece, until L{_written} says the body ended."""
-        while (data := self._pieces.get()) is not None:
-            try:
-                self._body(memoryview(data))
-            except Exception as e:  # for staged to raise; the thread goes on taking pieces
-                self._error = e
-                self._body = ignore
-                self._remove_temps()
-
-    def _written(self) -> None:
-        """Wait until the upload's thread has written every piece received, and let it end."""
-        if self._thread.is_alive():
-            self._pieces.put(None)
-            self._thread.join()
-
-    def _remove_temps(self) -> None:
-        for writer in self._temps:
-            writer.discard()
+    def _fail(self, error: MrunnerError) -> None:
+        """Keep the first error for L{staged} to raise, and stop writing: the rest of the body is dropped."""
+        self._error = error
+        self._body = ignore
+        self.discard()
 
     def _file(self, kind: str) -> Write:
         writer = self._blobs.writer(None)
@@ -198,12 +171,12 @@ class Upload:
         else:
             check_template_size(member)
         text = io.BytesIO()
-        self._texts[kind].append(text)
+        self.texts[kind].append(text)
         return text.write
 
     def _check(self) -> None:
         """@raise BadRequest: the package lacks weights, or holds what it may not."""
         if self._untar is not None:
             check_members(self._seen, self._unexpected)
-        for template in self._texts[CHAT_TEMPLATE]:
+        for template in self.texts[CHAT_TEMPLATE]:
             check_template(template.getvalue())
