@@ -107,7 +107,7 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
 
 
 def store_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row]:
-    """Scenarios 7 and 8 alone (C{--store-only}): an mrunner and the registry, no runner or baseline server."""
+    """Scenarios 7 and 8 alone (C{--store-only}): an mrunner and a registry, no runner or baseline."""
     conf = daemon.llama_conf(executable, settings.parallel, settings.threads)
     with daemon.started(tmp / "home-store", conf, "llama.cpp") as mrunner:
         return pulls_and_imports(mrunner, settings, tmp)

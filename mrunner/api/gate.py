@@ -101,7 +101,7 @@ class GatedChannel(HTTPChannel):
         self._body_mark: tuple[float, int] | None = None  # (when, bytes received) in a body
         self._lingering: float | None = None  # since when a refused request's body is discarded
         self._via_socket = False
-        self._big_reads = False  # reading SINK_READ_SIZE at a time, for a sink
+        self._read_size: int | None = None  # the transport's own, while it reads for a sink
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -144,8 +144,9 @@ class GatedChannel(HTTPChannel):
             self._body_mark = (self.site.reactor.seconds(), self._received)
             if self._command == b"POST":
                 request.sink = self.site.sink(self._path)
-                self._big_reads = request.sink is not None and hasattr(self.transport, "bufferSize")
-                if self._big_reads:  # a TCP or UNIX socket's transport (TLS reads its own way)
+                # A TCP or UNIX socket's transport says how much it reads (TLS reads its own way).
+                if request.sink is not None and hasattr(self.transport, "bufferSize"):
+                    self._read_size = self.transport.bufferSize
                     self.transport.bufferSize = SINK_READ_SIZE
         super().allHeadersReceived()
 
@@ -162,9 +163,8 @@ class GatedChannel(HTTPChannel):
         if self._lingering is not None:
             return  # the body of a request refused midway has ended: it was answered already
         self._body_mark = None
-        if self._big_reads:
-            self._big_reads = False
-            del self.transport.bufferSize  # back to the class's default
+        if self._read_size is not None:
+            self.transport.bufferSize, self._read_size = self._read_size, None
         super().allContentReceived()
 
     def requestDone(self, request: GatedRequest) -> None:

@@ -135,7 +135,7 @@ class ModelStore:
 
         The store takes the staged files over: it commits them, or removes them when the import fails.
         """
-        return Deferred.fromCoroutine(self._import(name, upload, upload.staged, context_size))
+        return self._import(name, upload, upload.staged, context_size)
 
     def disk_usage(self) -> int:
         return self.blobs.usage() + (self._index_path.stat().st_size if self._index_path.exists() else 0)
@@ -310,12 +310,26 @@ class ModelStore:
             upload.copy(source)
             return upload.staged()
 
-        return Deferred.fromCoroutine(self._import(name, upload, stage, context_size))
+        return self._import(name, upload, stage, context_size)
 
-    async def _import(
+    def _import(
+        self, name: str, upload: Upload, stage: Callable[[], Staged], context_size: int | None
+    ) -> Deferred[Model]:
+        """Stage C{upload} in a thread with C{stage}, then commit it; nothing is left behind on failure.
+
+        Cancelling the import (Klein does, when the client goes away) only stops the caller's
+        waiting: the thread still holds the files, so the import runs to its end, a commit or a
+        removal, and a cancelled caller is never told which.
+        """
+        upload.taken = True
+        done = Deferred.fromCoroutine(self._commit(name, upload, stage, context_size))
+        told: Deferred[Model] = Deferred()  # without a canceller: cancelling it fires it at once
+        done.addBoth(lambda result: None if told.called else told.callback(result))
+        return told
+
+    async def _commit(
         self, name: str, upload: Upload, stage: Callable[[], Staged], context_size: int | None
     ) -> Model:
-        upload.taken = True
         try:
             ref = parse(name)
             if ref.digest:

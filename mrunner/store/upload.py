@@ -21,7 +21,7 @@ import tarfile
 from collections import Counter
 from typing import BinaryIO
 
-from mrunner.errors import MrunnerError
+from mrunner.errors import BadRequest, MrunnerError
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ
 from mrunner.store.blobs import CHUNK, Blobs, BlobWriter
@@ -69,7 +69,7 @@ class Upload:
         self.received = 0
         self.taken = False
         self._untar = Untar(self._start) if packaged else None
-        self._body: Write = self._untar.feed if self._untar else self._file(GGUF)
+        self._body: Write = self._untar.feed if self._untar else self._gguf
 
     # What twisted.web asks of a request's content.
 
@@ -144,6 +144,11 @@ class Upload:
         self._body = ignore
         self.discard()
 
+    def _gguf(self, view: memoryview) -> None:
+        """The first bytes of a GGUF file: they and the rest go to a file of their own."""
+        self._body = self._file(GGUF)
+        self._body(view)
+
     def _file(self, kind: str) -> Write:
         writer = self._blobs.writer(None)
         self._temps.append(writer)
@@ -182,5 +187,7 @@ class Upload:
         """@raise BadRequest: the package lacks weights, or holds what it may not."""
         if self._untar is not None:
             check_members(self._seen, self._unexpected)
+        elif not self._files[GGUF]:
+            raise BadRequest("the body is empty: send a GGUF file", code="invalid_gguf")
         for template in self.texts[CHAT_TEMPLATE]:
             check_template(template.getvalue())
