@@ -3,7 +3,7 @@
 This is what Docker Model Runner puts in a model's config blob, and what the
 scheduler's memory estimate starts from. A file is read by a child interpreter
 (``python -m mrunner.store.gguf_meta FILE`` prints it as JSON; ``-`` for
-FILE reads the path from stdin): the ``gguf``
+FILE reads paths from stdin, one a line, up to an empty line): the ``gguf``
 package brings numpy, some 20 MB that would stay resident in the daemon for
 good after its first import, for a read of a few hundred milliseconds. Reading
 maps the file and waits for that child: call it off the reactor thread.
