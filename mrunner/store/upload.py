@@ -62,7 +62,7 @@ class Upload:
         self._error: MrunnerError | None = None
         self._temps: list[BlobWriter] = []  # every staged file, to remove what is not committed
         self._files: dict[str, list[BlobWriter]] = {GGUF: [], MMPROJ: []}
-        self.texts: dict[str, list[io.BytesIO]] = {LICENSE: [], CHAT_TEMPLATE: []}
+        self._texts: dict[str, list[io.BytesIO]] = {LICENSE: [], CHAT_TEMPLATE: []}
         self._seen: Counter[str] = Counter()  # members of each kind, kept or not
         self._license_bytes = 0
         self._unexpected: list[str] = []
@@ -98,7 +98,7 @@ class Upload:
 
     def license(self, text: bytes) -> None:
         """Store C{text} as a license of the model, beside what the upload brings."""
-        self.texts[LICENSE].append(io.BytesIO(text))
+        self._texts[LICENSE].append(io.BytesIO(text))
 
     def copy(self, source: BinaryIO) -> None:
         """L{write} everything C{source} has (blocking: a thread's job)."""
@@ -116,9 +116,9 @@ class Upload:
             raise self._error
         self._check()
         parts = [(GGUF, writer) for writer in self._files[GGUF]]
-        parts += [(LICENSE, self._stored(text)) for text in self.texts[LICENSE]]
+        parts += [(LICENSE, self._stored(text)) for text in self._texts[LICENSE]]
         parts += [(MMPROJ, writer) for writer in self._files[MMPROJ]]
-        parts += [(CHAT_TEMPLATE, self._stored(text)) for text in self.texts[CHAT_TEMPLATE]]
+        parts += [(CHAT_TEMPLATE, self._stored(text)) for text in self._texts[CHAT_TEMPLATE]]
         for _, writer in parts:
             writer.flush()
         # The child reads the headers while the files go to disk.
@@ -180,7 +180,7 @@ class Upload:
         else:
             check_template_size(member)
         text = io.BytesIO()
-        self.texts[kind].append(text)
+        self._texts[kind].append(text)
         return text.write
 
     def _check(self) -> None:
@@ -188,6 +188,6 @@ class Upload:
         if self._untar is not None:
             check_members(self._seen, self._unexpected)
         elif not self._files[GGUF]:
-            raise BadRequest("the body is empty: send a GGUF file", code="invalid_gguf")
-        for template in self.texts[CHAT_TEMPLATE]:
+            raise BadRequest("not a valid GGUF file: the body is empty", code="invalid_gguf")
+        for template in self._texts[CHAT_TEMPLATE]:
             check_template(template.getvalue())
