@@ -52,9 +52,16 @@ class ChildFailed(Exception):
 class _Collector(ProcessProtocol):
     """Splits stdout and stderr into lines, keeps the last ``keep``, fires observers at exit."""
 
-    def __init__(self, argv: tuple[str, ...], on_line: Callable[[str], object], keep: int):
+    def __init__(
+        self,
+        argv: tuple[str, ...],
+        on_line: Callable[[str], object],
+        on_read: Callable[[], object],
+        keep: int,
+    ):
         self.argv = argv
         self._on_line = on_line
+        self._on_read = on_read
         self._partial = {1: b"", 2: b""}
         self.tail: deque[str] = deque(maxlen=keep)
         self.exit: Exit | None = None
@@ -64,6 +71,8 @@ class _Collector(ProcessProtocol):
         *lines, self._partial[childFD] = (self._partial.get(childFD, b"") + data).split(b"\n")
         for line in lines:
             self._line(line)
+        if lines:
+            self._on_read()
 
     def _line(self, raw: bytes) -> None:
         line = raw.decode("utf-8", "replace").rstrip("\r")
@@ -145,18 +154,21 @@ def spawn(
     *,
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], object] = lambda line: None,
+    on_read: Callable[[], object] = lambda: None,
     keep: int = 40,
     die_with_parent: bool = False,
 ) -> Child:
     """Start C{argv}; a program name without a slash is looked up on C{PATH}.
 
     C{env} ``None`` inherits the daemon's environment. C{on_line} sees every
-    line of stdout and stderr as it arrives; the last C{keep} lines are kept
+    line of stdout and stderr as it arrives, and C{on_read} is called after
+    the lines of each read (a log flushes once per read, not once per line:
+    a runner writes several lines per request); the last C{keep} lines are kept
     for the L{Exit}. With C{die_with_parent}, C{setpriv --pdeathsig KILL}
     makes the kernel kill the child when the daemon dies, even by SIGKILL.
     """
     argv = tuple(argv)
-    collector = _Collector(argv, on_line, keep)
+    collector = _Collector(argv, on_line, on_read, keep)
     if die_with_parent and SETPRIV is not None:
         argv = (SETPRIV, "--pdeathsig", "KILL", "--", *argv)
     transport = reactor.spawnProcess(collector, argv[0], argv, env=None if env is None else dict(env))

@@ -127,6 +127,7 @@ class RunnerProcess:
                 argv,
                 env=runner_environment(self._command.env, self._environ),
                 on_line=self._line,
+                on_read=self._read,
                 keep=TAIL_LINES,
                 die_with_parent=True,
             )
@@ -212,12 +213,20 @@ class RunnerProcess:
     # Output and end
 
     def _line(self, line: str) -> None:
-        self._write(line)
+        if self._output is not None:
+            self._output.write(line + "\n")
+
+    def _read(self) -> None:
+        """The runner wrote: the log gets its lines now, and it may just have become ready."""
+        self._flush()
         self._look_sooner()
 
     def _write(self, line: str) -> None:
+        self._line(line)
+        self._flush()
+
+    def _flush(self) -> None:
         if self._output is not None:
-            self._output.write(line + "\n")
             self._output.flush()  # `logs -f` follows it
 
     def _ended(self, exit: childprocess.Exit) -> None:
