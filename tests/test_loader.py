@@ -11,8 +11,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
-from mrunner.scheduling.loader import MEASURE_EVERY, Lease, Loader, LoadRequest, RunnerKey
 from mrunner.scheduling import policy
+from mrunner.scheduling.loader import MEASURE_EVERY, Lease, Loader, LoadRequest, RunnerKey
 from mrunner.scheduling.policy import Limits, State
 from tests.fakes import FakeSpawner, model
 
