@@ -52,9 +52,16 @@ class ChildFailed(Exception):
 class _Collector(ProcessProtocol):
     """Splits stdout and stderr into lines, keeps the last ``keep``, fires observers at exit."""
 
-    def __init__(self, argv: tuple[str, ...], on_line: Callable[[str], object], keep: int):
+    def __init__(
+        self,
+        argv: tuple[str, ...],
+        on_line: Callable[[str], object] | None,
+        on_lines: Callable[[list[str]], object] | None,
+        keep: int,
+    ):
         self.argv = argv
         self._on_line = on_line
+        self._on_lines = on_lines
         self._partial = {1: b"", 2: b""}
         self.tail: deque[str] = deque(maxlen=keep)
         self.exit: Exit | None = None
@@ -62,18 +69,22 @@ class _Collector(ProcessProtocol):
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         *lines, self._partial[childFD] = (self._partial.get(childFD, b"") + data).split(b"\n")
-        for line in lines:
-            self._line(line)
+        if lines:
+            self._lines(lines)
 
-    def _line(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
-        self.tail.append(line)
-        self._on_line(line)
+    def _lines(self, raw: list[bytes]) -> None:
+        lines = [line.decode("utf-8", "replace").rstrip("\r") for line in raw]
+        self.tail.extend(lines)
+        if self._on_line is not None:
+            for line in lines:
+                self._on_line(line)
+        if self._on_lines is not None:
+            self._on_lines(lines)
 
     def processEnded(self, reason: Failure) -> None:
         for rest in self._partial.values():
             if rest:
-                self._line(rest)
+                self._lines([rest])
         status: Any = reason.value  # ProcessDone or ProcessTerminated
         self.exit = Exit(self.argv, status.exitCode, status.signal, tuple(self.tail))
         observers, self.observers = self.observers, []
@@ -144,19 +155,22 @@ def spawn(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
-    on_line: Callable[[str], object] = lambda line: None,
+    on_line: Callable[[str], object] | None = None,
+    on_lines: Callable[[list[str]], object] | None = None,
     keep: int = 40,
     die_with_parent: bool = False,
 ) -> Child:
     """Start C{argv}; a program name without a slash is looked up on C{PATH}.
 
     C{env} ``None`` inherits the daemon's environment. C{on_line} sees every
-    line of stdout and stderr as it arrives; the last C{keep} lines are kept
+    line of stdout and stderr as it arrives; C{on_lines} sees the complete
+    lines of each read together, for a log that writes them at once (a runner
+    writes some nine lines per request); the last C{keep} lines are kept
     for the L{Exit}. With C{die_with_parent}, C{setpriv --pdeathsig KILL}
     makes the kernel kill the child when the daemon dies, even by SIGKILL.
     """
     argv = tuple(argv)
-    collector = _Collector(argv, on_line, keep)
+    collector = _Collector(argv, on_line, on_lines, keep)
     if die_with_parent and SETPRIV is not None:
         argv = (SETPRIV, "--pdeathsig", "KILL", "--", *argv)
     transport = reactor.spawnProcess(collector, argv[0], argv, env=None if env is None else dict(env))

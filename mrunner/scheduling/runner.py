@@ -126,7 +126,7 @@ class RunnerProcess:
                 self._reactor,
                 argv,
                 env=runner_environment(self._command.env, self._environ),
-                on_line=self._line,
+                on_lines=self._lines,
                 keep=TAIL_LINES,
                 die_with_parent=True,
             )
@@ -211,13 +211,14 @@ class RunnerProcess:
 
     # Output and end
 
-    def _line(self, line: str) -> None:
-        self._write(line)
+    def _lines(self, lines: list[str]) -> None:
+        """The runner wrote: the log gets the lines at once, and the runner may just have become ready."""
+        self._write("\n".join(lines))
         self._look_sooner()
 
-    def _write(self, line: str) -> None:
+    def _write(self, text: str) -> None:
         if self._output is not None:
-            self._output.write(line + "\n")
+            self._output.write(text + "\n")
             self._output.flush()  # `logs -f` follows it
 
     def _ended(self, exit: childprocess.Exit) -> None:

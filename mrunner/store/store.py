@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorThreads, IReactorTime
 from twisted.internet.threads import deferToThreadPool
@@ -76,6 +77,18 @@ def shard_name(number: int, count: int) -> str:
     return f"model-{number:05d}-of-{count:05d}.gguf"
 
 
+@attrs.frozen
+class _Stored:
+    """A stored model's parsed manifest and config, and the paths of its files."""
+
+    manifest: Manifest
+    config: dict[str, Any]
+    created: int
+    gguf: str
+    shards: tuple[str, ...]
+    files: dict[str, str]
+
+
 @implementer(IModelStore)
 class ModelStore:
     """Models on disk in Docker Model Runner's OCI layout, found by their normalised names."""
@@ -97,7 +110,7 @@ class ModelStore:
         self._bundles = self.root / "bundles"
         self._models: Index = self._read_index()
         self._tags = self._tag_map()
-        self._artifacts: dict[str, tuple[Manifest, dict[str, Any], int]] = {}
+        self._artifacts: dict[str, _Stored] = {}
         self._pins: Counter[str] = Counter()
         self.integrity = Integrity(self.blobs, self.in_thread)
         self._remove_stale_bundles()
@@ -292,7 +305,7 @@ class ModelStore:
             self._pins += Counter()  # drop zero counts
 
     def manifest(self, digest: str) -> Manifest:
-        return self._artifact(digest)[0]
+        return self._artifact(digest).manifest
 
     def manifest_bytes(self, digest: str) -> bytes:
         return self.blobs.read(self._known(digest, digest))
@@ -412,31 +425,32 @@ class ModelStore:
     def _model(self, digest: str) -> Model:
         tags = tuple(self._models[digest])
         try:
-            manifest, config, created = self._artifact(digest)
+            stored = self._artifact(digest)
         except StoreCorrupt as e:
             return Model(id=digest, tags=tags, created=0, config={}, gguf="", problem=e.message)
-        shards = tuple(self.blobs.file(shard.digest) for shard in manifest.shards)
-        first = shards[0] if len(shards) == 1 else str(self._bundle(digest) / shard_name(1, len(shards)))
         return Model(
             id=digest,
             tags=tags,
-            created=created,
-            config=config,
-            gguf=first,
-            shards=shards,
-            files={role: self.blobs.file(d) for role, d in manifest.files().items()},
-            problem=self.integrity.problem(digest, manifest),
+            created=stored.created,
+            config=stored.config,
+            gguf=stored.gguf,
+            shards=stored.shards,
+            files=stored.files,
+            problem=self.integrity.problem(digest, stored.manifest),
         )
 
-    def _artifact(self, digest: str) -> tuple[Manifest, dict[str, Any], int]:
-        """The parsed manifest and config of a stored model (immutable, so cached)."""
+    def _artifact(self, digest: str) -> _Stored:
+        """What a stored model's manifest and config say (immutable, so read once)."""
         if digest not in self._artifacts:
             try:
                 manifest = parse_manifest(self.blobs.read(digest))
                 config, created = parse_config(self.blobs.read(manifest.config.digest))
             except (OSError, InvalidManifest) as e:
                 raise StoreCorrupt(f"the manifest or config of model {digest} cannot be read: {e}") from None
-            self._artifacts[digest] = (manifest, config, created)
+            shards = tuple(self.blobs.file(shard.digest) for shard in manifest.shards)
+            gguf = shards[0] if len(shards) == 1 else str(self._bundle(digest) / shard_name(1, len(shards)))
+            files = {role: self.blobs.file(d) for role, d in manifest.files().items()}
+            self._artifacts[digest] = _Stored(manifest, config, created, gguf, shards, files)
         return self._artifacts[digest]
 
     def _tag_map(self) -> dict[str, str]:
