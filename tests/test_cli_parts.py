@@ -44,9 +44,7 @@ class PackageTests(SynchronousTestCase):
         data = b"".join(stream.chunks(sent.append))
         self.assertEqual(len(data), stream.length)
         self.assertEqual(sent[-1], stream.length)
-        self.assertEqual(
-            untar(data), {"model.gguf": gguf.read_bytes(), "licenses/0-LICENSE": b"MIT\n"}
-        )
+        self.assertEqual(untar(data), {"model.gguf": gguf.read_bytes(), "licenses/0-LICENSE": b"MIT\n"})
 
     def test_a_missing_file_is_named(self) -> None:
         error = self.assertRaises(CommandError, TarStream, members(Path("/nonexistent.gguf"), []))

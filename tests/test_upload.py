@@ -8,6 +8,7 @@ import tarfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import BadRequest
+from mrunner.store.artifact import CHAT_TEMPLATE
 from mrunner.store.package import Untar, Write, ignore
 from tests.ggufs import package
 from tests.test_store import StoreTestCase, tiny_gguf
@@ -90,6 +91,16 @@ class UploadTests(StoreTestCase):
         self.assertEqual(self.store.resolve("pieces").tags, ("ai/whole:latest", "ai/pieces:latest"))
         upload.close()  # twisted.web's, after the answer: the model stays
         self.assertEqual(len(self.stored_files()), 4)  # manifest, config, weights, license
+
+    def test_members_too_many_are_counted_not_kept(self) -> None:
+        templates = [(f"chat-template/{n}.jinja", b"{{ x }}") for n in range(3)]
+        others = [(f"other/{n}", b"x") for n in range(100)]
+        upload = self.store.upload(packaged=True)
+        upload.write(package([("model.gguf", tiny_gguf(self.home)), *templates, *others]))
+        self.assertEqual(len(upload._texts[CHAT_TEMPLATE]), 1)
+        error = self.failureResultOf(self.store.import_upload("x", upload), BadRequest).value
+        self.assertIn("1 .gguf file(s), 0 projector(s), 3 template(s) and ['other/0',", error.message)
+        self.assertEqual(error.message.count("other/"), 5)
 
     def test_an_upload_nobody_took_leaves_nothing(self) -> None:
         upload = self.store.upload(packaged=False)

@@ -166,7 +166,7 @@ def check_members(seen: Counter[str], unexpected: list[str]) -> None:
             f" {MAX_SHARDS} shards in order) at its top, license files under {LICENSES_DIR}, at most one"
             f" projector under {MMPROJ_DIR} and one chat template under {TEMPLATE_DIR}; this one has"
             f" {seen[GGUF]} .gguf file(s), {seen[MMPROJ]} projector(s), {seen[CHAT_TEMPLATE]} template(s)"
-            f" and {unexpected[:5] or 'nothing else'}"
+            f" and {unexpected or 'nothing else'}"
         )
 
 

@@ -37,6 +37,8 @@ from mrunner.store.package import (
     member_kind,
 )
 
+#: The error names the first few members a package may not hold; the others are not kept.
+UNEXPECTED_NAMED = 5
 #: The weights' header and the sealed writers with their media types, in manifest order.
 Staged = tuple[gguf_meta.GGUFInfo, list[tuple[str, BlobWriter]]]
 
@@ -162,18 +164,25 @@ class Upload:
         return writer
 
     def _start(self, member: tarfile.TarInfo) -> Write:
-        """Where the data of the tar's next member goes."""
+        """Where the data of the tar's next member goes; only what a package may hold is kept.
+
+        The package is checked as a whole at its end (L{_check}): until then a member
+        too many is counted, not stored, so a hostile tar costs no more than a good one.
+        """
         if member.isdir():
             return ignore
         kind = member_kind(member)
         if kind is None:
-            self._unexpected.append(member.name)
+            if len(self._unexpected) < UNEXPECTED_NAMED:
+                self._unexpected.append(member.name)
             return ignore
         self._seen[kind] += 1
         if kind == GGUF:
             return self._file(GGUF) if self._seen[GGUF] <= MAX_SHARDS else ignore
+        if self._seen[kind] > 1 and kind != LICENSE:  # a second projector or template
+            return ignore
         if kind == MMPROJ:
-            return self._file(MMPROJ) if self._seen[MMPROJ] == 1 else ignore
+            return self._file(MMPROJ)
         if kind == LICENSE:
             check_license(member, self._seen[LICENSE], self._license_bytes)
             self._license_bytes += member.size
