@@ -1,4 +1,4 @@
-"""A real child's output read every so often (L{Child.read_every}): nothing lost, fewer reads, a prompt end."""
+"""A real child's output read every so often (L{Child.read_every}): nothing lost, fewer reads."""
 
 from __future__ import annotations
 
