@@ -35,6 +35,8 @@ from mrunner.proxy import runner_url
 POLL_FIRST = 0.02
 POLL_MAX = 0.25
 TAIL_LINES = 20
+#: How often a ready runner's output is read into its log (see Child.read_every).
+OUTPUT_EVERY = 0.05
 #: What a runner keeps of the daemon's environment: enough to find its libraries, devices and locale.
 KEPT_VARIABLES = frozenset(("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "USER"))
 KEPT_PREFIXES = ("LC_", "CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_", "GGML_", "VK_")
@@ -182,6 +184,7 @@ class RunnerProcess:
             label=self._label,
             seconds=self._reactor.seconds() - self.started_at,
         )
+        self._child.read_every(OUTPUT_EVERY)  # type: ignore[union-attr]  # it runs: it answered
         self.ready.callback(None)
 
     def _timed_out(self) -> None:
