@@ -96,8 +96,7 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
         argv_b = servers.replaced(argv, "--model", ["--model", str(paths.ggufs[1])])
         rows.append(loading.swap(mrunner, [argv, argv_b], MODELS, settings, tmp))
         if settings.store_rounds:
-            progress(f"7 and 8: pulls and imports of a 112 MB model, {settings.store_rounds} rounds")
-            rows += store.measure(mrunner, settings.store_rounds, tmp)
+            rows += pulls_and_imports(mrunner, settings, tmp)
     if settings.threads and settings.default_threads_rounds:
         rounds = settings.default_threads_rounds
         with llama_paths(tmp, executable, settings, 0) as paths:
@@ -105,6 +104,18 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
             variant = dataclasses.replace(settings, rounds=rounds)
             rows += streaming.measure(paths.targets, model, variant, ", default threads")
     return rows
+
+
+def store_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row]:
+    """Scenarios 7 and 8 alone (C{--store-only}): an mrunner and a registry, no runner or baseline."""
+    conf = daemon.llama_conf(executable, settings.parallel, settings.threads)
+    with daemon.started(tmp / "home-store", conf, "llama.cpp") as mrunner:
+        return pulls_and_imports(mrunner, settings, tmp)
+
+
+def pulls_and_imports(mrunner: Target, settings: Settings, tmp: Path) -> list[Row]:
+    progress(f"7 and 8: pulls and imports of a 112 MB model, {settings.store_rounds} rounds")
+    return store.measure(mrunner, settings.store_rounds, tmp)
 
 
 def many_streams(tmp: Path, settings: Settings) -> list[Row]:
@@ -128,12 +139,6 @@ def many_streams(tmp: Path, settings: Settings) -> list[Row]:
     ):
         results["nginx"] = soak.run(nginx, TRICKLE_MODEL, settings)
     return soak.rows(results, settings)
-
-
-def runs_llama(settings: Settings) -> bool:
-    """Whether any scenario but the 5th has rounds to run (all set to 0: scenario 5 alone)."""
-    rounds = (settings.rounds, settings.load_rounds, settings.store_rounds, settings.default_threads_rounds)
-    return any(rounds)
 
 
 def machine() -> dict[str, Any]:
@@ -178,6 +183,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         dest="threads",
         help="runners keep llama-server's default thread count (the same as --threads 0)",
     )
+    parser.add_argument(
+        "--store-only", action="store_true", help="run only scenarios 7 and 8, the pull and the import"
+    )
+    parser.add_argument(
+        "--streams-only",
+        action="store_true",
+        help="run only scenario 5, the thousand streams (the stand-in runner: no llama-server needed)",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 
@@ -185,21 +198,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
-    executable = None
-    if runs_llama(settings):
-        try:
-            executable = inputs.llama_server()
-        except inputs.MissingInput as e:
-            progress(str(e))
-            return 1
+    try:
+        executable = None if args.streams_only else inputs.llama_server()
+    except inputs.MissingInput as e:
+        progress(str(e))
+        return 1
     stop_cleanly_on_signals()
     raise_fd_limit()
     began = time.monotonic()
     # Short, because runner sockets live under it and UNIX socket paths are limited to 108 bytes.
     tmp = Path(tempfile.mkdtemp(prefix="mrb-", dir="/tmp"))
     try:
-        rows = llama_scenarios(tmp, executable, settings) if executable is not None else []
-        rows += many_streams(tmp, settings)
+        if executable is None:
+            rows = many_streams(tmp, settings)
+        elif args.store_only:
+            rows = store_scenarios(tmp, executable, settings)
+        else:
+            rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1

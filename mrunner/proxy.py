@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from twisted.internet import tcp
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.interfaces import IPushProducer, ITCPTransport
@@ -29,7 +28,7 @@ from zope.interface import implementer
 
 from mrunner.errors import BadGateway
 from mrunner.home import SOCKET_SUFFIX
-from mrunner.upstream import CHUNKED, Body, Head, RunnerConnection, RunnerPool, runner_url
+from mrunner.upstream import CHUNKED, Body, Head, RunnerConnection, RunnerPool, runner_url, send_now
 
 # RFC 9110 §7.6.1 hop-by-hop fields, those twisted.web sets itself, and Expect (the body is here already).
 HOP_BY_HOP = frozenset(
@@ -191,30 +190,6 @@ def start_event_stream(request: Request) -> None:
     if ITCPTransport.providedBy(transport):
         transport.setTcpNoDelay(True)
     request.write(b"")
-
-
-def send_now(transport: Any, data: bytes) -> None:
-    """Write C{data} to a client's TCP connection, sending it at once when nothing is queued before it.
-
-    Twisted queues every write for the reactor's next turn, registering the
-    socket for writability and unregistering it once sent: two C{epoll_ctl}
-    calls and a turn of the loop for each streamed event, where the socket
-    could take the event at once. What the socket does not take is queued
-    as before, and later writes queue behind it, so the order holds.
-    """
-    if (
-        isinstance(transport, tcp.Connection)
-        and not transport.TLS
-        and transport.connected
-        and not transport.disconnecting
-        and not transport.dataBuffer
-        and not transport._tempDataBuffer
-    ):
-        sent = transport.writeSomeData(data)
-        if isinstance(sent, int):
-            data = data[sent:]
-    if data:
-        transport.write(data)
 
 
 class _Relay(Body):

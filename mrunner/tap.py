@@ -168,7 +168,7 @@ def make_parts(
         AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
     ]
     groups.append(OpenAPI(groups))  # last: it describes every group before it
-    site = GatedSite(Routes(groups), config, reactor)
+    site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
     return Parts(site, scheduler, logs, history, closers, reloader)

@@ -42,6 +42,31 @@ class Malformed(Exception):
     """The runner's bytes are not HTTP/1.1 this client understands."""
 
 
+def send_now(transport: Any, data: bytes) -> None:
+    """Write C{data} to a TCP or UNIX connection, sending it at once when nothing is queued before it.
+
+    Twisted queues every write for the reactor's next turn, registering the
+    socket for writability and unregistering it once sent: two C{epoll_ctl}
+    calls and a turn of the loop for each request sent to a runner and each
+    event streamed to a client, where the socket could take it at once. What
+    the socket does not take is queued as before, and later writes queue
+    behind it, so the order holds.
+    """
+    if (
+        isinstance(transport, tcp.Connection)
+        and not transport.TLS
+        and transport.connected
+        and not transport.disconnecting
+        and not transport.dataBuffer
+        and not transport._tempDataBuffer
+    ):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):
+            data = data[sent:]
+    if data:
+        transport.write(data)
+
+
 class Head:
     """A response's status line and header fields, and how its body is framed."""
 
@@ -201,7 +226,7 @@ class RunnerConnection(Protocol):
         self._head = b""
         answered: Deferred[Head] = Deferred(self._cancel)
         self._answered = answered
-        self.transport.write(data)  # type: ignore[union-attr]
+        send_now(self.transport, data)
         return answered
 
     def _cancel(self, answered: Deferred[Head]) -> None:

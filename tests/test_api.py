@@ -187,6 +187,21 @@ class APITests(SynchronousTestCase):
         for d in waiting:
             self.assertNoResult(d)
 
+    def test_routes_called_directly_answer_as_through_klein(self) -> None:
+        """C{/v1/...} skips Klein's matching (L{Direct}); C{/engines/llama.cpp/...} does not."""
+        self.install()
+        via_klein = f"{BASE}/engines/llama.cpp/v1/chat/completions"
+        for body in [b"not json", {"messages": []}, {**CHAT_BODY, "model": "ai/other"}, {"model": 7}]:
+            self.assertEqual(
+                self.answer(self.request("POST", CHAT, body))[:2],
+                self.answer(self.request("POST", via_klein, body))[:2],
+            )
+        for url in (CHAT, via_klein):
+            d = self.request("POST", url, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+            if len(self.spawn.processes) == 1 and not self.spawn.processes[0].ready.called:
+                self.spawn.processes[0].ready.callback(None)
+            self.assertEqual(self.answer(d)[:2], (200, {"status": "loaded", "model": "ai/smollm2:latest"}))
+
     def test_model_larger_than_the_memory_budget(self) -> None:
         self.make(SchedulerConfig(memory_budget=2**30))
         self.install()

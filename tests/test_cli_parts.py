@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import tarfile
 from pathlib import Path
 
 from rich.console import Console
@@ -23,7 +24,12 @@ from mrunner.cli.progress import PlainLayers
 from mrunner.home import Home
 from mrunner.logfiles import DaemonLogFile, LogTail
 from mrunner.sizes import format_size
-from mrunner.store.package import read_package
+
+
+def untar(data: bytes) -> dict[str, bytes]:
+    """The files in the tar C{data}, by name, in order, as the standard library reads them."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        return {m.name: archive.extractfile(m).read() for m in archive.getmembers()}  # type: ignore[union-attr]
 
 
 class PackageTests(SynchronousTestCase):
@@ -38,9 +44,7 @@ class PackageTests(SynchronousTestCase):
         data = b"".join(stream.chunks(sent.append))
         self.assertEqual(len(data), stream.length)
         self.assertEqual(sent[-1], stream.length)
-        package = read_package(io.BytesIO(data))
-        self.assertEqual([w.read() for w in package.weights], [gguf.read_bytes()])
-        self.assertEqual(package.licenses, [b"MIT\n"])
+        self.assertEqual(untar(data), {"model.gguf": gguf.read_bytes(), "licenses/0-LICENSE": b"MIT\n"})
 
     def test_a_missing_file_is_named(self) -> None:
         error = self.assertRaises(CommandError, TarStream, members(Path("/nonexistent.gguf"), []))
@@ -56,10 +60,16 @@ class PackageTests(SynchronousTestCase):
         projector.write_bytes(b"projector")
         template.write_text("{{ messages }}")
         data = b"".join(TarStream(members(paths[0], [], projector, template)).chunks(lambda _: None))
-        package = read_package(io.BytesIO(data))
-        self.assertEqual([w.read() for w in package.weights], [b"shard 0", b"shard 1", b"shard 2"])
-        self.assertEqual(package.mmproj and package.mmproj.read(), b"projector")
-        self.assertEqual(package.chat_template, b"{{ messages }}")
+        self.assertEqual(
+            list(untar(data).items()),
+            [
+                ("model-00001-of-00003.gguf", b"shard 0"),
+                ("model-00002-of-00003.gguf", b"shard 1"),
+                ("model-00003-of-00003.gguf", b"shard 2"),
+                ("mmproj/mmproj-big-f16.gguf", b"projector"),
+                ("chat-template/chat.jinja", b"{{ messages }}"),
+            ],
+        )
 
     def test_a_shard_set_must_be_whole_and_given_by_its_first(self) -> None:
         directory = Path(self.mktemp())

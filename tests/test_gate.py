@@ -8,14 +8,16 @@ from typing import Any
 
 import attrs
 from twisted.internet.address import IPv4Address, UNIXAddress
+from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import globalLogPublisher
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
 from mrunner import config as configuration
-from mrunner.api.gate import GatedSite, private_listen
+from mrunner.api.gate import SINK_READ_SIZE, GatedSite, Sink, private_listen
 from mrunner.api.trust import Trust, beyond_loopback, is_admin, listen_host
 from mrunner.config import Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge
@@ -68,12 +70,16 @@ class GateTestCase(SynchronousTestCase):
         self.make()
 
     def make(
-        self, max_request_bytes: int = 1000, listen: str = configuration.DEFAULT_LISTEN, **http: Any
+        self,
+        max_request_bytes: int = 1000,
+        listen: str = configuration.DEFAULT_LISTEN,
+        sinks: dict[bytes, Sink] | None = None,
+        **http: Any,
     ) -> None:
         self.config = attrs.evolve(
             Config(), listen=listen, max_request_bytes=max_request_bytes, http=HTTPConfig(**http)
         )
-        self.site = GatedSite(self.routes, self.config, self.clock)
+        self.site = GatedSite(self.routes, self.config, self.clock, sinks)
         self.site.doStart()
         self.addCleanup(self.site.doStop)
 
@@ -404,6 +410,83 @@ class BodyLimitTests(GateTestCase):
         code, _, body = self.send(raw_request("POST", "/v1/chat/completions", body=b"{}"))
         self.assertEqual((code, body), (200, b"reached"))
         self.assertEqual(self.routes.seen, [(b"POST", b"/v1/chat/completions", b"{}")])
+
+
+class Body:
+    """A sink's body: records what is written to it, and whether it was closed."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def tell(self) -> int:
+        return len(self.data)
+
+    def seek(self, offset: int, whence: int = 0) -> None:
+        pass
+
+    def read(self) -> bytes:
+        return self.data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class SinkTests(GateTestCase):
+    """A route with a sink gets its body as the bytes arrive, not from twisted.web's temporary file."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.bodies: list[Body] = []
+        self.make(max_request_bytes=100, max_load_bytes=10_000, sinks={b"/models/load": self.sink})
+
+    def sink(self, request: Any) -> Body:
+        self.bodies.append(Body())
+        return self.bodies[-1]
+
+    def test_the_body_reaches_the_sink_as_it_arrives(self) -> None:
+        channel, transport = self.connect()
+        transport.bufferSize = 65536  # as a socket's transport says how much it reads
+        channel.dataReceived(raw_request("POST", "/models/%6coad?name=x", {"Content-Length": "2000"}))
+        self.assertEqual(transport.bufferSize, SINK_READ_SIZE)
+        channel.dataReceived(b"a" * 1500)
+        [body] = self.bodies
+        self.assertEqual((body.data, self.routes.seen), (b"a" * 1500, []))
+        channel.dataReceived(b"b" * 500)
+        self.assertEqual(self.routes.seen, [(b"POST", b"/models/%6coad?name=x", b"a" * 1500 + b"b" * 500)])
+        self.assertEqual(parse(transport.value())[0], 200)
+        self.assertEqual(transport.bufferSize, 65536)
+        self.assertTrue(body.closed)
+
+    def test_a_chunked_body_reaches_the_sink_and_stops_at_the_limit(self) -> None:
+        channel, transport = self.connect()
+        channel.dataReceived(raw_request("POST", "/models/load", {"Transfer-Encoding": "chunked"}))
+        channel.dataReceived(b"1770\r\n" + b"x" * 6000 + b"\r\n")
+        self.assertEqual(len(self.bodies[0].data), 6000)
+        channel.dataReceived(b"1770\r\n" + b"x" * 6000 + b"\r\n0\r\n\r\n")
+        self.assertRefused(parse(transport.value()), 413, "limit")
+        self.assertTrue(self.bodies[0].closed)
+
+    def test_a_lost_connection_closes_the_sink(self) -> None:
+        channel, _ = self.connect()
+        channel.dataReceived(raw_request("POST", "/models/load", {"Content-Length": "2000"}) + b"a" * 10)
+        channel.connectionLost(Failure(ConnectionDone()))
+        self.assertTrue(self.bodies[0].closed)
+        self.assertEqual(self.routes.seen, [])
+
+    def test_a_refused_request_makes_no_sink(self) -> None:
+        for headers, status in [({"Content-Length": "20000"}, 413), ({"Host": "evil.example"}, 403)]:
+            self.assertRefused(self.send(raw_request("POST", "/models/load", headers, b"x")), status)
+        self.assertEqual(self.bodies, [])
+
+    def test_other_routes_and_methods_keep_twisted_webs_file(self) -> None:
+        for method, path in [("POST", "/v1/chat/completions"), ("PUT", "/models/load"), ("POST", "/models")]:
+            code, _, _ = self.send(raw_request(method, path, body=b"{}"))
+            self.assertEqual((code, self.routes.seen), (200, [(method.encode(), path.encode(), b"{}")]))
+        self.assertEqual(self.bodies, [])
 
 
 class ConnectionTests(GateTestCase):

@@ -11,6 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
+from mrunner.scheduling import policy
 from mrunner.scheduling.loader import MEASURE_EVERY, Lease, Loader, LoadRequest, RunnerKey
 from mrunner.scheduling.policy import Limits, State
 from tests.fakes import FakeSpawner, model
@@ -444,6 +445,9 @@ class LifecyclePropertyTests(SynchronousTestCase):
             for runner in loader._stopping:
                 self.assertIs(runner.state, State.STOPPING)
             self.assertLessEqual(len(loader.runners) + len(loader._stopping), 2)
+            # Nothing is left undone: no waiter could take a free slot or start a load now.
+            now = policy.plan(loader._queue, loader.runners, loader._stopping_memory(), loader._limits)
+            self.assertEqual((now.assign, now.load), ((), ()))
         for lease in leases:
             lease.release()
         self.successResultOf(loader.close())

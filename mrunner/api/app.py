@@ -13,6 +13,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import RequestRedirect
 
 import mrunner
+from mrunner.api.direct import Direct
 from mrunner.api.errors import Refusal, handle_json_errors, json_body
 from mrunner.api.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.api.ui import wants_html
@@ -118,7 +119,9 @@ class Routes(Resource):
     Each group is a Klein app bound to its object, so every module keeps its
     own routes and state; a path no group knows gets the last group's JSON 404.
     The maps never change, so the choice for a method and path is remembered:
-    matching them took 6% of the daemon's CPU on small chats (py-spy).
+    matching them took 6% of the daemon's CPU on small chats (py-spy). A group
+    may also offer C{direct()}: its hot routes by method and path, which are
+    rendered by L{Direct} without Klein matching them again.
     """
 
     isLeaf = True
@@ -130,7 +133,12 @@ class Routes(Resource):
         super().__init__()
         self.groups = tuple(groups)
         self._routes = [(group.app.url_map, group.app.resource()) for group in groups]
-        self._chosen: dict[tuple[bytes, bytes], IResource] = {}
+        self._direct: dict[tuple[bytes, bytes], IResource] = {
+            key: Direct(handler)
+            for group in groups
+            for key, handler in (group.direct() if hasattr(group, "direct") else {}).items()
+        }
+        self._chosen = dict(self._direct)
 
     def render(self, request: IRequest) -> Any:
         if len(request.postpath) > 1 and request.postpath[-1] == b"":
@@ -139,7 +147,7 @@ class Routes(Resource):
         chosen = self._chosen.get(key)
         if chosen is None:
             if len(self._chosen) >= self.REMEMBERED:
-                self._chosen.clear()
+                self._chosen = dict(self._direct)
             chosen = self._chosen[key] = self._choose(key[1], key[0])
         return chosen.render(request)
 

@@ -9,6 +9,7 @@ from klein import Klein
 from twisted.web.server import Request
 
 from mrunner.api import validate
+from mrunner.api.direct import Handler
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, template, with_backend
@@ -160,6 +161,21 @@ class InferenceAPI:
             )
         }
         return {"paths": paths}
+
+    def direct(self) -> dict[tuple[bytes, bytes], Handler]:
+        """The inference routes whose paths name no backend, to be called without Klein (L{Direct})."""
+        handlers = [
+            (CHAT, self.chat),
+            (COMPLETIONS, self.completions),
+            (EMBEDDINGS, self.embeddings),
+            (RERANK, self.rerank),
+        ]
+        return {
+            (b"POST", path.lstrip("/").encode()): handler
+            for paths, handler in handlers
+            for path in paths
+            if "<" not in path
+        }
 
     @routes(app, CHAT, methods=["POST"])
     def chat(self, request: Request, backend: str | None = None) -> Any:

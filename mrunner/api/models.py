@@ -32,6 +32,7 @@ from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.store import ModelStore
+from mrunner.store.upload import Upload
 
 MAX_CREATE_BODY = 64 * 1024
 
@@ -225,12 +226,20 @@ class ModelsAPI:
         if name is None:
             raise BadRequest("give the model a name: POST /models/load?name=NAME")
         context_size = _positive(query(request, "context_size"), "context_size")
-        request.content.seek(0)
-        if (request.getHeader(b"content-type") or b"").split(b";")[0].strip() == TAR:
-            model = await self._store.import_package(name, request.content, context_size)
+        body = request.content
+        if isinstance(body, Upload):  # came through the front door: staged as it arrived
+            model = await self._store.import_upload(name, body, context_size)
+        elif _packaged(request):  # a request that did not (a test's): staged from its file
+            body.seek(0)
+            model = await self._store.import_package(name, body, context_size)
         else:
-            model = await self._store.import_gguf(name, request.content, (), context_size)
+            body.seek(0)
+            model = await self._store.import_gguf(name, body, (), context_size)
         return json_body(request, model_json(model), 201)
+
+    def upload(self, request: IRequest) -> Upload:
+        """Where the front door writes the body of ``POST /models/load`` as it arrives: its sink."""
+        return self._store.upload(_packaged(request))
 
     @app.route("/verify", methods=["POST"])
     async def verify_all(self, request: IRequest) -> bytes:
@@ -294,6 +303,11 @@ class ModelsAPI:
         finally:
             self._moved(mode, progress.bytes)
         return b""
+
+
+def _packaged(request: IRequest) -> bool:
+    """Whether the body is a package tar as ``mrunner package`` sends it, rather than a GGUF file."""
+    return (request.getHeader(b"content-type") or b"").split(b";")[0].strip() == TAR
 
 
 def _positive(value: str | None, key: str) -> int | None:

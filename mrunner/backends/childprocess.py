@@ -1,28 +1,34 @@
-"""Run a short-lived child process on the reactor and read its output line by line.
+"""Run a child process on the reactor and read its output line by line.
 
-Builds and ``--version`` probes use it: nothing here blocks the reactor, and a
-cancelled run stops its child and waits for it to be gone, so whoever cleans up
-after it never races a process that is still writing.
+Builds, ``--version`` probes and runners use it: nothing here blocks the
+reactor, and a cancelled run stops its child and waits for it to be gone, so
+whoever cleans up after it never races a process that is still writing.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 #: How long a child may take to exit after SIGTERM before it gets SIGKILL.
 KILL_GRACE = 5.0
 SETPRIV = shutil.which("setpriv")
+#: What a child's output pipe holds while it is read now and then (Linux's default limit for a pipe).
+PIPE_BYTES = 1 << 20
+READ_BYTES = 1 << 16
 
 
 @attrs.frozen
@@ -52,28 +58,82 @@ class ChildFailed(Exception):
 class _Collector(ProcessProtocol):
     """Splits stdout and stderr into lines, keeps the last ``keep``, fires observers at exit."""
 
-    def __init__(self, argv: tuple[str, ...], on_line: Callable[[str], object], keep: int):
+    def __init__(
+        self,
+        argv: tuple[str, ...],
+        on_line: Callable[[str], object] | None,
+        on_lines: Callable[[list[str]], object] | None,
+        keep: int,
+    ):
         self.argv = argv
         self._on_line = on_line
+        self._on_lines = on_lines
         self._partial = {1: b"", 2: b""}
         self.tail: deque[str] = deque(maxlen=keep)
         self.exit: Exit | None = None
         self.observers: list[Deferred[Exit]] = []
+        self._reading: LoopingCall | None = None
+
+    def read_every(self, clock: Any, seconds: float) -> None:
+        """Read stdout and stderr every C{seconds} instead of as they come (see L{Child.read_every})."""
+        readers = self._readers()
+        if not readers or self.exit is not None:
+            return
+        for reader in readers:
+            with suppress(OSError, AttributeError):  # F_SETPIPE_SZ is Linux's
+                fcntl.fcntl(reader.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+            reader.stopReading()
+        self._reading = LoopingCall(self._read_now)
+        self._reading.clock = clock
+        self._reading.start(seconds, now=False)
+
+    def read_as_it_comes(self) -> None:
+        """Read the output as it comes again: the child ends, and its last words and EOF matter now."""
+        if self._reading is not None:
+            self._reading.stop()
+            self._reading = None
+            self._read_now()
+            for reader in self._readers():
+                reader.startReading()
+
+    def _readers(self) -> list[Any]:
+        """The readers of stdout and stderr: none for a transport without pipes, which reads as it comes."""
+        pipes = getattr(self.transport, "pipes", {})
+        return [pipes[fd] for fd in (1, 2) if fd in pipes]
+
+    def _read_now(self) -> None:
+        for reader in self._readers():
+            for _ in range(PIPE_BYTES // READ_BYTES):
+                try:
+                    data = os.read(reader.fileno(), READ_BYTES)
+                except BlockingIOError:
+                    break
+                if not data:  # EOF: Twisted's reader sees it too, and ends the pipe
+                    reader.startReading()
+                    break
+                reader.dataReceived(data)
+
+    def processExited(self, reason: Failure) -> None:
+        self.read_as_it_comes()
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         *lines, self._partial[childFD] = (self._partial.get(childFD, b"") + data).split(b"\n")
-        for line in lines:
-            self._line(line)
+        if lines:
+            self._lines(lines)
 
-    def _line(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
-        self.tail.append(line)
-        self._on_line(line)
+    def _lines(self, raw: list[bytes]) -> None:
+        lines = [line.decode("utf-8", "replace").rstrip("\r") for line in raw]
+        self.tail.extend(lines)
+        if self._on_line is not None:
+            for line in lines:
+                self._on_line(line)
+        if self._on_lines is not None:
+            self._on_lines(lines)
 
     def processEnded(self, reason: Failure) -> None:
         for rest in self._partial.values():
             if rest:
-                self._line(rest)
+                self._lines([rest])
         status: Any = reason.value  # ProcessDone or ProcessTerminated
         self.exit = Exit(self.argv, status.exitCode, status.signal, tuple(self.tail))
         observers, self.observers = self.observers, []
@@ -113,6 +173,16 @@ class Child:
         self._collector.observers.append(observer)
         return observer
 
+    def read_every(self, seconds: float) -> None:
+        """Read the child's output every C{seconds}, not as it comes, until it exits or is killed.
+
+        llama-server writes its log a line at a time, some 17 lines a request,
+        and each line woke the reactor in the middle of the proxy's work. The
+        pipes are enlarged so that what comes meanwhile waits there rather than
+        blocking the child.
+        """
+        self._collector.read_every(self._reactor, seconds)
+
     def tail(self) -> tuple[str, ...]:
         """The last lines of its output so far."""
         return tuple(self._collector.tail)
@@ -126,6 +196,7 @@ class Child:
         if self._killing or self._collector.exit is not None:
             return
         self._killing = True
+        self._collector.read_as_it_comes()
         if self._signal("TERM"):
             self.log.info("stopping {argv[0]} (pid {pid})", argv=self.argv, pid=self.pid)
             escalation = self._reactor.callLater(grace, self._signal, "KILL")
@@ -144,19 +215,22 @@ def spawn(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
-    on_line: Callable[[str], object] = lambda line: None,
+    on_line: Callable[[str], object] | None = None,
+    on_lines: Callable[[list[str]], object] | None = None,
     keep: int = 40,
     die_with_parent: bool = False,
 ) -> Child:
     """Start C{argv}; a program name without a slash is looked up on C{PATH}.
 
     C{env} ``None`` inherits the daemon's environment. C{on_line} sees every
-    line of stdout and stderr as it arrives; the last C{keep} lines are kept
+    line of stdout and stderr as it arrives; C{on_lines} sees the complete
+    lines of each read together, for a log that writes them at once (a runner
+    writes some nine lines per request); the last C{keep} lines are kept
     for the L{Exit}. With C{die_with_parent}, C{setpriv --pdeathsig KILL}
     makes the kernel kill the child when the daemon dies, even by SIGKILL.
     """
     argv = tuple(argv)
-    collector = _Collector(argv, on_line, keep)
+    collector = _Collector(argv, on_line, on_lines, keep)
     if die_with_parent and SETPRIV is not None:
         argv = (SETPRIV, "--pdeathsig", "KILL", "--", *argv)
     transport = reactor.spawnProcess(collector, argv[0], argv, env=None if env is None else dict(env))

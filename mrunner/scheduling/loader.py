@@ -235,11 +235,15 @@ class Loader:
                 )
             )
         runner = self.runners.get(request.key)
-        if not self._queue and runner is not None and self._has_room(request.key):
+        room = self._has_room(request.key)
+        if not self._queue and runner is not None and room:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
         self._queue.append(waiter)
-        self._pump()
+        if runner is None or room:
+            # A waiter for a runner that exists but has no free slot changes no decision:
+            # the plan passes over it until that runner frees a slot (see _release).
+            self._pump()
         return waiter.deferred
 
     def _has_room(self, key: RunnerKey) -> bool:
@@ -324,8 +328,14 @@ class Loader:
             runner.finished_at = self._clock.seconds()
             if runner.finished_at - runner.measured_at >= MEASURE_EVERY:
                 self._measure(runner)
-        if runner.state is State.READY and not self._queue:
+        if runner.state is not State.READY:
+            self._pump()
+        elif not self._queue:
             self._sync_expiry(runner)  # with no one waiting, the plan would decide nothing
+        elif self._queue[0].key == runner.key:
+            # The plan serves the queue in order and free slots first: the head takes this slot.
+            waiter = self._queue.popleft()
+            waiter.deferred.callback(self._lease(runner, waiter.request))
         else:
             self._pump()
 

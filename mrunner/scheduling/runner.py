@@ -35,6 +35,8 @@ from mrunner.proxy import runner_url
 POLL_FIRST = 0.02
 POLL_MAX = 0.25
 TAIL_LINES = 20
+#: How often a ready runner's output is read into its log (see Child.read_every).
+OUTPUT_EVERY = 0.05
 #: What a runner keeps of the daemon's environment: enough to find its libraries, devices and locale.
 KEPT_VARIABLES = frozenset(("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "USER"))
 KEPT_PREFIXES = ("LC_", "CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_", "GGML_", "VK_")
@@ -126,7 +128,7 @@ class RunnerProcess:
                 self._reactor,
                 argv,
                 env=runner_environment(self._command.env, self._environ),
-                on_line=self._line,
+                on_lines=self._lines,
                 keep=TAIL_LINES,
                 die_with_parent=True,
             )
@@ -182,6 +184,7 @@ class RunnerProcess:
             label=self._label,
             seconds=self._reactor.seconds() - self.started_at,
         )
+        self._child.read_every(OUTPUT_EVERY)  # type: ignore[union-attr]  # it runs: it answered
         self.ready.callback(None)
 
     def _timed_out(self) -> None:
@@ -211,13 +214,14 @@ class RunnerProcess:
 
     # Output and end
 
-    def _line(self, line: str) -> None:
-        self._write(line)
+    def _lines(self, lines: list[str]) -> None:
+        """The runner wrote: the log gets the lines at once, and the runner may just have become ready."""
+        self._write("\n".join(lines))
         self._look_sooner()
 
-    def _write(self, line: str) -> None:
+    def _write(self, text: str) -> None:
         if self._output is not None:
-            self._output.write(line + "\n")
+            self._output.write(text + "\n")
             self._output.flush()  # `logs -f` follows it
 
     def _ended(self, exit: childprocess.Exit) -> None:

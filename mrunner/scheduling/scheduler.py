@@ -123,15 +123,19 @@ class Scheduler:
         model = self._store.resolve(name)
         # The store checks a model's files (sizes; digests once since start) before a load,
         # not on every request a runner already holding the model serves.
-        loading = model.problem is not None or RunnerKey(backend, model.id, mode) not in self.loader.runners
-        if loading:
+        runner = self.loader.runners.get(RunnerKey(backend, model.id, mode))
+        if model.problem is not None or runner is None:
+            runner = None
             model = await self._store.ready(name)
         await self.installer.wait(backend, install_wait)
         configured = self._model_settings(backend, model)
         settings = self._runner_settings(configured)
-        if configured.draft_model and loading:
+        if configured.draft_model and runner is None:
             await self._store.ready(configured.draft_model)
-        memory = self._backends[backend].memory(model, mode, settings)
+        if runner is not None and runner.request.settings == settings:
+            memory = runner.request.memory  # the same estimate, already made
+        else:
+            memory = self._backends[backend].memory(model, mode, settings)
         budget = self._config.scheduler.memory_budget
         if budget and memory > budget:
             raise Unprocessable(

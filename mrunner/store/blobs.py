@@ -175,7 +175,7 @@ class BlobWriter:
                     self._hash.update(chunk)
                     self.offset += len(chunk)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self._hash.update(data)
         self._file.write(data)
         self.offset += len(data)
@@ -192,10 +192,14 @@ class BlobWriter:
         while chunk := source.read(CHUNK):
             self.write(chunk)
 
+    def flush(self) -> None:
+        """Hand what was written to the kernel, so that other readers of the temp see it all."""
+        self._file.flush()
+
     def seal(self) -> str:
         """Flush to disk and close (slow for big blobs: a thread's job); the digest written."""
         if not self._file.closed:
-            self._file.flush()
+            self.flush()
             os.fsync(self._file.fileno())
             self._file.close()
         return "sha256:" + self._hash.hexdigest()

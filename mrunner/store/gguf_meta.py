@@ -3,7 +3,7 @@
 This is what Docker Model Runner puts in a model's config blob, and what the
 scheduler's memory estimate starts from. A file is read by a child interpreter
 (``python -m mrunner.store.gguf_meta FILE`` prints it as JSON; ``-`` for
-FILE reads the path from stdin): the ``gguf``
+FILE reads paths from stdin, one a line, up to an empty line): the ``gguf``
 package brings numpy, some 20 MB that would stay resident in the daemon for
 good after its first import, for a read of a few hundred milliseconds. Reading
 maps the file and waits for that child: call it off the reactor thread.
@@ -11,6 +11,7 @@ maps the file and waits for that child: call it off the reactor thread.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -72,7 +73,8 @@ class Reader:
     """A child interpreter for one read, started before the files are complete.
 
     It imports the C{gguf} package (most of a read's time) while the files are
-    still being written, then reads the paths it is given on its stdin.
+    still being written, then reads the paths it is given on its stdin, one a
+    line, up to an empty line.
     """
 
     def __init__(self) -> None:
@@ -86,7 +88,21 @@ class Reader:
 
     def read_all(self, paths: Sequence[str | os.PathLike[str]]) -> list[GGUFInfo]:
         """Each file's L{GGUFInfo}, in order; L{BadRequest} if one is not a GGUF file."""
-        out, err = self._child.communicate("".join(os.fspath(path) + "\n" for path in paths))
+        self.ask(paths)
+        return self.answer()
+
+    def ask(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        """Have the child read C{paths} (whole files, flushed); L{answer} waits for what it found."""
+        assert self._child.stdin is not None
+        try:
+            self._child.stdin.write("".join(os.fspath(path) + "\n" for path in paths) + "\n")
+            self._child.stdin.flush()
+        except BrokenPipeError:  # the child died: answer says how
+            pass
+
+    def answer(self) -> list[GGUFInfo]:
+        """What the child read, in order; L{BadRequest} if a file is not a GGUF file."""
+        out, err = self._child.communicate()
         if self._child.returncode != 0:
             why = err.strip().splitlines()[-1:] or [f"exit status {self._child.returncode}"]
             raise BadRequest(f"not a valid GGUF file: {why[0]}", code="invalid_gguf")
@@ -193,5 +209,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["-"]:  # L{Reader}: import now, read the paths when they are given
         import gguf  # noqa: F401
 
-        sys.exit(main(sys.stdin.read().splitlines()))
+        lines = itertools.takewhile(lambda line: line != "\n", sys.stdin)  # up to an empty line
+        sys.exit(main([line.removesuffix("\n") for line in lines]))
     sys.exit(main(sys.argv[1:]))

@@ -58,11 +58,9 @@ class Integrity:
 
     def problem(self, digest: str, manifest: Manifest) -> str | None:
         """Why the model's blobs cannot be used (the first missing or quarantined one), if they cannot."""
-        for blob, role in [(digest, "manifest")] + [
-            (b.digest, manifest.role(b.digest)) for b in manifest.blobs
-        ]:
+        for blob in (digest, *(b.digest for b in manifest.blobs)):  # on every request: a stat each
             if self.blobs.size(blob) is None:
-                what = f"its {role} {blob}"
+                what = f"its {'manifest' if blob == digest else manifest.role(blob)} {blob}"
                 if self.blobs.quarantined(blob).exists():
                     return f"{what} is corrupt (moved to {self.blobs.quarantine_root})"
                 return f"{what} is missing"

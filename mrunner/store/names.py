@@ -22,6 +22,7 @@ DOCKER_HUB = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 SHORT_ID = re.compile(r"[0-9a-f]{12,64}")
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")  # whitespace and control characters
 _TAG = re.compile(r"\w[\w.-]{0,127}", re.ASCII)
 _DOMAIN = re.compile(
     r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
@@ -65,7 +66,7 @@ def parse(text: object, what: str = "model name") -> Reference:
         raise BadRequest(f"{what} must be a non-empty string")
     if len(text) > MAX_LENGTH:
         raise BadRequest(f"{what} is longer than {MAX_LENGTH} characters")
-    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in text):
+    if _CONTROL.search(text):
         raise BadRequest(f"{what} {text!r} contains whitespace or control characters")
     rest, _, digest = text.partition("@")
     if digest and not DIGEST.fullmatch(digest):

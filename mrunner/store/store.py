@@ -1,9 +1,10 @@
 """The model store: blobs, manifests (blobs too) and an index of tags in ``$MRUNNER_HOME/models``.
 
 The index (``index.json``: manifest digest → tags) is the only mutable file;
-it is rewritten atomically and owned by the reactor thread. Threads only copy
-and hash file contents; everything that decides what the store holds runs
-on the reactor, so a delete never races an import or a pull.
+it is rewritten atomically and owned by the reactor thread. Threads only copy,
+hash and read file contents (an upload is hashed as it arrives, see
+L{Upload}); everything that decides what the store holds runs on the
+reactor, so a delete never races an import or a pull.
 
 A model is checked before each load (L{ModelStore.ready}, with L{Integrity}):
 its blobs' sizes every time, their digests the first time since the daemon
@@ -13,7 +14,6 @@ started. A blob that fails is quarantined, and the model then says so
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -21,10 +21,10 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorThreads, IReactorTime
 from twisted.internet.threads import deferToThreadPool
@@ -33,12 +33,7 @@ from zope.interface import implementer
 
 from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound
 from mrunner.interfaces import IModelStore
-from mrunner.store import gguf_meta
 from mrunner.store.artifact import (
-    CHAT_TEMPLATE,
-    GGUF,
-    LICENSE,
-    MMPROJ,
     MODEL_CONFIG,
     Descriptor,
     InvalidManifest,
@@ -47,11 +42,11 @@ from mrunner.store.artifact import (
     parse_config,
     parse_manifest,
 )
-from mrunner.store.blobs import Blobs, BlobWriter, fsync_dir
+from mrunner.store.blobs import Blobs, fsync_dir
 from mrunner.store.integrity import Integrity
 from mrunner.store.model import Model
 from mrunner.store.names import DIGEST, SHORT_ID, Reference, parse
-from mrunner.store.package import Package, read_package
+from mrunner.store.upload import Staged, Upload
 
 DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
 
@@ -77,13 +72,21 @@ class ModelCorrupt(Conflict):
     code = "model_corrupt"
 
 
-Staged = tuple[gguf_meta.GGUFInfo, list[tuple[str, BlobWriter]]]
-Stage = Callable[[Blobs], Staged]
-
-
 def shard_name(number: int, count: int) -> str:
     """The name llama.cpp gives shard C{number} (from 1) of C{count}, and looks for beside the first."""
     return f"model-{number:05d}-of-{count:05d}.gguf"
+
+
+@attrs.frozen
+class _Stored:
+    """A stored model's parsed manifest and config, and the paths of its files."""
+
+    manifest: Manifest
+    config: dict[str, Any]
+    created: int
+    gguf: str
+    shards: tuple[str, ...]
+    files: dict[str, str]
 
 
 @implementer(IModelStore)
@@ -107,7 +110,7 @@ class ModelStore:
         self._bundles = self.root / "bundles"
         self._models: Index = self._read_index()
         self._tags = self._tag_map()
-        self._artifacts: dict[str, tuple[Manifest, dict[str, Any], int]] = {}
+        self._artifacts: dict[str, _Stored] = {}
         self._pins: Counter[str] = Counter()
         self.integrity = Integrity(self.blobs, self.in_thread)
         self._remove_stale_bundles()
@@ -127,12 +130,25 @@ class ModelStore:
         licenses: Sequence[bytes] = (),
         context_size: int | None = None,
     ) -> Deferred[Model]:
-        package = Package([source], list(licenses))
-        return Deferred.fromCoroutine(self._import(name, partial(_stage, package), context_size))
+        upload = self.upload(packaged=False)
+        for text in licenses:
+            upload.license(text)
+        return self._import_file(name, upload, source, context_size)
 
     def import_package(self, name: str, source: BinaryIO, context_size: int | None = None) -> Deferred[Model]:
-        """Store the package tar read from C{source} (see L{read_package}); the tar is read in a thread."""
-        return Deferred.fromCoroutine(self._import(name, partial(_stage_package, source), context_size))
+        """Store the package tar read from C{source} (see L{mrunner.store.package}), read in a thread."""
+        return self._import_file(name, self.upload(packaged=True), source, context_size)
+
+    def upload(self, packaged: bool) -> Upload:
+        """Where a GGUF file or (C{packaged}) a package tar is written as it arrives, for L{import_upload}."""
+        return Upload(self.blobs, packaged)
+
+    def import_upload(self, name: str, upload: Upload, context_size: int | None = None) -> Deferred[Model]:
+        """Store as C{name} the model whose bytes were all written to C{upload}, without reading them again.
+
+        The store takes the staged files over: it commits them, or removes them when the import fails.
+        """
+        return self._import(name, upload, upload.staged, context_size)
 
     def disk_usage(self) -> int:
         return self.blobs.usage() + (self._index_path.stat().st_size if self._index_path.exists() else 0)
@@ -289,7 +305,7 @@ class ModelStore:
             self._pins += Counter()  # drop zero counts
 
     def manifest(self, digest: str) -> Manifest:
-        return self._artifact(digest)[0]
+        return self._artifact(digest).manifest
 
     def manifest_bytes(self, digest: str) -> bytes:
         return self.blobs.read(self._known(digest, digest))
@@ -300,18 +316,44 @@ class ModelStore:
 
     # Internals
 
-    async def _import(self, name: str, stage: Stage, context_size: int | None) -> Model:
-        ref = parse(name)
-        if ref.digest:
-            raise BadRequest(f"import needs a name with a tag, not a digest: {name!r}")
-        info, writers = await self.in_thread(stage, self.blobs)
-        try:  # committed together, on the reactor: no collection runs in between
+    def _import_file(
+        self, name: str, upload: Upload, source: BinaryIO, context_size: int | None
+    ) -> Deferred[Model]:
+        def stage() -> Staged:
+            upload.copy(source)
+            return upload.staged()
+
+        return self._import(name, upload, stage, context_size)
+
+    def _import(
+        self, name: str, upload: Upload, stage: Callable[[], Staged], context_size: int | None
+    ) -> Deferred[Model]:
+        """Stage C{upload} in a thread with C{stage}, then commit it; nothing is left behind on failure.
+
+        Cancelling the import (Klein does, when the client goes away) only stops the caller's
+        waiting: the thread still holds the files, so the import runs to its end, a commit or a
+        removal, and a cancelled caller is never told which.
+        """
+        upload.taken = True
+        done = Deferred.fromCoroutine(self._commit(name, upload, stage, context_size))
+        told: Deferred[Model] = Deferred()  # without a canceller: cancelling it fires it at once
+        done.addBoth(lambda result: None if told.called else told.callback(result))
+        return told
+
+    async def _commit(
+        self, name: str, upload: Upload, stage: Callable[[], Staged], context_size: int | None
+    ) -> Model:
+        try:
+            ref = parse(name)
+            if ref.digest:
+                raise BadRequest(f"import needs a name with a tag, not a digest: {name!r}")
+            info, writers = await self.in_thread(stage)
+            # committed together, on the reactor: no collection runs in between
             layers = [
                 Descriptor(media_type, writer.commit(), writer.offset) for media_type, writer in writers
             ]
         finally:
-            for _, writer in writers:
-                writer.discard()  # the temps, now renamed or useless
+            upload.discard()  # the temps, now renamed or useless
         described = info.config()
         if context_size is not None:
             described["context_size"] = context_size
@@ -383,31 +425,32 @@ class ModelStore:
     def _model(self, digest: str) -> Model:
         tags = tuple(self._models[digest])
         try:
-            manifest, config, created = self._artifact(digest)
+            stored = self._artifact(digest)
         except StoreCorrupt as e:
             return Model(id=digest, tags=tags, created=0, config={}, gguf="", problem=e.message)
-        shards = tuple(self.blobs.file(shard.digest) for shard in manifest.shards)
-        first = shards[0] if len(shards) == 1 else str(self._bundle(digest) / shard_name(1, len(shards)))
         return Model(
             id=digest,
             tags=tags,
-            created=created,
-            config=config,
-            gguf=first,
-            shards=shards,
-            files={role: self.blobs.file(d) for role, d in manifest.files().items()},
-            problem=self.integrity.problem(digest, manifest),
+            created=stored.created,
+            config=stored.config,
+            gguf=stored.gguf,
+            shards=stored.shards,
+            files=stored.files,
+            problem=self.integrity.problem(digest, stored.manifest),
         )
 
-    def _artifact(self, digest: str) -> tuple[Manifest, dict[str, Any], int]:
-        """The parsed manifest and config of a stored model (immutable, so cached)."""
+    def _artifact(self, digest: str) -> _Stored:
+        """What a stored model's manifest and config say (immutable, so read once)."""
         if digest not in self._artifacts:
             try:
                 manifest = parse_manifest(self.blobs.read(digest))
                 config, created = parse_config(self.blobs.read(manifest.config.digest))
             except (OSError, InvalidManifest) as e:
                 raise StoreCorrupt(f"the manifest or config of model {digest} cannot be read: {e}") from None
-            self._artifacts[digest] = (manifest, config, created)
+            shards = tuple(self.blobs.file(shard.digest) for shard in manifest.shards)
+            gguf = shards[0] if len(shards) == 1 else str(self._bundle(digest) / shard_name(1, len(shards)))
+            files = {role: self.blobs.file(d) for role, d in manifest.files().items()}
+            self._artifacts[digest] = _Stored(manifest, config, created, gguf, shards, files)
         return self._artifacts[digest]
 
     def _tag_map(self) -> dict[str, str]:
@@ -435,41 +478,3 @@ class ModelStore:
         fsync_dir(self.root)
         self._models = models
         self._tags = self._tag_map()
-
-
-def _stage(package: Package, blobs: Blobs) -> Staged:
-    """Copy and hash the model's files into temps, then read the GGUF headers (in a thread).
-
-    The headers' reader starts first, so its interpreter starts during the copy.
-
-    @return: the weights' header and the sealed writers with their media types,
-        in manifest order (weights, licenses, projector, template); on failure no temp is left.
-    """
-    parts: list[tuple[str, BinaryIO]] = [(GGUF, source) for source in package.weights]
-    parts += [(LICENSE, io.BytesIO(text)) for text in package.licenses]
-    if package.mmproj is not None:
-        parts.append((MMPROJ, package.mmproj))
-    if package.chat_template is not None:
-        parts.append((CHAT_TEMPLATE, io.BytesIO(package.chat_template)))
-    writers: list[tuple[str, BlobWriter]] = []
-    reader = gguf_meta.Reader()
-    try:
-        for media_type, source in parts:
-            writers.append((media_type, blobs.writer(None)))
-            writers[-1][1].copy(source)
-            writers[-1][1].seal()
-        headers = reader.read_all([w.temp for t, w in writers if t in (GGUF, MMPROJ)])
-        if package.mmproj is not None:
-            gguf_meta.check_projector(headers.pop())
-        return gguf_meta.weights(headers), writers
-    except BaseException:
-        for _, writer in writers:
-            writer.discard()
-        raise
-    finally:
-        reader.close()
-
-
-def _stage_package(source: BinaryIO, blobs: Blobs) -> Staged:
-    """L{_stage} the members of a package tar (in a thread: reading the tar blocks)."""
-    return _stage(read_package(source), blobs)

@@ -1,0 +1,68 @@
+"""The hot inference routes, called without Klein's URL matching.
+
+Klein binds a werkzeug map and matches the path on every request: some 7% of
+the daemon's CPU on small chats (py-spy). The paths of the inference routes
+are fixed strings, so L{Routes} finds them in a dict and renders them with
+L{Direct}, which does what Klein does with a route's result: writes bytes,
+finishes the request, renders an L{MrunnerError} in the route group's error
+shape, and cancels the route when the client goes away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import CancelledError, maybeDeferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from mrunner.api.errors import Shape, openai_shape, render_error
+from mrunner.errors import MrunnerError
+
+Handler = Callable[[Request], Any]
+
+
+class Direct(Resource):
+    """Renders one route's handler as its Klein route would, without matching the path."""
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, handler: Handler, shape: Shape = openai_shape):
+        super().__init__()
+        self._handler = handler
+        self._shape = shape
+
+    def render(self, request: Request) -> Any:
+        finished = False
+
+        def ended(result: object) -> None:
+            nonlocal finished
+            finished = True
+
+        request.notifyFinish().addBoth(ended)
+        d = maybeDeferred(self._handler, request)
+        request.notifyFinish().addErrback(lambda failure: d.cancel())
+
+        def failed(failure: Failure) -> bytes | None:
+            if finished:  # nothing can be told to a client that is gone
+                if not failure.check(CancelledError):
+                    self.log.failure("a route failed after its answer ended", failure)
+                return None
+            if failure.check(MrunnerError):
+                return render_error(request, failure.value, self._shape)  # type: ignore[arg-type]
+            request.processingFailed(failure)
+            return None
+
+        def answer(body: bytes | None) -> None:
+            if body is not None:
+                request.write(body)
+            if not finished:
+                request.finish()
+
+        d.addErrback(failed).addCallback(answer)
+        d.addErrback(lambda failure: self.log.failure("writing an answer failed", failure))
+        return NOT_DONE_YET
