@@ -52,34 +52,19 @@ def send_now(transport: Any, data: bytes) -> None:
     the socket does not take is queued as before, and later writes queue
     behind it, so the order holds.
     """
-    if _sendable(transport) and not transport.dataBuffer and not transport._tempDataBuffer:
+    if (
+        isinstance(transport, tcp.Connection)
+        and not transport.TLS
+        and transport.connected
+        and not transport.disconnecting
+        and not transport.dataBuffer
+        and not transport._tempDataBuffer
+    ):
         sent = transport.writeSomeData(data)
         if isinstance(sent, int):
             data = data[sent:]
     if data:
         transport.write(data)
-
-
-def flush_now(transport: Any) -> None:
-    """Send what Twisted queued on C{transport} now rather than on the reactor's next turn.
-
-    An answer written through twisted.web (its head and the first of its
-    body) is queued; sending it at once saves a turn of the loop for every
-    answer. Whatever the socket does not take stays queued, as before.
-    """
-    if _sendable(transport) and (transport.dataBuffer or transport._tempDataBuffer):
-        transport.doWrite()  # a failure to send is the reactor's to see, at its next turn
-
-
-def _sendable(transport: Any) -> bool:
-    """Whether C{transport} is a plain socket connection that is open for writing."""
-    return bool(
-        isinstance(transport, tcp.Connection)
-        and not transport.TLS
-        and transport.connected
-        and not transport.disconnecting
-        and not transport._writeDisconnecting
-    )
 
 
 class Head:

@@ -33,7 +33,6 @@ from mrunner.api.trust import Trust, beyond_loopback, route_path
 from mrunner.config import Config
 from mrunner.errors import MrunnerError, PayloadTooLarge, Unavailable
 from mrunner.logfiles import BatchedLogSite
-from mrunner.upstream import flush_now
 
 ALLOWED_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
 PREFLIGHT_MAX_AGE = b"600"
@@ -73,12 +72,6 @@ class GatedRequest(Request):
             super().gotLength(length)
         else:
             self.content = self.sink(self)
-
-    def write(self, data: bytes) -> None:
-        """twisted.web's write, sent at once rather than at the reactor's next turn (L{flush_now})."""
-        super().write(data)
-        if self.channel is not None:
-            flush_now(self.channel.transport)
 
     def handleContentChunk(self, data: bytes) -> None:
         if self.chunked_allowance is not None:
