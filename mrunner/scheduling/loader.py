@@ -226,7 +226,9 @@ class Loader:
                     retry_after=backoff.until - self._clock.seconds(),
                 )
             )
-        if len(self._queue) >= self._max_queue and not self._has_room(request.key):
+        runner = self.runners.get(request.key)
+        room = runner is not None and _has_room(runner)
+        if len(self._queue) >= self._max_queue and not room:
             return fail(
                 Unavailable(
                     f"too many requests waiting ({self._max_queue}); try again shortly",
@@ -234,8 +236,6 @@ class Loader:
                     retry_after=1.0,
                 )
             )
-        runner = self.runners.get(request.key)
-        room = self._has_room(request.key)
         if not self._queue and runner is not None and room:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
@@ -245,11 +245,6 @@ class Loader:
             # the plan passes over it until that runner frees a slot (see _release).
             self._pump()
         return waiter.deferred
-
-    def _has_room(self, key: RunnerKey) -> bool:
-        """Whether C{key}'s runner can take a request now, so it need not wait in the queue."""
-        runner = self.runners.get(key)
-        return runner is not None and runner.state is State.READY and runner.in_use < runner.parallel
 
     def unload(self, match: Callable[[RunnerKey], bool]) -> Deferred[Any]:
         """Stop idle runners that C{match}; drain busy ones. Fires when the idle ones have exited.
@@ -507,3 +502,8 @@ def _cancel_expiry(runner: Runner) -> None:
     if runner.expiry is not None:
         runner.expiry.cancel()
         runner.expiry = None
+
+
+def _has_room(runner: Runner) -> bool:
+    """Whether C{runner} can take a request now, so that request need not wait in the queue."""
+    return runner.state is State.READY and runner.in_use < runner.parallel
