@@ -38,14 +38,16 @@ class Direct(Resource):
 
     def render(self, request: Request) -> Any:
         finished = False
+        done = request.notifyFinish()  # asked before the handler runs: it may finish the request
+        d = maybeDeferred(self._handler, request)
 
         def ended(result: object) -> None:
             nonlocal finished
             finished = True
+            if isinstance(result, Failure):  # the client went away: stop the route
+                d.cancel()
 
-        request.notifyFinish().addBoth(ended)
-        d = maybeDeferred(self._handler, request)
-        request.notifyFinish().addErrback(lambda failure: d.cancel())
+        done.addBoth(ended)
 
         def failed(failure: Failure) -> bytes | None:
             if finished:  # nothing can be told to a client that is gone
