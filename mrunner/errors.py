@@ -81,9 +81,26 @@ class PayloadTooLarge(MrunnerError):
     code = "request_too_large"
 
 
+class UriTooLong(MrunnerError):
+    status = 414
+    type = "invalid_request_error"
+    code = "request_line_too_long"
+
+
 class Unprocessable(MrunnerError):
     status = 422
     type = "invalid_request_error"
+
+
+class TooManyRequests(MrunnerError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class HeadersTooLarge(MrunnerError):
+    status = 431
+    type = "invalid_request_error"
+    code = "headers_too_large"
 
 
 class RunnerFailed(MrunnerError):

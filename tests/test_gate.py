@@ -15,6 +15,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from mrunner import config as configuration
 from mrunner.api.gate import SINK_READ_SIZE, GatedSite, Sink, private_listen
@@ -40,6 +41,9 @@ class Recorder(Resource):
 
     def render(self, request: Any) -> bytes:
         self.seen.append((request.method, request.uri, request.content.read()))
+        if request.uri == b"/stream":
+            request.write(b"an answer that never ends")
+            return NOT_DONE_YET
         return b"reached"
 
 
@@ -412,6 +416,63 @@ class BodyLimitTests(GateTestCase):
         self.assertEqual(self.routes.seen, [(b"POST", b"/v1/chat/completions", b"{}")])
 
 
+class UnreadableRequestTests(GateTestCase):
+    """What twisted.web's parser would drop unanswered gets a status and a JSON error, then the close."""
+
+    def assertAnswered(self, data: bytes, status: int, *words: str) -> StringTransport:
+        channel, transport = self.connect()
+        self.routes.seen.clear()
+        channel.dataReceived(data)
+        self.assertRefused(parse(transport.value()), status, *words)
+        channel.dataReceived(raw_request())  # what follows is no next request
+        self.assertEqual(parse(transport.value())[0], status)
+        self.clock.advance(self.config.http.header_timeout)
+        self.assertTrue(transport.disconnected)
+        return transport
+
+    def test_a_request_line_past_the_limit_is_414(self) -> None:
+        self.assertAnswered(b"GET /" + b"a" * 2**20 + b" HTTP/1.1\r\n", 414, "request line")
+
+    def test_a_header_line_past_the_limit_is_431(self) -> None:
+        self.assertAnswered(raw_request(headers={"X-Big": "a" * 2**20}), 431, "headers")
+
+    def test_headers_past_the_limit_together_are_431(self) -> None:
+        many = {f"X-{n}": "a" * 1000 for n in range(20)}
+        self.assertAnswered(raw_request(headers=many), 431, "headers")
+        self.assertAnswered(raw_request(headers={f"X-{n}": "" for n in range(600)}), 431, "500 headers")
+
+    def test_a_content_length_of_5000_digits_is_400(self) -> None:
+        self.assertAnswered(raw_request("POST", headers={"Content-Length": "9" * 5000}), 400, "Content-Length")
+
+    def test_a_chunk_size_of_40_digits_is_400(self) -> None:
+        head = raw_request("POST", "/v1/chat/completions", {"Transfer-Encoding": "chunked"})
+        self.assertAnswered(head + b"f" * 40 + b"\r\nxx", 400, "chunk size", "hex digits")
+
+    def test_a_malformed_chunk_or_header_is_400(self) -> None:
+        head = raw_request("POST", "/v1/chat/completions", {"Transfer-Encoding": "chunked"})
+        self.assertAnswered(head + b"zz\r\n", 400, "chunked body")
+        self.assertAnswered(b"GET / HTTP/1.1\r\nno colon here\r\n\r\n", 400, "HTTP/1.1")
+        self.assertAnswered(b"GET\r\n\r\n", 400, "HTTP/1.1")
+
+    def test_a_method_is_case_sensitive(self) -> None:
+        for method in ("post", "Get", "PATCH", "BREW"):
+            headers = self.assertRefused(
+                self.send(raw_request(method, "/v1/chat/completions", body=b"{}")), 405, repr(method)
+            )
+            self.assertEqual(headers[b"allow"], b"DELETE, GET, HEAD, OPTIONS, POST, PUT")
+
+    def test_a_body_sent_with_its_refused_headers_is_dropped_and_reading_goes_on(self) -> None:
+        channel, transport = self.connect()
+        channel.dataReceived(raw_request("POST", "/v1/chat/completions", body=b"x" * 300_000))
+        self.assertRefused(parse(transport.value()), 413, "300000")
+        self.assertEqual(transport.producerState, "producing")  # twisted.web would have paused reading
+        channel.dataReceived(b"x" * 100_000)
+        self.assertEqual(transport.producerState, "producing")
+        self.assertFalse(transport.disconnected)
+        self.clock.advance(self.config.http.header_timeout)
+        self.assertTrue(transport.disconnected)
+
+
 class Body:
     """A sink's body: records what is written to it, and whether it was closed."""
 
@@ -535,6 +596,25 @@ class ConnectionTests(GateTestCase):
         self.connect()
         headers = self.assertRefused(self.get(), 503, "max_connections")
         self.assertEqual(headers[b"retry-after"], b"1")
+
+    def test_health_answers_past_the_cap_then_closes(self) -> None:
+        self.connect()
+        self.connect()
+        code, headers, body = self.get("/health")
+        self.assertEqual((code, headers[b"connection"]), (200, b"close"))
+        self.assertEqual(self.routes.seen, [(b"GET", b"/health", b"")])
+
+    def test_a_client_that_reads_nothing_of_its_answer_is_cut_off(self) -> None:
+        channel, transport = self.connect()
+        channel.dataReceived(raw_request(path="/stream"))
+        channel.pauseProducing()  # as the transport does when the client's socket takes no more
+        self.clock.advance(59)
+        channel.resumeProducing()
+        self.clock.advance(59)
+        self.assertFalse(transport.disconnected)
+        channel.pauseProducing()
+        self.clock.advance(62)
+        self.assertTrue(transport.disconnected)
 
     def test_closed_connections_free_their_place(self) -> None:
         first, _ = self.connect()

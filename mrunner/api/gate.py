@@ -8,6 +8,19 @@ request is answered at once and its body is never read. One sweep a fraction
 of C{header_timeout} apart cuts off connections whose headers or body trickle,
 and closes idle ones; the proxy path pays no timer per request for it.
 
+What twisted.web's parser refuses by closing the connection without a word (a
+request line or header past its 16 KiB, a malformed header or chunk) is
+answered here with a status and a JSON error before the close: 414, 431 or
+400. A request refused before its body is read is answered at once; what the
+client still sends of it is read and dropped, not taken for a next request
+(twisted.web would buffer it and stop reading, and the client, still
+writing, would see a reset instead of the answer), and the connection is
+half-closed so that a client reading to the end sees the answer end.
+
+A connection whose client reads nothing of its answer for C{idle_timeout}
+is closed: a follow stream or a long answer must not hold a connection,
+and what is queued for it, for ever.
+
 A route may also take its body as it arrives (L{GatedSite}'s C{sinks}): an
 import hashes and stores a model while it streams in, where the temporary
 file would have it written, then read back and written again.
@@ -15,7 +28,9 @@ file would have it written, then read back and written again.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from http import HTTPStatus
 from typing import Any, Protocol
 
 import attrs
@@ -23,7 +38,7 @@ from twisted.internet.address import UNIXAddress
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel
+from twisted.web.http import HTTPChannel, _ChunkedTransferDecoder, _MalformedChunkedDataError
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
@@ -31,10 +46,24 @@ from twisted.web.server import Request
 from mrunner.api.errors import Refusal
 from mrunner.api.trust import Trust, beyond_loopback, route_path
 from mrunner.config import Config
-from mrunner.errors import MrunnerError, PayloadTooLarge, Unavailable
+from mrunner.errors import (
+    BadRequest,
+    HeadersTooLarge,
+    MethodNotAllowed,
+    MrunnerError,
+    PayloadTooLarge,
+    Unavailable,
+    UriTooLong,
+)
 from mrunner.logfiles import BatchedLogSite
 
 ALLOWED_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
+# Methods any route takes (PUT reaches the compat APIs' catch-alls, which name what they serve).
+# Methods are case-sensitive: ``post`` is no method of mrunner's, and is never forwarded.
+SERVED_METHODS = frozenset((b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS"))
+# A body of 2**63 bytes is past any limit: a Content-Length or chunk size beyond it is malformed.
+MAX_LENGTH_DIGITS = len(str(2**63 - 1))
+MAX_CHUNK_SIZE = 2**63 - 1
 PREFLIGHT_MAX_AGE = b"600"
 # Sweeps per header_timeout: a trickler is cut off at most a quarter of it late.
 SWEEPS_PER_TIMEOUT = 4
@@ -102,6 +131,8 @@ class GatedChannel(HTTPChannel):
         self._lingering: float | None = None  # since when a refused request's body is discarded
         self._via_socket = False
         self._read_size: int | None = None  # the transport's own, while it reads for a sink
+        self._head_lines = 0  # lines of the pending request's head read so far
+        self._stalled_since: float | None = None  # since when the client reads nothing of its answer
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -116,13 +147,102 @@ class GatedChannel(HTTPChannel):
             self._since = self.site.reactor.seconds()
         super().dataReceived(data)
 
+    def lineReceived(self, line: bytes) -> None:
+        if self._lingering is not None:
+            return  # refused: the rest of what was sent is not a next request
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._head_too_large()
+            return
+        self._head_lines += 1
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        if self._head_lines == 0:
+            self._answer_and_close(UriTooLong(f"the request line is over {self.MAX_LENGTH} bytes"))
+        else:
+            self._answer_and_close(
+                HeadersTooLarge(f"the request's headers are over {self.totalHeadersSize} bytes")
+            )
+
+    def headerReceived(self, line: bytes) -> bool:
+        if self._receivedHeaderCount >= self.maxHeaders:
+            self._answer_and_close(HeadersTooLarge(f"the request has over {self.maxHeaders} headers"))
+            return False
+        return bool(super().headerReceived(line))
+
+    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
+        if header == b"Content-Length" and len(data) > MAX_LENGTH_DIGITS:
+            # twisted.web would raise from int() past 4,300 digits and drop the connection unanswered.
+            self._answer_and_close(
+                BadRequest(
+                    f"Content-Length has {len(data)} characters; no body is that long", code="bad_length"
+                )
+            )
+            return False
+        chosen = bool(super()._maybeChooseTransferDecoder(header, data))
+        if chosen and type(self._transferDecoder) is _ChunkedTransferDecoder:
+            self._transferDecoder = SizedChunks(self.requests[-1].handleContentChunk, self._finishRequestBody)
+        return chosen
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if self._lingering is not None:
+            return  # a refused body: buffered as a next request, it would stop the reading
+        if self._handlingRequest:
+            super().rawDataReceived(data)
+            return
+        decoder: Any = self._transferDecoder  # set while a body is read
+        try:
+            decoder.dataReceived(data)
+        except _MalformedChunkedDataError as e:
+            self._answer_and_close(
+                BadRequest(f"the request's chunked body is malformed: {e}", code="bad_chunk")
+            )
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        """What twisted.web does for a request it cannot parse: here with a JSON body saying so."""
+        self._answer_and_close(
+            BadRequest("the request is not valid HTTP/1.1 (its request line or a header is malformed)")
+        )
+
+    def _answer_and_close(self, error: MrunnerError) -> None:
+        """Answer a request that cannot be read with C{error}, before any route sees it, then close."""
+        self.transport.write(raw_answer(error))
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after the answer, once the client is done sending, or after C{header_timeout}.
+
+        What the client still sends meanwhile is read and dropped, so that a client still
+        sending the refused request sees the answer rather than a reset connection.
+        """
+        self.persistent = False
+        self._lingering = self.site.reactor.seconds()
+        half_close = getattr(self.transport, "loseWriteConnection", None)  # TCP and UNIX, not TLS
+        if half_close is not None:
+            half_close()
+
+    def pauseProducing(self) -> None:
+        if self._stalled_since is None:
+            self._stalled_since = self.site.reactor.seconds()
+        super().pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self._stalled_since = None
+        super().resumeProducing()
+
     def allHeadersReceived(self) -> None:
         self._awaiting = False
         self._since = None
+        self._head_lines = 0
         request: GatedRequest = self.requests[-1]
         trust: Trust = self.site.trust
         try:
-            if self.over_cap:
+            if self._command not in SERVED_METHODS:
+                raise unserved_method(self._command)
+            if self.over_cap and route_path(self._path).rstrip(b"/") != b"/health":
                 raise Unavailable(
                     f"mrunner is serving its limit of {trust.http.max_connections} connections"
                     " ([http] max_connections); try again shortly",
@@ -149,6 +269,9 @@ class GatedChannel(HTTPChannel):
                     self._read_size = self.transport.bufferSize
                     self.transport.bufferSize = SINK_READ_SIZE
         super().allHeadersReceived()
+        if self.over_cap:  # /health, answered past the cap: then the connection closes
+            self.persistent = False
+            request.setHeader(b"connection", b"close")
 
     def _refuse(self, request: GatedRequest, error: MrunnerError) -> None:
         request.refusal = error
@@ -172,7 +295,7 @@ class GatedChannel(HTTPChannel):
             # Read and drop what the client still sends for a while, so that a client still
             # sending the refused body sees the answer rather than a reset connection.
             self.requests.remove(request)
-            self._lingering = self.site.reactor.seconds()
+            self._linger()
             return
         self._awaiting = True
         self._idle_since = self.site.reactor.seconds()
@@ -188,6 +311,8 @@ class GatedChannel(HTTPChannel):
         if self._lingering is not None:
             if now - self._lingering >= http.header_timeout:
                 self.transport.abortConnection()
+        elif self._stalled_since is not None and now - self._stalled_since > http.idle_timeout:
+            self._cut_off("its client read nothing of its answer for {seconds}s", seconds=http.idle_timeout)
         elif self._since is not None:
             if now - self._since > http.header_timeout:
                 self._cut_off("its request headers took over {seconds}s", seconds=http.header_timeout)
@@ -203,6 +328,42 @@ class GatedChannel(HTTPChannel):
     def _cut_off(self, why: str, **limit: float) -> None:
         self.log.info("cut off {peer}: " + why, peer=str(self.transport.getPeer()), **limit)
         self.transport.abortConnection()
+
+
+class SizedChunks(_ChunkedTransferDecoder):
+    """twisted.web's reader of a chunked body, refusing a chunk size no body can have (it takes any)."""
+
+    def _dataReceived_CHUNK_LENGTH(self) -> bool:
+        read = bool(super()._dataReceived_CHUNK_LENGTH())
+        if read and self.length > MAX_CHUNK_SIZE:
+            raise _MalformedChunkedDataError(
+                f"a chunk size of {len(f'{self.length:x}')} hex digits is past 2**63"
+            )
+        return read
+
+
+def raw_answer(error: MrunnerError) -> bytes:
+    """A whole response for C{error}, in OpenAI's shape, for a request no route will see; it closes."""
+    body = json.dumps(error.body()).encode() + b"\n"
+    head = [
+        b"HTTP/1.1 %d %s" % (error.status, HTTPStatus(error.status).phrase.encode()),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+        *(name + b": " + value for name, value in error.headers),
+    ]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def unserved_method(method: bytes) -> MethodNotAllowed:
+    """The refusal of a method no route takes, C{post} (lower case) among them."""
+    error = MethodNotAllowed(
+        f"{method.decode('ascii', errors='replace')!r} is not a method mrunner serves (methods are"
+        f" case-sensitive): {b', '.join(sorted(SERVED_METHODS)).decode()}",
+        code="method_not_allowed",
+    )
+    error.headers = ((b"allow", b", ".join(sorted(SERVED_METHODS))),)
+    return error
 
 
 class Preflight(Resource):
