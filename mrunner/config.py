@@ -160,6 +160,7 @@ class HTTPConfig:
     admin_api_keys: tuple[str, ...] = _secret()
     max_load_bytes: int = attrs.field(default=64 * 2**30, metadata={"parse": parse_size})
     max_connections: int = 512
+    max_followers: int = 64
     header_timeout: float = _duration(10.0)
     min_body_rate: int = attrs.field(default=1024, metadata={"parse": parse_size})
     idle_timeout: float = _duration(60.0)

@@ -19,6 +19,7 @@ from mrunner import config as configuration
 from mrunner.api.admin import AdminAPI
 from mrunner.api.anthropic import AnthropicAPI
 from mrunner.api.app import Routes, ServiceAPI
+from mrunner.api.follow import Followers
 from mrunner.api.gate import GatedSite, private_listen
 from mrunner.api.gateway import Gateway
 from mrunner.api.history import RecordsAPI
@@ -144,13 +145,15 @@ def make_parts(
         reactor,
         metrics.moved,
     )
-    logs = LogsAPI(home.logs, reactor)
+    followers = Followers(config)  # /logs and /engines/requests follows, under one cap
+    reloadable.append(followers.configure)
+    logs = LogsAPI(home.logs, reactor, followers)
     records = (
         Records(config.records.per_model, config.records.max_bytes, config.records.max_body, reactor.seconds)
         if config.records.enabled
         else None
     )
-    history = RecordsAPI(records)
+    history = RecordsAPI(records, followers)
     gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes, records)
     runners = RunnerClient(runner_pool)
     responses = config.responses

@@ -442,7 +442,9 @@ class UnreadableRequestTests(GateTestCase):
         self.assertAnswered(raw_request(headers={f"X-{n}": "" for n in range(600)}), 431, "500 headers")
 
     def test_a_content_length_of_5000_digits_is_400(self) -> None:
-        self.assertAnswered(raw_request("POST", headers={"Content-Length": "9" * 5000}), 400, "Content-Length")
+        self.assertAnswered(
+            raw_request("POST", headers={"Content-Length": "9" * 5000}), 400, "Content-Length"
+        )
 
     def test_a_chunk_size_of_40_digits_is_400(self) -> None:
         head = raw_request("POST", "/v1/chat/completions", {"Transfer-Encoding": "chunked"})
@@ -600,7 +602,7 @@ class ConnectionTests(GateTestCase):
     def test_health_answers_past_the_cap_then_closes(self) -> None:
         self.connect()
         self.connect()
-        code, headers, body = self.get("/health")
+        code, headers, _ = self.get("/health")
         self.assertEqual((code, headers[b"connection"]), (200, b"close"))
         self.assertEqual(self.routes.seen, [(b"GET", b"/health", b"")])
 

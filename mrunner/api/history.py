@@ -1,14 +1,18 @@
-"""``GET /engines/requests[?model=&limit=&follow=true]``: the request records, newest first.
+"""``GET /engines/requests[?model=&limit=&before=&follow=true]``: the request records, newest first.
+
+A listing holds at most L{MAX_LIMIT} records; ``before`` (an id) pages back.
 
 With ``follow=true`` the answer is a server-sent-events stream: the records
 there are now, oldest first, then each new one as its answer ends, until the
-client hangs up or the daemon stops.
+client hangs up or the daemon stops, as fast as the client reads
+(L{mrunner.api.follow}).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 
 from klein import Klein
 from twisted.application.service import Service
@@ -16,12 +20,17 @@ from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.follow import Feed, Followers
 from mrunner.api.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.records import Record, Records, record_key
 from mrunner.api.requests import flag, query
+from mrunner.config import Config
 from mrunner.errors import BadRequest, NotFound
 
 DEFAULT_LIMIT = 50
+# A listing's most records: a larger ?limit= is a 400 that says how to page with ?before=.
+MAX_LIMIT = 1000
+MAX_DIGITS = 18  # ids and limits are under 10**18
 
 
 class RecordsAPI(Service):
@@ -30,15 +39,19 @@ class RecordsAPI(Service):
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(self, records: Records | None) -> None:
+    def __init__(self, records: Records | None, followers: Followers | None = None) -> None:
         self._records = records
+        self._followers = Followers(Config()) if followers is None else followers
         self._follows: dict[Deferred[bytes], Callable[[], None]] = {}
 
     def openapi(self) -> Piece:
         records = {"type": "array", "items": {"type": "object"}}
         parameters = [
             parameter("model", "query", {"type": "string"}, "only this model's requests"),
-            parameter("limit", "query", {"type": "integer", "minimum": 1}, "at most this many"),
+            parameter(
+                "limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "at most this many"
+            ),
+            parameter("before", "query", {"type": "integer", "minimum": 1}, "only those older than this id"),
             parameter("follow", "query", {"type": "boolean"}, "then each new record, as server-sent events"),
         ]
         answers = {
@@ -63,23 +76,34 @@ class RecordsAPI(Service):
             )
         model = query(request, "model")
         model = record_key(model) if model else None
-        limit = _limit(query(request, "limit"))
-        recent = self._records.recent(model, limit)
+        limit = _number(query(request, "limit"), "limit") or DEFAULT_LIMIT
+        if limit > MAX_LIMIT:
+            raise BadRequest(
+                f"?limit= is at most {MAX_LIMIT}, not {limit}; page back with ?before=ID (the last id seen)",
+                code="invalid_limit",
+            )
+        before = _number(query(request, "before"), "before")
+        recent = self._records.recent(model, limit, before)
         if not flag(request, "follow"):
             return json_body(request, [record.to_json() for record in recent])
+        feed = self._followers.open(request)
         request.setHeader(b"content-type", b"text/event-stream")
         request.setHeader(b"cache-control", b"no-cache")
         request.write(b"")  # headers now: the client knows it is following
-        for record in reversed(recent):
-            _send(request, record)
-        return self._follow(request, self._records, model)
+        for record in reversed(recent):  # held as the store's own records: bounded by ?limit
+            feed.send(partial(_event, record))
+        return self._follow(self._records, model, feed)
 
-    def _follow(self, request: IRequest, records: Records, model: str | None) -> Deferred[bytes]:
+    def _follow(self, records: Records, model: str | None, feed: Feed) -> Deferred[bytes]:
         def heard(record: Record) -> None:
             if model is None or record.model == model:
-                _send(request, record)
+                feed.send(partial(_event, record), record.size)
 
-        stop = records.follow(heard)
+        unfollow = records.follow(heard)
+
+        def stop() -> None:
+            unfollow()
+            feed.close()
 
         def hung_up(done: Deferred[bytes]) -> None:
             self._follows.pop(done)()
@@ -96,13 +120,14 @@ class RecordsAPI(Service):
             done.callback(b"")
 
 
-def _send(request: IRequest, record: Record) -> None:
-    request.write(b"data: " + json.dumps(record.to_json()).encode() + b"\n\n")
+def _event(record: Record) -> bytes:
+    return b"data: " + json.dumps(record.to_json()).encode() + b"\n\n"
 
 
-def _limit(value: str | None) -> int:
+def _number(value: str | None, key: str) -> int | None:
+    """A positive integer query value, None when absent."""
     if value is None:
-        return DEFAULT_LIMIT
-    if not value.isascii() or not value.isdigit() or int(value) == 0:
-        raise BadRequest(f"?limit= must be a positive integer, not {value!r}", code="invalid_limit")
+        return None
+    if not value.isascii() or not value.isdigit() or len(value) > MAX_DIGITS or int(value) == 0:
+        raise BadRequest(f"?{key}= must be a positive integer, not {value!r:.40}", code=f"invalid_{key}")
     return int(value)

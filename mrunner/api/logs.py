@@ -4,12 +4,13 @@ Lines read ``[source] text``, where the source is ``daemon`` or the runner
 log's name (model and mode). ``source`` keeps one model's runners' logs (any
 spelling of its name), or the daemon's. With ``follow=true`` the response
 stays open and new lines are sent as the files grow, until the client hangs
-up or the daemon stops.
+up or the daemon stops, as fast as the client reads (L{mrunner.api.follow}).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from klein import Klein
@@ -20,9 +21,11 @@ from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors
+from mrunner.api.follow import Feed, Followers
 from mrunner.api.openapi import TEXT, Piece, answer, operation, parameter
 from mrunner.api.records import record_key
 from mrunner.api.requests import flag, query
+from mrunner.config import Config
 from mrunner.errors import NotFound
 from mrunner.home import log_name
 from mrunner.logfiles import DAEMON, LogTail
@@ -36,10 +39,11 @@ class LogsAPI(Service):
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(self, directory: Path, clock: IReactorTime) -> None:
+    def __init__(self, directory: Path, clock: IReactorTime, followers: Followers | None = None) -> None:
         self._directory = directory
         self._clock = clock
-        self._follows: dict[Deferred[bytes], LoopingCall] = {}
+        self._followers = Followers(Config()) if followers is None else followers
+        self._follows: dict[Deferred[bytes], Callable[[], None]] = {}
 
     def openapi(self) -> Piece:
         follow = parameter("follow", "query", {"type": "boolean"}, "keep sending lines as they are written")
@@ -59,12 +63,11 @@ class LogsAPI(Service):
     def logs(self, request: IRequest) -> bytes | Deferred[bytes]:
         follow = flag(request, "follow")
         tail = LogTail(self._directory, sources=self._sources(query(request, "source")))
+        feed = self._followers.open(request) if follow else None
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-        _send(request, tail)
-        if not follow:
-            return b""
-        request.write(b"")  # headers now: the client knows it is following
-        return self._follow(request, tail)
+        if feed is None:
+            return _lines(tail)
+        return self._follow(request, tail, feed)
 
     def _sources(self, source: str | None) -> Callable[[str], bool]:
         """Which logs C{?source=} names: every log, the daemon's, or those of one model's runners."""
@@ -79,28 +82,34 @@ class LogsAPI(Service):
             raise NotFound(f"no log has the source {source!r}; sources: {known}", code="log_not_found")
         return lambda name: name.startswith(prefixes)
 
-    def _follow(self, request: IRequest, tail: LogTail) -> Deferred[bytes]:
-        loop = LoopingCall(_send, request, tail)
+    def _follow(self, request: IRequest, tail: LogTail, feed: Feed) -> Deferred[bytes]:
+        def poll() -> None:
+            if not feed.paused:  # else the files keep what the client has yet to read
+                feed.send(partial(_lines, tail))
+
+        loop = LoopingCall(poll)
         loop.clock = self._clock
 
-        def hung_up(done: Deferred[bytes]) -> None:
-            del self._follows[done]
+        def stop() -> None:
             loop.stop()
+            feed.close()
+
+        def hung_up(done: Deferred[bytes]) -> None:
+            self._follows.pop(done)()
 
         done: Deferred[bytes] = Deferred(canceller=hung_up)  # Klein cancels it when the client leaves
-        self._follows[done] = loop
-        loop.start(POLL_SECONDS, now=False)
+        self._follows[done] = stop
+        request.write(b"")  # headers now: the client knows it is following
+        loop.start(POLL_SECONDS)
         return done
 
     def stopService(self) -> None:
         super().stopService()
         follows, self._follows = self._follows, {}
-        for done, loop in follows.items():
-            loop.stop()
+        for done, stop in follows.items():
+            stop()
             done.callback(b"")
 
 
-def _send(request: IRequest, tail: LogTail) -> None:
-    lines = tail.read()
-    if lines:
-        request.write("".join(f"[{source}] {line}\n" for source, line in lines).encode())
+def _lines(tail: LogTail) -> bytes:
+    return "".join(f"[{source}] {line}\n" for source, line in tail.read()).encode()

@@ -309,11 +309,13 @@ class Records:
         oldest = min((kept for kept in self._by_model.values() if kept), key=lambda kept: kept[0].id)
         self._bytes -= oldest.popleft().size
 
-    def recent(self, model: str | None, limit: int) -> list[Record]:
-        """Up to C{limit} records, newest first, of C{model} or of every model."""
+    def recent(self, model: str | None, limit: int, before: int | None = None) -> list[Record]:
+        """Up to C{limit} records, newest first, of C{model} or of every model; older than C{before}."""
         kept: Iterable[Record] = (
             self._by_model.get(model, ()) if model else itertools.chain(*self._by_model.values())
         )
+        if before is not None:
+            kept = (record for record in kept if record.id < before)
         return sorted(kept, key=lambda record: record.id, reverse=True)[:limit]
 
     def follow(self, follower: Callable[[Record], None]) -> Callable[[], None]:
