@@ -114,6 +114,127 @@ class EarlyLimitTests(DaemonTestCase):
         self.assertEqual(answer, b"")
 
 
+def answer_to(port: int, data: bytes) -> tuple[int, dict[bytes, bytes], Any]:
+    """Send C{data} in one write, then read the answer to the daemon's close: a reset fails the test."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(data)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status, *fields = head.split(b"\r\n")
+    headers = dict(field.lower().split(b": ", 1) for field in fields)
+    return int(status.split()[1]), headers, json.loads(body)
+
+
+class HostilePeerTests(DaemonTestCase):
+    """Issue 22's front-door rows over real sockets: each case answered with a status, then closed."""
+
+    config_text = 'max_request_bytes = 65536\n[http]\nheader_timeout = "10s"\n'
+
+    async def test_what_twisted_web_dropped_unanswered(self) -> None:
+        await self.start()
+        port = port_of(self.daemon.url)
+        host = b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        chunked = b"POST /engines/v1/chat/completions" + host + b"Transfer-Encoding: chunked\r\n\r\n"
+        body = json.dumps(CHAT).encode()
+        for name, data, status in [
+            (
+                "a body over max_request_bytes in the headers' write",
+                (
+                    b"POST /engines/v1/chat/completions"
+                    + host
+                    + b"Content-Length: 8000000\r\n\r\n"
+                    + b"x" * 8_000_000
+                ),
+                413,
+            ),
+            ("a 1 MB header line", b"GET /health" + host + b"X-Big: " + b"a" * 2**20 + b"\r\n\r\n", 431),
+            ("a 1 MB request line", b"GET /" + b"a" * 2**20 + host + b"\r\n", 414),
+            (
+                "a 5,000-digit Content-Length",
+                b"POST /health" + host + b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n",
+                400,
+            ),
+            ("a 40-digit chunk size", chunked + b"f" * 40 + b"\r\n" + b"x" * 1000, 400),
+            (
+                "a lower-case method",
+                (
+                    b"post /engines/v1/chat/completions"
+                    + host
+                    + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                    + body
+                ),
+                405,
+            ),
+        ]:
+            code, headers, error = await deferToThread(answer_to, port, data)
+            self.assertEqual(code, status, name)
+            self.assertEqual(headers[b"connection"], b"close", name)
+            self.assertEqual(set(error["error"]), {"message", "type", "code"}, name)
+        self.assertFalse((self.home / "starts").exists(), "a refused request reached a runner")
+
+
+class FollowerTests(DaemonTestCase):
+    config_text = (
+        '[http]\nmax_connections = 8\nmax_followers = 2\n[records]\nmax_body = "2MiB"\nmax_bytes = "64MiB"\n'
+    )
+
+    async def test_followers_have_their_own_cap_and_health_always_answers(self) -> None:
+        await self.start()
+        port = port_of(self.daemon.url)
+
+        def crowd() -> tuple[list[int], int, int]:
+            held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(8)]
+            try:
+                statuses = []
+                for s, path in zip(held, ["/logs", "/engines/requests", "/logs"], strict=False):
+                    s.sendall(b"GET %s?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % path.encode())
+                    statuses.append(int(s.recv(65536).split()[1]))
+                extra = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                health = request(extra, "GET", "/health")[0]
+                extra.close()
+                chat = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                chat_status = request(chat, "POST", "/engines/v1/chat/completions", CHAT)[0]
+                chat.close()
+                return statuses, health, chat_status
+            finally:
+                for s in held:
+                    s.close()
+
+        statuses, health, chat = await deferToThread(crowd)
+        self.assertEqual(statuses, [200, 200, 429])
+        self.assertEqual((health, chat), (200, 503))  # past max_connections /health still answers
+
+    async def test_a_follower_that_reads_nothing_is_dropped(self) -> None:
+        await self.start()
+        port = port_of(self.daemon.url)
+        follower = socket.socket()
+        follower.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        follower.settimeout(20)  # dropped, the follower sees a reset long before
+        follower.connect(("127.0.0.1", port))
+        self.addCleanup(follower.close)
+        follower.sendall(b"GET /engines/requests?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        content = "y" * 2**20
+        for _ in range(12):  # each record 2 MiB: past what the sockets and MAX_HELD hold together
+            code, _, _ = await self.post(
+                "/engines/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": content}]}
+            )
+            self.assertEqual(code, 200)
+
+        def drain() -> str:
+            try:
+                while follower.recv(2**20):
+                    pass
+            except ConnectionResetError:
+                return "reset"
+            except TimeoutError:
+                return "still open"
+            return "closed"
+
+        self.assertIn(await deferToThread(drain), ("reset", "closed"))
+
+
 class ConnectionCapTests(DaemonTestCase):
     config_text = "[http]\nmax_connections = 4\n"
 
