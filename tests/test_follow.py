@@ -147,7 +147,7 @@ class FollowRouteTests(SynchronousTestCase):
         self.assertEqual(self.get("/engines/requests?follow=true")[0], 200)
         for url in ("/logs?follow=true", "/engines/requests?follow=true"):
             code, response = self.get(url)
-            self.assertEqual(code, 429)
+            self.assertEqual((code, response.phrase), (429, b"Too Many Requests"))
             body = json.loads(self.successResultOf(response.content()))
             self.assertEqual(body["error"]["code"], "too_many_followers")
         self.assertEqual(self.get("/logs")[0], 200, "a listing is no follow")

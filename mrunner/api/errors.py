@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from klein import Klein
@@ -20,6 +21,8 @@ from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException
 
 from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
+
+PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 #: An API's rendering of an error: (status, body).
 Shape = Callable[[MrunnerError], tuple[int, Any]]
@@ -71,7 +74,7 @@ def shape_for(path: bytes) -> Shape:
 
 def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     """Set status and content type, and encode C{value} as the response body."""
-    request.setResponseCode(status)
+    request.setResponseCode(status, PHRASES.get(status))  # twisted.web knows no 429 or 431
     request.setHeader(b"content-type", b"application/json")
     return json.dumps(value).encode() + b"\n"
 

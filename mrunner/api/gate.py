@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from http import HTTPStatus
 from typing import Any, Protocol
 
 import attrs
@@ -43,7 +42,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
 
-from mrunner.api.errors import Refusal
+from mrunner.api.errors import PHRASES, Refusal
 from mrunner.api.trust import Trust, beyond_loopback, route_path
 from mrunner.config import Config
 from mrunner.errors import (
@@ -346,7 +345,7 @@ def raw_answer(error: MrunnerError) -> bytes:
     """A whole response for C{error}, in OpenAI's shape, for a request no route will see; it closes."""
     body = json.dumps(error.body()).encode() + b"\n"
     head = [
-        b"HTTP/1.1 %d %s" % (error.status, HTTPStatus(error.status).phrase.encode()),
+        b"HTTP/1.1 %d %s" % (error.status, PHRASES[error.status]),
         b"content-type: application/json",
         b"content-length: %d" % len(body),
         b"connection: close",
