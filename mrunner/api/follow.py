@@ -8,8 +8,10 @@ C{/health} and chats (before, 512 follows took every connection).
 A follow is a push producer on its request: nothing is written while the
 client's socket takes no more. A log follow then stops reading the files (its
 tail remembers where it was); a records follow holds the records that end
-meanwhile, and is dropped once they pass L{MAX_HELD} bytes. Before, each of
-20 record followers that read nothing held 37 MB of written events.
+meanwhile, and is dropped once they pass L{MAX_HELD} bytes. The records a
+follow starts with are the store's own, held unwritten: ``?limit=`` bounds them.
+With 25 MB of records, 20 record followers that read nothing added 12.5 MB of
+the daemon's memory each when every event was written at once; now 0.3 MB.
 """
 
 from __future__ import annotations
