@@ -4,7 +4,8 @@ A blob streams into ``<hex>.incomplete`` and is hashed as it arrives; only a
 verified blob is renamed into place. A cut connection is resumed with HTTP
 Range (within this pull, and by the next pull if this one gives up), a blob
 the store already has is not fetched (but hashed, once per daemon start: a
-corrupt one is quarantined and fetched again), small blobs announced as large
+corrupt one is quarantined and fetched again; a size that disagrees with a good
+one is the remote's error, and refuses the pull), small blobs announced as large
 are refused before any download, and at most C{max_pulls} pulls run at once
 while the others wait their turn.
 """
@@ -24,6 +25,7 @@ from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
 from mrunner.store.hub_pull import HubPuller
+from mrunner.store.integrity import SizeDisagrees
 from mrunner.store.huggingface import HubClient, is_hub
 from mrunner.store.locks import KeyedLocks
 from mrunner.store.model import Model
@@ -113,7 +115,11 @@ class Puller:
         """Make sure the store has C{blob}, from C{open(offset)}; one download per digest however
         many pulls want it."""
         async with self._fetching.holding(blob.digest):
-            if not await self._store.integrity.intact(blob):
+            try:
+                held = await self._store.integrity.holds(blob)
+            except SizeDisagrees as e:
+                raise registry_error(f"{host} {e}", code="registry_size_mismatch") from None
+            if not held:
                 await self._download(blob, progress, host, open)
         progress.update(blob.digest, blob.size, blob.size)
 
