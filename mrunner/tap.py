@@ -139,7 +139,9 @@ def make_parts(
     models = ModelsAPI(
         store,
         scheduler,
-        puller := Puller(store, registry, config.registry.max_pulls, hub=hub),
+        puller := Puller(
+            store, registry, config.registry.max_pulls, hub=hub, read_timeout=config.store.read_timeout
+        ),
         pusher := Pusher(store, registry, reactor),
         reactor,
         metrics.moved,

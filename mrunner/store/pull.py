@@ -8,17 +8,28 @@ corrupt one is quarantined and fetched again; a size that disagrees with a good
 one is the remote's error, and refuses the pull), small blobs announced as large
 are refused before any download, and at most C{max_pulls} pulls run at once
 while the others wait their turn.
+
+A download that receives nothing for C{read_timeout} seconds (before its
+headers, or mid-body) is cut and resumed as a cut connection is, and named by
+its host when it fails for good: a stalled server never holds a pull for ever.
+A store that cannot write (a full disk) ends the pull with an error that says
+how much the blob still needs; what was downloaded is kept for the next pull.
 """
 
 from __future__ import annotations
 
+import errno
+import shutil
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-import treq
-from twisted.internet.defer import Deferred, DeferredSemaphore
+from twisted.internet.defer import Deferred, DeferredSemaphore, TimeoutError, ensureDeferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
-from twisted.web.client import ResponseFailed
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
@@ -31,8 +42,13 @@ from mrunner.store.locks import KeyedLocks
 from mrunner.store.model import Model
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
+from mrunner.sizes import format_size
 from mrunner.store.registry import RegistryClient, Repository, registry_error
 from mrunner.store.store import ModelStore
+from mrunner.store.upload import StoreWriteFailed
+
+#: Seconds a download may receive nothing (``[store] read_timeout``).
+READ_TIMEOUT = 60.0
 
 #: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.
 Open = Callable[[int], Awaitable[IResponse]]
@@ -50,9 +66,12 @@ class Puller:
         max_pulls: int = 2,
         attempts: int = 3,
         hub: HubClient | None = None,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self._store = store
         self._client = client
+        self._clock: IReactorTime = store.reactor
+        self._read_timeout = read_timeout
         self._slots = DeferredSemaphore(max_pulls)
         self._attempts = attempts
         self._fetching = KeyedLocks()
@@ -130,7 +149,7 @@ class Puller:
                 try:
                     await self._stream(blob, writer, progress, open)
                     break
-                except ResponseFailed as e:
+                except (ResponseFailed, Stalled) as e:
                     if attempt == self._attempts:
                         raise registry_error(
                             f"download of {blob.digest} from {host} failed {attempt} times"
@@ -146,15 +165,32 @@ class Puller:
         except DigestMismatch as e:
             writer.discard()
             raise registry_error(f"{host} sent a corrupt blob {blob.digest}: {e}") from None
+        except OSError as e:
+            writer.close()
+            raise self._write_failed(blob, writer.offset, e) from None
         except BaseException:
             writer.close()
             raise
 
+    def _write_failed(self, blob: Descriptor, written: int, error: OSError) -> StoreWriteFailed:
+        """What a failed write tells the client: for a full disk, how much the blob still needs."""
+        root = self._store.blobs.root
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return StoreWriteFailed(f"the store cannot write blob {blob.digest} in {root}: {error.strerror}")
+        needed = blob.size - written
+        return StoreWriteFailed(
+            f"the disk of the store ({root}) is full: blob {blob.digest} needs {format_size(needed)}"
+            f" ({needed} bytes) more, and {format_size(shutil.disk_usage(root).free)} are free. The"
+            f" {format_size(written)} downloaded are kept: free some space (`mrunner df`, `mrunner rm`)"
+            " and pull again to resume",
+            code="store_full",
+        )
+
     async def _stream(self, blob: Descriptor, writer: BlobWriter, progress: Progress, open: Open) -> None:
-        response = await open(writer.offset)
+        response = await self._open(open, writer.offset)
         if response.code == 416:  # our partial is not a prefix the server knows: start over
             writer.restart()
-            response = await open(0)
+            response = await self._open(open, 0)
         if response.code == 200 and writer.offset:
             writer.restart()
 
@@ -165,6 +201,66 @@ class Puller:
             progress.moved(len(data))
             progress.update(blob.digest, blob.size, writer.offset)
 
-        await treq.collect(response, write)
+        body = _Body(write, self._clock, self._read_timeout)
+        response.deliverBody(body)
+        await body.done
         if writer.offset != blob.size:
             raise DigestMismatch(f"{writer.offset} bytes instead of {blob.size}")
+
+    async def _open(self, open: Open, offset: int) -> IResponse:
+        """C{open(offset)}, given up after C{read_timeout} seconds without an answer."""
+        answer: Deferred[IResponse] = ensureDeferred(open(offset))
+        answer.addTimeout(self._read_timeout, self._clock)
+        try:
+            return await answer
+        except TimeoutError:
+            raise Stalled(f"no answer in {self._read_timeout:g} s") from None
+
+
+class Stalled(Exception):
+    """A download received nothing for the read timeout; it is cut, and resumed as a cut one is."""
+
+
+class _Body(Protocol):
+    """A response body handed to C{write} as it arrives, cut when nothing arrives for C{timeout} seconds.
+
+    treq's C{collect}, with the timer it lacks: its Deferred waits as long as the
+    server keeps the connection open.
+    """
+
+    def __init__(self, write: Callable[[bytes], None], clock: IReactorTime, timeout: float) -> None:
+        self._write = write
+        self._timeout = timeout
+        self.done: Deferred[None] = Deferred()
+        self._timer: IDelayedCall = clock.callLater(timeout, self._stalled)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.done.called:
+            return
+        self._timer.reset(self._timeout)
+        try:
+            self._write(data)
+        except BaseException:
+            self._end(Failure())
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self._end(None)
+        else:
+            self._end(reason)
+
+    def _stalled(self) -> None:
+        self._end(Failure(Stalled(f"no byte in {self._timeout:g} s")))
+
+    def _end(self, result: Failure | None) -> None:
+        """Fire C{done} once; on failure, cut the connection (a write that failed, a stall)."""
+        if self.done.called:
+            return
+        if self._timer.active():
+            self._timer.cancel()
+        if result is None:
+            self.done.callback(None)
+            return
+        if self.transport is not None:
+            self.transport.loseConnection()
+        self.done.errback(result)
