@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from twisted.internet.defer import Deferred, DeferredSemaphore, TimeoutError, ensureDeferred
+from twisted.internet.defer import Deferred, DeferredSemaphore, ensureDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
@@ -208,13 +208,26 @@ class Puller:
             raise DigestMismatch(f"{writer.offset} bytes instead of {blob.size}")
 
     async def _open(self, open: Open, offset: int) -> IResponse:
-        """C{open(offset)}, given up after C{read_timeout} seconds without an answer."""
+        """C{open(offset)}, cancelled after C{read_timeout} seconds without an answer.
+
+        The client turns the cancellation into an error of its own (unreachable), so the
+        timer says whether it was the cause.
+        """
         answer: Deferred[IResponse] = ensureDeferred(open(offset))
-        answer.addTimeout(self._read_timeout, self._clock)
+        timer = self._clock.callLater(self._read_timeout, answer.cancel)
         try:
             return await answer
-        except TimeoutError:
-            raise Stalled(f"no answer in {self._read_timeout:g} s") from None
+        except Exception:
+            if timer.active():
+                raise
+            raise Stalled(stalled(self._read_timeout)) from None
+        finally:
+            if timer.active():
+                timer.cancel()
+
+
+def stalled(timeout: float) -> str:
+    return f"no byte in {timeout:g} s"
 
 
 class Stalled(Exception):
@@ -250,7 +263,7 @@ class _Body(Protocol):
             self._end(reason)
 
     def _stalled(self) -> None:
-        self._end(Failure(Stalled(f"no byte in {self._timeout:g} s")))
+        self._end(Failure(Stalled(stalled(self._timeout))))
 
     def _end(self, result: Failure | None) -> None:
         """Fire C{done} once; on failure, cut the connection (a write that failed, a stall)."""

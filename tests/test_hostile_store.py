@@ -1,0 +1,268 @@
+"""A hostile registry, Hub and uploader against the store and its model files (issue 22).
+
+Each case is what a hostile peer sent in the issue's probe: a size that lies
+about a blob the store holds (H1), GGUF headers that declare more than their
+file holds (M1, L6), a file that is not GGUF under a good sha256 (L6), a full
+disk (L1) and a download that stalls (L5). The header bounds are tested on the
+parser itself (no child, no time); everything else runs the real parts: the
+real registry and the stand-in Hub on loopback, the header reader's child, an
+in-process daemon, the ``mrunner`` command, and (as root) a small tmpfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import attrs
+from gguf import GGUFReader, GGUFValueType
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.server import Site
+
+from mrunner.api.models import ModelsAPI
+from mrunner.errors import BadGateway, BadRequest
+from mrunner.store import gguf_meta
+from mrunner.store.artifact import OCI_MANIFEST
+from mrunner.store.blobs import BlobWriter
+from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_header
+from mrunner.store.names import parse
+from mrunner.store.pull import Puller
+from mrunner.store.registry import RegistryClient
+from tests.daemon import http
+from tests.ggufs import flip_last_byte, write_tiny_gguf
+from tests.hub_server import Repo, StandInHub
+from tests.registry_server import SKIP, RealRegistry, StandInRegistry
+from tests.test_cli import CLITestCase
+from tests.test_daemon import MODEL, DaemonTestCase
+from tests.test_huggingface import HubTestCase
+from tests.test_registry import RegistryTestCase, Side
+
+GiB = 1024**3
+UINT8, UINT32, STRING, ARRAY = 0, 4, 8, 9
+
+
+def string(text: bytes) -> bytes:
+    return struct.pack("<Q", len(text)) + text
+
+
+def kv(key: bytes, kind: int, value: bytes) -> bytes:
+    return string(key) + struct.pack("<I", kind) + value
+
+
+def gguf(*kvs: bytes, tensors: int = 0, keys: int | None = None, pad_to: int = 0) -> bytes:
+    """A GGUF v3 header with C{kvs}, declaring C{tensors} tensors and C{keys} keys (their count)."""
+    count = len(kvs) if keys is None else keys
+    data = b"GGUF" + struct.pack("<IQQ", 3, tensors, count) + b"".join(kvs)
+    return data.ljust(pad_to, b"\0")
+
+
+#: The issue's probes: 159 bytes declaring a uint8 array of 2^40 elements, and 200 bytes
+#: declaring a 2^40-byte string.
+HUGE_ARRAY = gguf(kv(b"tokenizer.ggml.scores", ARRAY, struct.pack("<IQ", UINT8, 2**40)), pad_to=159)
+HUGE_STRING = gguf(kv(b"general.name", STRING, struct.pack("<Q", 2**40)), pad_to=200)
+
+
+class HeaderBoundsTests(SynchronousTestCase):
+    """M1, L6: every length is bounded by the bytes left and by limits, before anything is read."""
+
+    def refused(self, data: bytes, fragment: str) -> None:
+        error = self.assertRaises(HeaderError, read_header, io.BytesIO(data), len(data))
+        self.assertIn(fragment, str(error))
+
+    def test_the_issues_probes_are_refused(self) -> None:
+        self.assertEqual((len(HUGE_ARRAY), len(HUGE_STRING)), (159, 200))
+        self.refused(HUGE_ARRAY, f"is {2**40}; at most {MAX_ARRAY} are read")
+        self.refused(HUGE_STRING, f"is {2**40}; at most {MAX_STRING} are read")
+
+    def test_counts_within_the_limits_are_bounded_by_the_bytes_left(self) -> None:
+        ten_million = 10_000_000
+        for kind in (UINT8, UINT32, STRING):
+            data = gguf(kv(b"tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", kind, ten_million)))
+            self.refused(data, f"declares {ten_million * (1 if kind == UINT8 else 4 if kind == UINT32 else 8)}")
+        self.refused(gguf(tensors=2**30), f"is {2**30}; at most")
+        self.refused(gguf(tensors=1000), "the tensor count of 1000 declares 24000 bytes")
+        self.refused(gguf(keys=1000), "the metadata count of 1000 declares 12000 bytes")
+        self.refused(gguf(kv(b"k", STRING, string(b"x" * 100))[:-50]), "declares 100 bytes")
+
+    def test_a_true_array_of_ten_million_elements_is_passed_in_one_seek(self) -> None:
+        array = kv(b"tokenizer.ggml.token_type", ARRAY, struct.pack("<IQ", UINT8, 10_000_000) + bytes(10_000_000))
+        data = gguf(array, kv(b"general.name", STRING, string(b"after")))
+        reads: list[int] = []
+
+        class Counted(io.BytesIO):
+            def read(self, size: int | None = -1) -> bytes:
+                reads.append(size or 0)
+                return super().read(size)
+
+        header = read_header(Counted(data), len(data))
+        self.assertEqual(header.metadata, {"general.name": "after"})
+        self.assertLess(len(reads), 20)
+        self.assertLess(sum(reads), 200)
+
+    def test_tensors_must_lie_inside_the_file(self) -> None:
+        def tensor(dims: list[int], kind: int = 0, offset: int = 0) -> bytes:
+            return (
+                string(b"t")
+                + struct.pack("<I", len(dims))
+                + b"".join(struct.pack("<Q", d) for d in dims)
+                + struct.pack("<IQ", kind, offset)
+            )
+
+        for info, fragment in [
+            (tensor([1, 1, 1, 1, 1]), "has 5 dimensions"),
+            (tensor([16], kind=999), "unknown type 999"),
+            (tensor([2**32, 2**20]), "past the end of the file"),
+            (tensor([16], offset=3), "not aligned"),
+        ]:
+            self.refused(gguf(tensors=1) + info, fragment)
+
+    def test_every_cut_of_a_real_file_is_refused_as_a_header_error(self) -> None:
+        path = Path(self.mktemp())
+        write_tiny_gguf(path)
+        data = path.read_bytes()
+        self.assertEqual(read_header(io.BytesIO(data), len(data)).metadata["general.name"], "tiny")
+        for end in range(len(data) - 1):
+            self.assertRaises(HeaderError, read_header, io.BytesIO(data[:end]), end)
+
+    def test_what_is_kept_is_what_gguf_reader_read(self) -> None:
+        """The config blob's metadata is unchanged by the new reader: a re-pull yields the same model."""
+        path = Path(self.mktemp())
+        write_tiny_gguf(path, rows=64)
+        reader = GGUFReader(path)
+        expected = {
+            field.name: str(field.contents())
+            for field in reader.fields.values()
+            if field.types[0] != GGUFValueType.ARRAY and not field.name.startswith("GGUF.")
+        }
+        info = gguf_meta.read(path)
+        self.assertEqual(info.metadata, expected)
+        self.assertEqual(info.parameters, sum(int(t.n_elements) for t in reader.tensors))
+
+
+class ReaderChildTests(SynchronousTestCase):
+    """M1: the child that reads headers has its address space capped, and a lie is a 400."""
+
+    def test_the_childs_address_space_is_capped(self) -> None:
+        reader = gguf_meta.Reader()
+        self.addCleanup(reader.close)
+        limits = Path(f"/proc/{reader._child.pid}/limits")
+        for _ in range(1000):  # until the child has set it, before it reads anything
+            line = next(line for line in limits.read_text().splitlines() if "address space" in line)
+            if str(gguf_meta.MAX_MEMORY) in line:
+                break
+            subprocess.run(["sleep", "0.01"], check=True)
+        self.assertEqual(line.split()[3:5], [str(gguf_meta.MAX_MEMORY)] * 2)
+
+    def test_a_lie_is_a_bad_request(self) -> None:
+        path = Path(self.mktemp())
+        for data in (HUGE_ARRAY, HUGE_STRING):
+            path.write_bytes(data)
+            error = self.assertRaises(BadRequest, gguf_meta.read, path)
+            self.assertEqual(error.code, "invalid_gguf")
+            self.assertIn(f"is {2**40}; at most", error.message)
+
+
+class HostileUploadTests(DaemonTestCase):
+    """M1, L6: ``POST /models/load`` with a header that lies, or no GGUF at all: a 400, nothing kept."""
+
+    async def test_lies_are_400s_that_leave_nothing(self) -> None:
+        await self.start()
+        blobs = self.home / "models" / "blobs" / "sha256"
+        before = sorted(os.listdir(blobs))
+        for body in (HUGE_ARRAY, HUGE_STRING, b"0123456789"):
+            response = await http.post(self.daemon.url + "/models/load", params={"name": "x"}, data=body)
+            error = (await response.json())["error"]
+            self.assertEqual((response.code, error["code"]), (400, "invalid_gguf"), error)
+            self.assertEqual(sorted(os.listdir(blobs)), before)
+        response = await http.get(self.daemon.url + "/models")
+        self.assertEqual([model["tags"] for model in await response.json()], [[MODEL]])
+
+
+class RegistrySizeLieTests(RegistryTestCase):
+    """H1: the real registry serving a manifest that gives a blob the store holds a size of 1 byte."""
+
+    skip = SKIP
+
+    async def serve_lie(self) -> tuple[str, str]:
+        registry = RealRegistry(self.dir / "registry")
+        await registry.start()
+        self.addCleanup(lambda: ensureDeferred(registry.stop()))
+        good = f"{registry.host}/team/tiny:v1"
+        self.source.store.tag("tiny", good)
+        await self.source.push(good)
+        manifest = self.source.store.manifest(self.model.id)
+        (weights,) = manifest.layers
+        lie = attrs.evolve(manifest, layers=(attrs.evolve(weights, size=1),))
+        (repo,) = self.source.client.repositories(parse(good), pull=False)
+        await self.source.client.put_manifest(repo, "lie", lie.to_bytes(), OCI_MANIFEST)
+        return good, f"{registry.host}/team/tiny:lie"
+
+    async def test_the_lie_is_the_registrys_error_and_the_blob_stays(self) -> None:
+        good, lie = await self.serve_lie()
+        other = self.side("other")
+        model = await other.pull(good)
+        for side in (other, self.side("other")):  # hashed since start, and hashed afresh after a restart
+            error = await self.assertFailure(ensureDeferred(side.pull(lie)), BadGateway)
+            self.assertEqual(error.code, "registry_size_mismatch")
+            self.assertIn(f"announces blob {self.model_weights()} as 1 bytes", error.message)
+            self.assertIn(f"but it is {len(self.weights)} bytes", error.message)
+            self.assertEqual(os.listdir(side.store.blobs.quarantine_root), [])
+            self.assertEqual(Path(model.gguf).read_bytes(), self.weights)
+            self.assertEqual(await side.store.ready(good), model)
+
+    async def test_a_held_blob_its_own_bytes_condemn_is_still_quarantined(self) -> None:
+        good, lie = await self.serve_lie()
+        model = await self.side("other").pull(good)
+        flip_last_byte(model.gguf)
+        restarted = self.side("other")
+        error = await self.assertFailure(ensureDeferred(restarted.pull(lie)), BadGateway)
+        self.assertIn("sent a corrupt blob", error.message)
+        self.assertEqual(os.listdir(restarted.store.blobs.quarantine_root), [Path(model.gguf).name])
+
+    def model_weights(self) -> str:
+        return self.source.store.manifest(self.model.id).layers[0].digest
+
+
+class HostileHubTests(HubTestCase):
+    """H1, L6, L5 against the stand-in Hub."""
+
+    async def serve(self, **kw: Any) -> None:
+        await super().serve(**kw)
+        self.sha = hashlib.sha256(self.weights["Q8_0"]).hexdigest()
+
+    async def test_a_listing_that_gives_a_held_blob_2_GiB_keeps_it(self) -> None:
+        puller = self.puller()
+        model = await self.pull(puller, "hf.co/team/tiny-gguf:Q8_0")
+        self.hub.repos["team/tiny-gguf"].sizes = {"tiny-Q8_0.gguf": 2 * GiB}
+        error = await self.assertFailure(ensureDeferred(self.pull(puller, "hf.co/team/tiny-gguf:Q8_0")), BadGateway)
+        self.assertIn(f"announces blob sha256:{self.sha} as {2 * GiB} bytes", error.message)
+        self.assertEqual(os.listdir(self.store.blobs.quarantine_root), [])
+        self.assertEqual(await self.store.ready(model.id), model)
+
+    async def test_a_file_that_is_not_gguf_is_refused_and_removed(self) -> None:
+        self.hub.add("team/junk", Repo({"junk-Q4_K_M.gguf": b"0123456789"}))
+        error = await self.assertFailure(ensureDeferred(self.pull(self.puller(), "hf.co/team/junk")), BadRequest)
+        self.assertIn("not a valid GGUF file", error.message)
+        self.assertEqual((self.store.list(), os.listdir(self.store.blobs.root)), ([], []))
+        self.assertEqual(self.store.partials_usage(), 0)
+
+    async def test_a_stalled_download_times_out_naming_the_host(self) -> None:
+        await self.hub.stop()
+        await self.serve(stall_at=1000)
+        puller = self.puller(attempts=2, read_timeout=0.2)
+        error = await self.assertFailure(ensureDeferred(self.pull(puller, "hf.co/team/tiny-gguf:Q8_0")), BadGateway)
+        host = self.endpoint.split("//")[1]
+        self.assertIn(f"from {host} failed 2 times", error.message)
+        self.assertIn("no byte in 0.2 s", error.message)
+        ranges = [s.range for s in self.hub.seen if s.path.endswith(self.sha)]
+        self.assertEqual(ranges, [None, "bytes=1000-"])  # the stall was cut and resumed once
+        self.assertEqual(self.store.partials_usage(), 1000)
