@@ -24,27 +24,27 @@ from typing import Any
 import attrs
 from gguf import GGUFReader, GGUFValueType
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SynchronousTestCase, TestCase
-from twisted.web.server import Site
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
 
-from mrunner.api.models import ModelsAPI
 from mrunner.errors import BadGateway, BadRequest
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import OCI_MANIFEST
 from mrunner.store.blobs import BlobWriter
 from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_header
 from mrunner.store.names import parse
-from mrunner.store.pull import Puller
-from mrunner.store.registry import RegistryClient
+from mrunner.store.store import ModelStore
 from tests.daemon import http
 from tests.ggufs import flip_last_byte, write_tiny_gguf
 from tests.hub_server import Repo, StandInHub
 from tests.registry_server import SKIP, RealRegistry, StandInRegistry
-from tests.test_cli import CLITestCase
+from tests.test_cli import MRUNNER, CLITestCase
 from tests.test_daemon import MODEL, DaemonTestCase
 from tests.test_huggingface import HubTestCase
-from tests.test_registry import RegistryTestCase, Side
+from tests.test_registry import RegistryTestCase, StandInTestCase
 
 GiB = 1024**3
 UINT8, UINT32, STRING, ARRAY = 0, 4, 8, 9
@@ -85,16 +85,17 @@ class HeaderBoundsTests(SynchronousTestCase):
 
     def test_counts_within_the_limits_are_bounded_by_the_bytes_left(self) -> None:
         ten_million = 10_000_000
-        for kind in (UINT8, UINT32, STRING):
+        for kind, least in ((UINT8, 1), (UINT32, 4), (STRING, 8)):  # a string is at least its length
             data = gguf(kv(b"tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", kind, ten_million)))
-            self.refused(data, f"declares {ten_million * (1 if kind == UINT8 else 4 if kind == UINT32 else 8)}")
+            self.refused(data, f"declares {ten_million * least} bytes")
         self.refused(gguf(tensors=2**30), f"is {2**30}; at most")
         self.refused(gguf(tensors=1000), "the tensor count of 1000 declares 24000 bytes")
         self.refused(gguf(keys=1000), "the metadata count of 1000 declares 12000 bytes")
         self.refused(gguf(kv(b"k", STRING, string(b"x" * 100))[:-50]), "declares 100 bytes")
 
     def test_a_true_array_of_ten_million_elements_is_passed_in_one_seek(self) -> None:
-        array = kv(b"tokenizer.ggml.token_type", ARRAY, struct.pack("<IQ", UINT8, 10_000_000) + bytes(10_000_000))
+        items = struct.pack("<IQ", UINT8, 10_000_000) + bytes(10_000_000)
+        array = kv(b"tokenizer.ggml.token_type", ARRAY, items)
         data = gguf(array, kv(b"general.name", STRING, string(b"after")))
         reads: list[int] = []
 
@@ -238,19 +239,21 @@ class HostileHubTests(HubTestCase):
     async def serve(self, **kw: Any) -> None:
         await super().serve(**kw)
         self.sha = hashlib.sha256(self.weights["Q8_0"]).hexdigest()
+        self.q8 = "hf.co/team/tiny-gguf:Q8_0"
 
     async def test_a_listing_that_gives_a_held_blob_2_GiB_keeps_it(self) -> None:
         puller = self.puller()
-        model = await self.pull(puller, "hf.co/team/tiny-gguf:Q8_0")
+        model = await self.pull(puller, self.q8)
         self.hub.repos["team/tiny-gguf"].sizes = {"tiny-Q8_0.gguf": 2 * GiB}
-        error = await self.assertFailure(ensureDeferred(self.pull(puller, "hf.co/team/tiny-gguf:Q8_0")), BadGateway)
+        error = await self.assertFailure(ensureDeferred(self.pull(puller, self.q8)), BadGateway)
         self.assertIn(f"announces blob sha256:{self.sha} as {2 * GiB} bytes", error.message)
         self.assertEqual(os.listdir(self.store.blobs.quarantine_root), [])
         self.assertEqual(await self.store.ready(model.id), model)
 
     async def test_a_file_that_is_not_gguf_is_refused_and_removed(self) -> None:
         self.hub.add("team/junk", Repo({"junk-Q4_K_M.gguf": b"0123456789"}))
-        error = await self.assertFailure(ensureDeferred(self.pull(self.puller(), "hf.co/team/junk")), BadRequest)
+        pull = ensureDeferred(self.pull(self.puller(), "hf.co/team/junk"))
+        error = await self.assertFailure(pull, BadRequest)
         self.assertIn("not a valid GGUF file", error.message)
         self.assertEqual((self.store.list(), os.listdir(self.store.blobs.root)), ([], []))
         self.assertEqual(self.store.partials_usage(), 0)
@@ -259,10 +262,140 @@ class HostileHubTests(HubTestCase):
         await self.hub.stop()
         await self.serve(stall_at=1000)
         puller = self.puller(attempts=2, read_timeout=0.2)
-        error = await self.assertFailure(ensureDeferred(self.pull(puller, "hf.co/team/tiny-gguf:Q8_0")), BadGateway)
+        error = await self.assertFailure(ensureDeferred(self.pull(puller, self.q8)), BadGateway)
         host = self.endpoint.split("//")[1]
         self.assertIn(f"from {host} failed 2 times", error.message)
         self.assertIn("no byte in 0.2 s", error.message)
         ranges = [s.range for s in self.hub.seen if s.path.endswith(self.sha)]
         self.assertEqual(ranges, [None, "bytes=1000-"])  # the stall was cut and resumed once
         self.assertEqual(self.store.partials_usage(), 1000)
+
+
+class RegistryStallTests(StandInTestCase):
+    """L5: a registry that sends nothing, or part of a blob and then nothing: a timeout naming it."""
+
+    async def test_a_stall_before_or_inside_a_blob_times_out(self) -> None:
+        blobs = self.source.store.manifest(self.model.id).blobs  # the config (a few hundred bytes) first
+        for stall_at in (0, 1000):  # no headers at all; headers and 1,000 bytes
+            stalled = next(blob.digest for blob in blobs if blob.size > stall_at)
+            name = await self.serve(stall_at=stall_at)
+            other = self.side(f"other-{stall_at}", attempts=2, read_timeout=0.2)
+            error = await self.assertFailure(ensureDeferred(other.pull(name)), BadGateway)
+            host = name.split("/")[0]
+            self.assertIn(f"download of {stalled} from {host} failed 2 times", error.message)
+            self.assertIn("no byte in 0.2 s", error.message)
+            self.assertEqual(other.store.partials_usage(), stall_at)
+
+
+def lines_of(body: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in body.splitlines()]
+
+
+class DiskFullTests(DaemonTestCase):
+    """L1: a write that fails for want of space mid-pull (injected where blobs are written), through
+    the daemon's own routes: an error line saying so in both streams, and the partial kept."""
+
+    async def serve(self) -> str:
+        source = self.home / "source"
+        write_tiny_gguf(self.home / "pulled.gguf", rows=4096, seed=5)  # 256 KiB of weights
+        store = ModelStore(source, reactor)  # type: ignore[arg-type]
+        with (self.home / "pulled.gguf").open("rb") as f:
+            model = await store.import_gguf("pulled", f)
+        manifest = store.manifest(model.id)
+        blobs = {blob.digest: store.blobs.read(blob.digest) for blob in manifest.blobs}
+        self.registry = StandInRegistry({"v1": (OCI_MANIFEST, manifest.to_bytes())}, blobs)
+        host = await self.registry.start()
+        self.addCleanup(lambda: ensureDeferred(self.registry.stop()))
+        self.weights = manifest.layers[0]
+        return f"{host}/team/pulled:v1"
+
+    def fill_disk_at(self, limit: int) -> None:
+        """Blob writes fail with ENOSPC once C{limit} bytes of a blob are written, until the test ends."""
+        write = BlobWriter.write
+
+        def full(writer: BlobWriter, data: bytes | memoryview) -> None:
+            if writer.offset + len(data) > limit:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            write(writer, data)
+
+        BlobWriter.write = full  # type: ignore[method-assign]
+        self.restore = lambda: setattr(BlobWriter, "write", write)
+        self.addCleanup(self.restore)
+
+    async def test_both_streams_say_the_disk_is_full_and_the_pull_resumes(self) -> None:
+        await self.start()
+        name = await self.serve()
+        self.fill_disk_at(100_000)
+        response = await http.post(self.daemon.url + "/models/create", json={"from": name})
+        docker = lines_of(await response.content())
+        response = await http.post(self.daemon.url + "/api/pull", json={"model": name})
+        ollama = lines_of(await response.content())
+        for last in (docker[-1]["message"], ollama[-1]["error"]):
+            self.assertIn("is full: blob", last)
+            self.assertIn("pull again to resume", last)
+        self.assertEqual(docker[-1]["type"], "error")
+        partial = self.home / "models" / "blobs" / "sha256" / (self.weights.digest[7:] + ".incomplete")
+        written = partial.stat().st_size
+        self.assertLessEqual(written, 100_000)
+        self.assertIn(f"({self.weights.size - written} bytes) more", docker[-1]["message"])
+        self.restore()
+        response = await http.post(self.daemon.url + "/models/create", json={"from": name})
+        self.assertEqual(lines_of(await response.content())[-1]["type"], "success")
+        ranges = [s.range for s in self.registry.blob_requests() if s.path.endswith(self.weights.digest)]
+        self.assertEqual(ranges[-1], f"bytes={written}-")
+
+
+class TmpfsFullTests(CLITestCase):
+    """L1 on a real full file system: the store on a 512 KiB tmpfs, a 1 MiB model from the Hub."""
+
+    def prepare_home(self) -> None:
+        models = self.home / "models"
+        models.mkdir()
+        if os.geteuid() != 0:
+            self.skipTest("mounting a tmpfs needs root")
+        mount = ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(models)]
+        if subprocess.run(mount, check=False).returncode != 0:
+            self.skipTest("this machine cannot mount a tmpfs")
+        self.addCleanup(subprocess.run, ["umount", "-l", str(models)], check=True)
+
+    def config_text(self) -> str:
+        self.hub = StandInHub({})
+        self.addCleanup(lambda: ensureDeferred(self.hub.stop()))
+        return f'[huggingface]\nendpoint = "{self.hub.start()}"\n'
+
+    async def test_the_command_and_the_ollama_stream_say_the_disk_is_full(self) -> None:
+        write_tiny_gguf(self.home / "big.gguf", rows=16384)  # 1 MiB of weights
+        self.hub.add("team/big-gguf", Repo({"big-Q4_K_M.gguf": (self.home / "big.gguf").read_bytes()}))
+        ran = await self.mrunner("pull", "hf.co/team/big-gguf")
+        self.assertEqual(ran.code, 1, ran)
+        self.assertIn("is full: blob", ran.err)
+        self.assertIn("are free", ran.err)
+        self.assertNotIn("Traceback", ran.err)
+        response = await http.post(self.daemon.url + "/api/pull", json={"model": "hf.co/team/big-gguf"})
+        self.assertIn("is full: blob", lines_of(await response.content())[-1]["error"])
+        response = await http.get(self.daemon.url + "/models")
+        self.assertEqual(await response.json(), [])
+
+
+class GarbledStream(Resource):
+    """A daemon whose pull stream breaks off into an HTML page, as a 500 inside a stream once did."""
+
+    isLeaf = True
+
+    def render_POST(self, request: Request) -> bytes:
+        progress = {"type": "progress", "layer": {"id": "sha256:1", "size": 2, "current": 1}}
+        return json.dumps(progress).encode() + b"\n<html>Processing Failed\n"
+
+
+class GarbledStreamCommandTests(TestCase):
+    """L1: whatever the daemon sends, ``mrunner pull`` says what went wrong, never a traceback."""
+
+    async def test_a_line_that_is_not_json_is_an_error_message(self) -> None:
+        port = reactor.listenTCP(0, Site(GarbledStream()), interface="127.0.0.1")  # type: ignore[attr-defined]
+        self.addCleanup(port.stopListening)
+        _, err, code = await getProcessOutputAndValue(
+            MRUNNER, ("--host", f"127.0.0.1:{port.getHost().port}", "pull", "ai/x"), env=dict(os.environ)
+        )
+        self.assertEqual(code, 1, err)
+        self.assertIn(b"the daemon sent a line that is not JSON: '<html>Processing Failed'", err)
+        self.assertNotIn(b"Traceback", err)

@@ -10,8 +10,9 @@ from the store (its sha256 is good, but no model may use it).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
+from typing import Any
 
 from twisted.logger import Logger
 from twisted.web.iweb import IResponse
@@ -25,8 +26,10 @@ from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
 
-#: L{Puller.fetch}: a blob, progress, the host it comes from, and how to open it at an offset.
-Fetch = Callable[[Descriptor, Progress, str, Callable[[int], Awaitable[IResponse]]], Awaitable[None]]
+#: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.
+#: L{Puller.fetch} takes a blob, the progress, the host it comes from and its C{Open}.
+Open = Callable[[int], Coroutine[Any, Any, IResponse]]
+Fetch = Callable[[Descriptor, Progress, str, Open], Awaitable[None]]
 
 
 class HubPuller:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import errno
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, ensureDeferred
@@ -33,25 +33,22 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
+from mrunner.sizes import format_size
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
-from mrunner.store.hub_pull import HubPuller
-from mrunner.store.integrity import SizeDisagrees
+from mrunner.store.hub_pull import HubPuller, Open
 from mrunner.store.huggingface import HubClient, is_hub
+from mrunner.store.integrity import SizeDisagrees
 from mrunner.store.locks import KeyedLocks
 from mrunner.store.model import Model
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
-from mrunner.sizes import format_size
 from mrunner.store.registry import RegistryClient, Repository, registry_error
 from mrunner.store.store import ModelStore
 from mrunner.store.upload import StoreWriteFailed
 
 #: Seconds a download may receive nothing (``[store] read_timeout``).
 READ_TIMEOUT = 60.0
-
-#: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.
-Open = Callable[[int], Awaitable[IResponse]]
 
 
 class Puller:
