@@ -110,6 +110,17 @@ class HeaderBoundsTests(SynchronousTestCase):
         self.assertLess(len(reads), 20)
         self.assertLess(sum(reads), 200)
 
+    def test_string_arrays_are_walked_by_their_lengths(self) -> None:
+        after = kv(b"general.name", STRING, string(b"after"))
+        for strings in ([b"tok"] * 200_000, [b"a" * 3_000_000, b"b", b"c" * 2_000_000]):  # across windows
+            items = struct.pack("<IQ", STRING, len(strings)) + b"".join(map(string, strings))
+            data = gguf(kv(b"tokenizer.ggml.tokens", ARRAY, items), after)
+            self.assertEqual(read_header(io.BytesIO(data), len(data)).metadata, {"general.name": "after"})
+        lies = struct.pack("<IQ", STRING, 2) + string(b"tok") + struct.pack("<Q", 2**40)
+        self.refused(gguf(kv(b"tokenizer.ggml.tokens", ARRAY, lies)), f"is {2**40}; at most")
+        short = struct.pack("<IQ", STRING, 2) + string(b"tok") + struct.pack("<Q", 100) + b"x" * 50
+        self.refused(gguf(kv(b"tokenizer.ggml.tokens", ARRAY, short)), "declares 100 bytes")
+
     def test_tensors_must_lie_inside_the_file(self) -> None:
         def tensor(dims: list[int], kind: int = 0, offset: int = 0) -> bytes:
             return (
