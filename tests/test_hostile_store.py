@@ -38,6 +38,7 @@ from mrunner.store.blobs import BlobWriter
 from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_header
 from mrunner.store.names import parse
 from mrunner.store.store import ModelStore
+from mrunner.tinymodel import write_tiny_llama, write_tiny_mmproj
 from tests.daemon import http
 from tests.ggufs import flip_last_byte, write_tiny_gguf
 from tests.hub_server import Repo, StandInHub
@@ -148,17 +149,21 @@ class HeaderBoundsTests(SynchronousTestCase):
 
     def test_what_is_kept_is_what_gguf_reader_read(self) -> None:
         """The config blob's metadata is unchanged by the new reader: a re-pull yields the same model."""
-        path = Path(self.mktemp())
-        write_tiny_gguf(path, rows=64)
-        reader = GGUFReader(path)
-        expected = {
-            field.name: str(field.contents())
-            for field in reader.fields.values()
-            if field.types[0] != GGUFValueType.ARRAY and not field.name.startswith("GGUF.")
-        }
-        info = gguf_meta.read(path)
-        self.assertEqual(info.metadata, expected)
-        self.assertEqual(info.parameters, sum(int(t.n_elements) for t in reader.tensors))
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        write_tiny_gguf(directory / "tiny.gguf", rows=64)
+        write_tiny_llama(directory / "llama.gguf")  # a real vocabulary, merges, scores
+        write_tiny_mmproj(directory / "mmproj.gguf")
+        for path in sorted(directory.iterdir()):
+            reader = GGUFReader(path)
+            expected = {
+                field.name: str(field.contents())
+                for field in reader.fields.values()
+                if field.types[0] != GGUFValueType.ARRAY and not field.name.startswith("GGUF.")
+            }
+            info = gguf_meta.read(path)
+            self.assertEqual(info.metadata, expected, path.name)
+            self.assertEqual(info.parameters, sum(int(t.n_elements) for t in reader.tensors), path.name)
 
 
 class ReaderChildTests(SynchronousTestCase):
