@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 from gguf import GGUFReader, GGUFValueType
 from twisted.internet import reactor
-from twisted.internet.defer import ensureDeferred
+from twisted.internet.defer import CancelledError, ensureDeferred
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
@@ -39,7 +39,7 @@ from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_h
 from mrunner.store.names import parse
 from mrunner.store.store import ModelStore
 from mrunner.tinymodel import write_tiny_llama, write_tiny_mmproj
-from tests.daemon import http
+from tests.daemon import eventually, http
 from tests.ggufs import flip_last_byte, write_tiny_gguf
 from tests.hub_server import Repo, StandInHub
 from tests.registry_server import SKIP, RealRegistry, StandInRegistry
@@ -302,6 +302,16 @@ class RegistryStallTests(StandInTestCase):
             self.assertIn(f"download of {stalled} from {host} failed 2 times", error.message)
             self.assertIn("no byte in 0.2 s", error.message)
             self.assertEqual(other.store.partials_usage(), stall_at)
+
+    async def test_a_pull_its_client_gave_up_cuts_the_stalled_download(self) -> None:
+        """Cancelled (Klein cancels when the client leaves), the download's connection is cut at
+        once, not left to the read timeout: trial fails a test that leaves it open."""
+        other = self.side("other")  # the default read timeout, far longer than this test
+        pull = ensureDeferred(other.pull(await self.serve(stall_at=1000)))
+        await eventually(lambda: [line for line in other.lines if line["layer"]["current"] == 1000])
+        pull.cancel()
+        await self.assertFailure(pull, CancelledError)
+        self.assertEqual(other.store.partials_usage(), 1000, "kept for the next pull")
 
 
 def lines_of(body: bytes) -> list[dict[str, Any]]:

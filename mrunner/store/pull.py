@@ -235,13 +235,14 @@ class _Body(Protocol):
     """A response body handed to C{write} as it arrives, cut when nothing arrives for C{timeout} seconds.
 
     treq's C{collect}, with the timer it lacks: its Deferred waits as long as the
-    server keeps the connection open.
+    server keeps the connection open. Cancelling C{done} (the client left) cuts the
+    connection too, rather than read the rest of the blob into nothing.
     """
 
     def __init__(self, write: Callable[[bytes], None], clock: IReactorTime, timeout: float) -> None:
         self._write = write
         self._timeout = timeout
-        self.done: Deferred[None] = Deferred()
+        self.done: Deferred[None] = Deferred(lambda _: self._stop())
         self._timer: IDelayedCall = clock.callLater(timeout, self._stalled)
 
     def dataReceived(self, data: bytes) -> None:
@@ -263,14 +264,18 @@ class _Body(Protocol):
         self._end(Failure(Stalled(stalled(self._timeout))))
 
     def _end(self, result: Failure | None) -> None:
-        """Fire C{done} once; on failure, cut the connection (a write that failed, a stall)."""
+        """Fire C{done} once; on failure (a write that failed, a stall), cut the connection."""
         if self.done.called:
             return
+        if result is None:
+            self._timer.cancel()
+            self.done.callback(None)
+        else:
+            self._stop()
+            self.done.errback(result)
+
+    def _stop(self) -> None:
         if self._timer.active():
             self._timer.cancel()
-        if result is None:
-            self.done.callback(None)
-            return
         if self.transport is not None:
             self.transport.loseConnection()
-        self.done.errback(result)
