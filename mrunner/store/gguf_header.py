@@ -111,7 +111,7 @@ class _Cursor:
         return count
 
     def string(self, what: str) -> str:
-        length = self.count(f"length of {what}", MAX_STRING, 1)
+        length = self.count(f"the length of {what}", MAX_STRING, 1)
         try:
             return self.read(length, what).decode("utf-8")
         except UnicodeDecodeError:
