@@ -34,7 +34,7 @@ from twisted.web.server import Request, Site
 from mrunner.errors import BadGateway, BadRequest
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import OCI_MANIFEST
-from mrunner.store.blobs import BlobWriter
+from mrunner.store.blobs import Blobs, BlobWriter
 from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_header
 from mrunner.store.names import parse
 from mrunner.store.store import ModelStore
@@ -370,6 +370,19 @@ class DiskFullTests(DaemonTestCase):
         self.assertEqual(lines_of(await response.content())[-1]["type"], "success")
         ranges = [s.range for s in self.registry.blob_requests() if s.path.endswith(self.weights.digest)]
         self.assertEqual(ranges[-1], f"bytes={written}-")
+
+    async def test_a_manifest_the_full_disk_refuses_is_an_error_line(self) -> None:
+        await self.start()
+        name = await self.serve()
+
+        def full(blobs: Blobs, data: bytes) -> str:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        self.patch(Blobs, "put", full)  # the manifest, once the blobs are in
+        response = await http.post(self.daemon.url + "/models/create", json={"from": name})
+        (last,) = lines_of(await response.content())[-1:]
+        self.assertEqual((response.code, last["type"]), (200, "error"))
+        self.assertIn(f"is full: {name} could not be written, and", last["message"])
 
 
 class TmpfsFullTests(CLITestCase):

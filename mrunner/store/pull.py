@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import errno
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
+from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, ensureDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -47,6 +48,7 @@ from mrunner.store.registry import RegistryClient, Repository, registry_error
 from mrunner.store.store import ModelStore
 from mrunner.store.upload import StoreWriteFailed
 
+PullOne = Callable[[Reference, Progress], Coroutine[Any, Any, Model]]
 #: Seconds a download may receive nothing (``[store] read_timeout``).
 READ_TIMEOUT = 60.0
 
@@ -80,7 +82,14 @@ class Puller:
         if is_hub(ref) and self._hub is None:
             raise BadRequest(f"{ref}: this daemon has no Hugging Face client configured")
         pull = self._hub.pull if is_hub(ref) and self._hub else self._pull
-        return self._slots.run(lambda: Deferred.fromCoroutine(pull(ref, progress)))
+        return self._slots.run(lambda: Deferred.fromCoroutine(self._writing(pull, ref, progress)))
+
+    async def _writing(self, pull: PullOne, ref: Reference, progress: Progress) -> Model:
+        """C{pull}, with the store's failed writes (a manifest, the index) said as such, not as a crash."""
+        try:
+            return await pull(ref, progress)
+        except OSError as e:
+            raise self._write_failed(f"{ref}", e) from None
 
     async def _pull(self, ref: Reference, progress: Progress) -> Model:
         self._store.remove_old_partials()
@@ -164,21 +173,22 @@ class Puller:
             raise registry_error(f"{host} sent a corrupt blob {blob.digest}: {e}") from None
         except OSError as e:
             writer.close()
-            raise self._write_failed(blob, writer.offset, e) from None
+            needed = blob.size - writer.offset
+            raise self._write_failed(f"blob {blob.digest}", e, needed, writer.offset) from None
         except BaseException:
             writer.close()
             raise
 
-    def _write_failed(self, blob: Descriptor, written: int, error: OSError) -> StoreWriteFailed:
-        """What a failed write tells the client: for a full disk, how much the blob still needs."""
+    def _write_failed(self, what: str, error: OSError, needed: int = 0, kept: int = 0) -> StoreWriteFailed:
+        """What a failed write tells the client: for a full disk, how much C{what} still C{needed}."""
         root = self._store.blobs.root
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-            return StoreWriteFailed(f"the store cannot write blob {blob.digest} in {root}: {error.strerror}")
-        needed = blob.size - written
+            return StoreWriteFailed(f"the store cannot write {what} in {root}: {error.strerror}")
+        free = format_size(shutil.disk_usage(root).free)
+        need = f"needs {format_size(needed)} ({needed} bytes) more" if needed else "could not be written"
         return StoreWriteFailed(
-            f"the disk of the store ({root}) is full: blob {blob.digest} needs {format_size(needed)}"
-            f" ({needed} bytes) more, and {format_size(shutil.disk_usage(root).free)} are free. The"
-            f" {format_size(written)} downloaded are kept: free some space (`mrunner df`, `mrunner rm`)"
+            f"the disk of the store ({root}) is full: {what} {need}, and {free} are free. The"
+            f" {format_size(kept)} downloaded are kept: free some space (`mrunner df`, `mrunner rm`)"
             " and pull again to resume",
             code="store_full",
         )
