@@ -24,14 +24,10 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
-from twisted.internet.defer import Deferred, DeferredSemaphore, ensureDeferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.defer import Deferred, DeferredSemaphore
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed
-from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import IResponse
+from twisted.web.client import ResponseFailed
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.sizes import format_size
@@ -45,9 +41,11 @@ from mrunner.store.model import Model
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.registry import RegistryClient, Repository, registry_error
+from mrunner.store.stall import Stalled, answer, collect
 from mrunner.store.store import ModelStore
 from mrunner.store.upload import StoreWriteFailed
 
+#: A registry's or the Hub's pull of one model.
 PullOne = Callable[[Reference, Progress], Coroutine[Any, Any, Model]]
 #: Seconds a download may receive nothing (``[store] read_timeout``).
 READ_TIMEOUT = 60.0
@@ -185,19 +183,21 @@ class Puller:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             return StoreWriteFailed(f"the store cannot write {what} in {root}: {error.strerror}")
         free = format_size(shutil.disk_usage(root).free)
-        need = f"needs {format_size(needed)} ({needed} bytes) more" if needed else "could not be written"
-        return StoreWriteFailed(
-            f"the disk of the store ({root}) is full: {what} {need}, and {free} are free. The"
-            f" {format_size(kept)} downloaded are kept: free some space (`mrunner df`, `mrunner rm`)"
-            " and pull again to resume",
-            code="store_full",
-        )
+        advice = "free some space (`mrunner df`, `mrunner rm`) and pull again"
+        if not needed:
+            message = f"{what} could not be written, and {free} are free: {advice}"
+        else:
+            message = (
+                f"{what} needs {format_size(needed)} ({needed} bytes) more, and {free} are free. The"
+                f" {format_size(kept)} downloaded are kept: {advice} to resume"
+            )
+        return StoreWriteFailed(f"the disk of the store ({root}) is full: {message}", code="store_full")
 
     async def _stream(self, blob: Descriptor, writer: BlobWriter, progress: Progress, open: Open) -> None:
-        response = await self._open(open, writer.offset)
+        response = await answer(open(writer.offset), self._clock, self._read_timeout)
         if response.code == 416:  # our partial is not a prefix the server knows: start over
             writer.restart()
-            response = await self._open(open, 0)
+            response = await answer(open(0), self._clock, self._read_timeout)
         if response.code == 200 and writer.offset:
             writer.restart()
 
@@ -208,84 +208,6 @@ class Puller:
             progress.moved(len(data))
             progress.update(blob.digest, blob.size, writer.offset)
 
-        body = _Body(write, self._clock, self._read_timeout)
-        response.deliverBody(body)
-        await body.done
+        await collect(response, write, self._clock, self._read_timeout)
         if writer.offset != blob.size:
             raise DigestMismatch(f"{writer.offset} bytes instead of {blob.size}")
-
-    async def _open(self, open: Open, offset: int) -> IResponse:
-        """C{open(offset)}, cancelled after C{read_timeout} seconds without an answer.
-
-        The client turns the cancellation into an error of its own (unreachable), so the
-        timer says whether it was the cause.
-        """
-        answer: Deferred[IResponse] = ensureDeferred(open(offset))
-        timer = self._clock.callLater(self._read_timeout, answer.cancel)
-        try:
-            return await answer
-        except Exception:
-            if timer.active():
-                raise
-            raise Stalled(stalled(self._read_timeout)) from None
-        finally:
-            if timer.active():
-                timer.cancel()
-
-
-def stalled(timeout: float) -> str:
-    return f"no byte in {timeout:g} s"
-
-
-class Stalled(Exception):
-    """A download received nothing for the read timeout; it is cut, and resumed as a cut one is."""
-
-
-class _Body(Protocol):
-    """A response body handed to C{write} as it arrives, cut when nothing arrives for C{timeout} seconds.
-
-    treq's C{collect}, with the timer it lacks: its Deferred waits as long as the
-    server keeps the connection open. Cancelling C{done} (the client left) cuts the
-    connection too, rather than read the rest of the blob into nothing.
-    """
-
-    def __init__(self, write: Callable[[bytes], None], clock: IReactorTime, timeout: float) -> None:
-        self._write = write
-        self._timeout = timeout
-        self.done: Deferred[None] = Deferred(lambda _: self._stop())
-        self._timer: IDelayedCall = clock.callLater(timeout, self._stalled)
-
-    def dataReceived(self, data: bytes) -> None:
-        if self.done.called:
-            return
-        self._timer.reset(self._timeout)
-        try:
-            self._write(data)
-        except BaseException:
-            self._end(Failure())
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self._end(None)
-        else:
-            self._end(reason)
-
-    def _stalled(self) -> None:
-        self._end(Failure(Stalled(stalled(self._timeout))))
-
-    def _end(self, result: Failure | None) -> None:
-        """Fire C{done} once; on failure (a write that failed, a stall), cut the connection."""
-        if self.done.called:
-            return
-        if result is None:
-            self._timer.cancel()
-            self.done.callback(None)
-        else:
-            self._stop()
-            self.done.errback(result)
-
-    def _stop(self) -> None:
-        if self._timer.active():
-            self._timer.cancel()
-        if self.transport is not None:
-            self.transport.loseConnection()
