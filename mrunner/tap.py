@@ -134,8 +134,8 @@ def make_parts(
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     registry_pool = HTTPConnectionPool(reactor)
     http = HTTPClient(Agent(reactor, pool=registry_pool))
-    registry = RegistryClient(config.registry, reactor, http)
-    hub = HubClient(config.huggingface, http, os.environ)
+    registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout)
+    hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
     models = ModelsAPI(
         store,
         scheduler,

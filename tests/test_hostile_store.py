@@ -24,19 +24,26 @@ from typing import Any
 
 import attrs
 from gguf import GGUFReader, GGUFValueType
+from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, ensureDeferred
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.client import Agent
 from twisted.web.resource import Resource
-from twisted.web.server import Request, Site
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from mrunner.config import HuggingFaceConfig, RegistryConfig
 from mrunner.errors import BadGateway, BadRequest
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import OCI_MANIFEST
 from mrunner.store.blobs import Blobs, BlobWriter
 from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_header
+from mrunner.store.huggingface import HubClient
 from mrunner.store.names import parse
+from mrunner.store.progress import Progress
+from mrunner.store.pull import Puller
+from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
 from mrunner.tinymodel import write_tiny_llama, write_tiny_mmproj
 from tests.daemon import eventually, http
@@ -282,7 +289,7 @@ class HostileHubTests(HubTestCase):
         error = await self.assertFailure(ensureDeferred(self.pull(puller, self.q8)), BadGateway)
         host = self.endpoint.split("//")[1]
         self.assertIn(f"from {host} failed 2 times", error.message)
-        self.assertIn("no byte in 0.2 s", error.message)
+        self.assertIn("sent nothing for 0.2 s", error.message)
         ranges = [s.range for s in self.hub.seen if s.path.endswith(self.sha)]
         self.assertEqual(ranges, [None, "bytes=1000-"])  # the stall was cut and resumed once
         self.assertEqual(self.store.partials_usage(), 1000)
@@ -300,13 +307,13 @@ class RegistryStallTests(StandInTestCase):
             error = await self.assertFailure(ensureDeferred(other.pull(name)), BadGateway)
             host = name.split("/")[0]
             self.assertIn(f"download of {stalled} from {host} failed 2 times", error.message)
-            self.assertIn("no byte in 0.2 s", error.message)
+            self.assertIn("sent nothing for 0.2 s", error.message)
             self.assertEqual(other.store.partials_usage(), stall_at)
 
     async def test_a_pull_its_client_gave_up_cuts_the_stalled_download(self) -> None:
         """Cancelled (Klein cancels when the client leaves), the download's connection is cut at
         once, not left to the read timeout: trial fails a test that leaves it open."""
-        other = self.side("other")  # the default read timeout, far longer than this test
+        other = self.side("other", read_timeout=60)  # far longer than this test
         pull = ensureDeferred(other.pull(await self.serve(stall_at=1000)))
         await eventually(lambda: [line for line in other.lines if line["layer"]["current"] == 1000])
         pull.cancel()
@@ -439,3 +446,60 @@ class GarbledStreamCommandTests(TestCase):
         self.assertEqual(code, 1, err)
         self.assertIn(b"the daemon sent a line that is not JSON: '<html>Processing Failed'", err)
         self.assertNotIn(b"Traceback", err)
+
+
+class Silent(Resource):
+    """A registry or Hub that answers every request with C{sent} (nothing: not even headers), then
+    nothing more, holding the connection open."""
+
+    isLeaf = True
+
+    def __init__(self, sent: bytes) -> None:
+        super().__init__()
+        self.sent = sent
+
+    def render(self, request: Request) -> int:
+        if self.sent:
+            request.setHeader("content-type", OCI_MANIFEST)
+            request.setHeader("content-length", str(len(self.sent) + 1000))
+            request.write(self.sent)
+        return NOT_DONE_YET
+
+
+class SilentRemoteTests(TestCase):
+    """L5 beyond blobs: a manifest or a Hub listing that never comes, or stops halfway."""
+
+    timeout = 20
+
+    def serve(self, sent: bytes) -> str:
+        port = reactor.listenTCP(0, Site(Silent(sent)), interface="127.0.0.1")  # type: ignore[attr-defined]
+        self.addCleanup(port.stopListening)
+        return f"127.0.0.1:{port.getHost().port}"
+
+    def puller(self, hub_endpoint: str = "http://127.0.0.1:9") -> Puller:
+        store = ModelStore(Path(self.mktemp()), reactor)  # type: ignore[arg-type]
+        http = HTTPClient(Agent(reactor, pool=None))
+        hub = HubClient(HuggingFaceConfig(endpoint=hub_endpoint), http, {}, reactor, 0.2)  # type: ignore[arg-type]
+        registry = RegistryClient(RegistryConfig(), reactor, http, 0.2)  # type: ignore[arg-type]
+        return Puller(store, registry, hub=hub, read_timeout=0.2)
+
+    async def refused(self, puller: Puller, name: str) -> str:
+        pull = puller.pull(parse(name), Progress(lambda line: None, reactor, "pull"))  # type: ignore[arg-type]
+        error = await self.assertFailure(pull, BadGateway)
+        self.assertEqual((error.status, error.code), (502, "registry_timeout"))
+        return error.message
+
+    async def test_a_registry_that_never_sends_its_manifest(self) -> None:
+        for sent, what in [
+            (b"", "registry {host}"),
+            (b'{"schemaVersion": 2, ', "the manifest of team/x from {host}"),
+        ]:
+            host = self.serve(sent)
+            message = await self.refused(self.puller(), f"{host}/team/x:v1")
+            self.assertEqual(message, f"{what.format(host=host)} sent nothing for 0.2 s")
+
+    async def test_a_hub_that_never_sends_its_listing(self) -> None:
+        for sent, what in [(b"", "{host}"), (b'{"sha": ', "the Hub's listing of team/x")]:
+            host = self.serve(sent)
+            message = await self.refused(self.puller(f"http://{host}"), "hf.co/team/x")
+            self.assertEqual(message, f"{what.format(host=host)} sent nothing for 0.2 s")

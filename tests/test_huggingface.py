@@ -149,12 +149,15 @@ class HubTestCase(TestCase):
         self.addCleanup(lambda: ensureDeferred(self.hub.stop()))
         self.lines: list[dict[str, Any]] = []
 
-    def puller(self, token: str | None = None, home: str = "home", **kw: Any) -> Puller:
+    def puller(
+        self, token: str | None = None, home: str = "home", read_timeout: float = 10.0, **kw: Any
+    ) -> Puller:
         self.store = ModelStore(self.dir / home, reactor)  # type: ignore[arg-type]
         http = HTTPClient(Agent(reactor, pool=None))
-        hub = HubClient(HuggingFaceConfig(endpoint=self.endpoint, token=token), http, {})
-        registry = RegistryClient(RegistryConfig(), reactor, http)  # type: ignore[arg-type]
-        return Puller(self.store, registry, hub=hub, **kw)
+        config = HuggingFaceConfig(endpoint=self.endpoint, token=token)
+        hub = HubClient(config, http, {}, reactor, read_timeout)  # type: ignore[arg-type]
+        registry = RegistryClient(RegistryConfig(), reactor, http, read_timeout)  # type: ignore[arg-type]
+        return Puller(self.store, registry, hub=hub, read_timeout=read_timeout, **kw)
 
     async def pull(self, puller: Puller, name: str) -> Model:
         return await puller.pull(parse(name), Progress(self.lines.append, reactor, "pull"))  # type: ignore[arg-type]

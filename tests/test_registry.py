@@ -70,11 +70,11 @@ class RecordingHTTP:
 class Side:
     """One daemon's store with its registry client, puller and pusher."""
 
-    def __init__(self, home: Path, config: RegistryConfig, **puller: Any) -> None:
+    def __init__(self, home: Path, config: RegistryConfig, read_timeout: float = 10.0, **puller: Any) -> None:
         self.store = ModelStore(home, reactor)  # type: ignore[arg-type]
         self.http = RecordingHTTP()
-        self.client = RegistryClient(config, reactor, self.http)  # type: ignore[arg-type]
-        self.puller = Puller(self.store, self.client, **puller)
+        self.client = RegistryClient(config, reactor, self.http, read_timeout)  # type: ignore[arg-type]
+        self.puller = Puller(self.store, self.client, read_timeout=read_timeout, **puller)
         self.pusher = Pusher(self.store, self.client, reactor)  # type: ignore[arg-type]
         self.lines: list[dict[str, Any]] = []
 

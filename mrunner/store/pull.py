@@ -25,7 +25,6 @@ from functools import partial
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredSemaphore
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.client import ResponseFailed
 
@@ -41,14 +40,12 @@ from mrunner.store.model import Model
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.registry import RegistryClient, Repository, registry_error
-from mrunner.store.stall import Stalled, answer, collect
+from mrunner.store.stall import READ_TIMEOUT, Stalled, Timeout, collect
 from mrunner.store.store import ModelStore
 from mrunner.store.upload import StoreWriteFailed
 
 #: A registry's or the Hub's pull of one model.
 PullOne = Callable[[Reference, Progress], Coroutine[Any, Any, Model]]
-#: Seconds a download may receive nothing (``[store] read_timeout``).
-READ_TIMEOUT = 60.0
 
 
 class Puller:
@@ -67,8 +64,7 @@ class Puller:
     ) -> None:
         self._store = store
         self._client = client
-        self._clock: IReactorTime = store.reactor
-        self._read_timeout = read_timeout
+        self._timeout = Timeout(store.reactor, read_timeout)
         self._slots = DeferredSemaphore(max_pulls)
         self._attempts = attempts
         self._fetching = KeyedLocks()
@@ -151,7 +147,7 @@ class Puller:
         try:
             for attempt in range(1, self._attempts + 1):
                 try:
-                    await self._stream(blob, writer, progress, open)
+                    await self._stream(blob, writer, progress, host, open)
                     break
                 except (ResponseFailed, Stalled) as e:
                     if attempt == self._attempts:
@@ -193,11 +189,13 @@ class Puller:
             )
         return StoreWriteFailed(f"the disk of the store ({root}) is full: {message}", code="store_full")
 
-    async def _stream(self, blob: Descriptor, writer: BlobWriter, progress: Progress, open: Open) -> None:
-        response = await answer(open(writer.offset), self._clock, self._read_timeout)
+    async def _stream(
+        self, blob: Descriptor, writer: BlobWriter, progress: Progress, host: str, open: Open
+    ) -> None:
+        response = await open(writer.offset)  # within the client's read timeout
         if response.code == 416:  # our partial is not a prefix the server knows: start over
             writer.restart()
-            response = await answer(open(0), self._clock, self._read_timeout)
+            response = await open(0)
         if response.code == 200 and writer.offset:
             writer.restart()
 
@@ -208,6 +206,6 @@ class Puller:
             progress.moved(len(data))
             progress.update(blob.digest, blob.size, writer.offset)
 
-        await collect(response, write, self._clock, self._read_timeout)
+        await collect(response, write, host, self._timeout)
         if writer.offset != blob.size:
             raise DigestMismatch(f"{writer.offset} bytes instead of {blob.size}")
