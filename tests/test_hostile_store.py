@@ -26,7 +26,8 @@ import attrs
 from gguf import GGUFReader, GGUFValueType
 from treq.client import HTTPClient
 from twisted.internet import reactor
-from twisted.internet.defer import CancelledError, ensureDeferred
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
+from twisted.internet.task import Clock
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import Agent
@@ -43,7 +44,8 @@ from mrunner.store.huggingface import HubClient
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
-from mrunner.store.registry import RegistryClient
+from mrunner.store.registry import RegistryClient, Repository
+from mrunner.store.stall import Stalled
 from mrunner.store.store import ModelStore
 from mrunner.tinymodel import write_tiny_llama, write_tiny_mmproj
 from tests.daemon import eventually, http
@@ -503,3 +505,25 @@ class SilentRemoteTests(TestCase):
             host = self.serve(sent)
             message = await self.refused(self.puller(f"http://{host}"), "hf.co/team/x")
             self.assertEqual(message, f"{what.format(host=host)} sent nothing for 0.2 s")
+
+
+class UploadTimeoutTests(SynchronousTestCase):
+    """The read timeout is for what a remote sends: a push waits for its answer as long as its
+    body takes to send, while a request without a body is given up."""
+
+    def test_only_requests_without_a_body_time_out(self) -> None:
+        clock = Clock()
+
+        class Unanswered:
+            def request(self, method: str, url: str, **kw: Any) -> Deferred[Any]:
+                return Deferred()
+
+        client = RegistryClient(RegistryConfig(), clock, Unanswered(), read_timeout=1)  # type: ignore[arg-type]
+        repo = Repository("registry.test", "http://registry.test", "team/x")
+        push = ensureDeferred(client.put_manifest(repo, "v1", b"{}", OCI_MANIFEST))
+        pull = ensureDeferred(client.manifest(repo, "v1"))
+        clock.advance(100)
+        self.assertNoResult(push)
+        self.assertEqual(
+            self.failureResultOf(pull, Stalled).value.message, "registry registry.test sent nothing for 1 s"
+        )

@@ -177,12 +177,14 @@ class RegistryClient:
         auth = self._auth.get((repo.host, scope)) or self._auth.get((repo.host, ""))
         if auth and urlsplit(url).netloc == urlsplit(repo.base).netloc:
             sent["Authorization"] = auth
+        sending = self._http.request(
+            method, url, headers=sent, data=body() if body else None, unbuffered=True
+        )
         try:
-            response = await answer(
-                self._http.request(method, url, headers=sent, data=body() if body else None, unbuffered=True),
-                f"registry {repo.host}",
-                self.timeout,
-            )
+            if body is None:
+                response = await answer(sending, f"registry {repo.host}", self.timeout)
+            else:  # an upload is answered once all of it is sent, which takes as long as it takes
+                response = await sending
         except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
             raise unreachable(f"registry {repo.host}", e) from None
         return response
