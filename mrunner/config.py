@@ -177,6 +177,7 @@ class HuggingFaceConfig:
 @attrs.frozen
 class StoreConfig:
     partial_max_age: float = _duration(7 * 24 * 3600.0)
+    read_timeout: float = _duration(60.0)
 
 
 @attrs.frozen

@@ -135,12 +135,14 @@ def make_parts(
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     registry_pool = HTTPConnectionPool(reactor)
     http = HTTPClient(Agent(reactor, pool=registry_pool))
-    registry = RegistryClient(config.registry, reactor, http)
-    hub = HubClient(config.huggingface, http, os.environ)
+    registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout)
+    hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
     models = ModelsAPI(
         store,
         scheduler,
-        puller := Puller(store, registry, config.registry.max_pulls, hub=hub),
+        puller := Puller(
+            store, registry, config.registry.max_pulls, hub=hub, read_timeout=config.store.read_timeout
+        ),
         pusher := Pusher(store, registry, reactor),
         reactor,
         metrics.moved,

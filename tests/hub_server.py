@@ -32,6 +32,7 @@ class Repo:
     files: Mapping[str, bytes]
     gated: bool = False
     private: bool = False
+    sizes: Mapping[str, int] = attrs.field(factory=dict)  # sizes the listing gives instead of the true ones
 
 
 @attrs.frozen
@@ -62,12 +63,14 @@ class _Server(Resource):
 
 
 class CDN(_Server):
-    """Blobs by sha256, with ranges; C{cut_at} cuts the first download of each blob there."""
+    """Blobs by sha256, with ranges; C{cut_at} cuts the first download of each blob there,
+    C{stall_at} stalls every download there."""
 
-    def __init__(self, seen: list[Seen], cut_at: int | None = None) -> None:
+    def __init__(self, seen: list[Seen], cut_at: int | None = None, stall_at: int | None = None) -> None:
         super().__init__(seen)
         self.blobs: dict[str, bytes] = {}
         self.cut_at = cut_at
+        self.stall_at = stall_at
         self._cut: set[str] = set()
 
     def render_GET(self, request: Request) -> bytes | int:
@@ -79,17 +82,19 @@ class CDN(_Server):
             return b"not found"
         cut = self.cut_at if sha not in self._cut and (self.cut_at or 0) < len(data) else None
         self._cut.add(sha)
-        return serve_range(request, data, cut)
+        return serve_range(request, data, cut, self.stall_at)
 
 
 class StandInHub(_Server):
     """Repositories by ``org/repo`` (lowercase), their files served through the L{CDN}."""
 
-    def __init__(self, repos: Mapping[str, Repo], cut_at: int | None = None) -> None:
+    def __init__(
+        self, repos: Mapping[str, Repo], cut_at: int | None = None, stall_at: int | None = None
+    ) -> None:
         self.seen: list[Seen] = []
         super().__init__(self.seen)
         self.repos = dict(repos)
-        self.cdn = CDN(self.seen, cut_at)
+        self.cdn = CDN(self.seen, cut_at, stall_at)
         self.cdn_url = ""
 
     def start(self) -> str:
@@ -138,8 +143,12 @@ class StandInHub(_Server):
         siblings = [
             {
                 "rfilename": path,
-                "size": len(data),
-                "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134},
+                "size": repo.sizes.get(path, len(data)),
+                "lfs": {
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "size": repo.sizes.get(path, len(data)),
+                    "pointerSize": 134,
+                },
             }
             if path.endswith((".gguf", ".safetensors"))
             else {"rfilename": path, "size": len(data)}

@@ -2,7 +2,7 @@
 
 The real one (Debian's C{docker-registry}) is started on a free loopback port
 with a temporary storage directory and stopped by PID. The stand-in serves a
-fixed repository and can cut a blob mid-way, corrupt it, or demand Bearer or
+fixed repository and can cut a blob mid-way, stall in it, corrupt it, or demand Bearer or
 basic authentication, name any token realm, answer for a token with a huge
 body or a redirect, to test what a well-behaved registry never does.
 """
@@ -115,6 +115,7 @@ class StandInRegistry(Resource):
         blobs: Mapping[str, bytes],
         *,
         cut_at: int | None = None,
+        stall_at: int | None = None,
         corrupt: bool = False,
         auth: str | None = None,
         credentials: tuple[str, str] = ("alice", "secret"),
@@ -126,6 +127,7 @@ class StandInRegistry(Resource):
         self.manifests = dict(manifests)
         self.blobs = dict(blobs)
         self.cut_at = cut_at
+        self.stall_at = stall_at
         self.corrupt = corrupt
         self.auth = auth
         self.basic = "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
@@ -195,11 +197,17 @@ class StandInRegistry(Resource):
     def _blob(self, request: Request, data: bytes) -> bytes | int:
         if self.corrupt:
             data = data[:-1] + bytes([data[-1] ^ 1])
-        return serve_range(request, data, self.cut_at)
+        return serve_range(request, data, self.cut_at, self.stall_at)
 
 
-def serve_range(request: Request, data: bytes, cut_at: int | None = None) -> bytes | int:
-    """C{data} from the request's C{Range: bytes=N-} (206) or whole (200); cut the connection at C{cut_at}."""
+def serve_range(
+    request: Request, data: bytes, cut_at: int | None = None, stall_at: int | None = None
+) -> bytes | int:
+    """C{data} from the request's C{Range: bytes=N-} (206) or whole (200); cut the connection at C{cut_at}.
+
+    With C{stall_at}, the bytes before it are sent and then nothing more, the connection held
+    open (at 0, not even the headers): the client has to give up.
+    """
     start = 0
     wanted = request.getHeader("range")
     if wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
@@ -211,5 +219,9 @@ def serve_range(request: Request, data: bytes, cut_at: int | None = None) -> byt
     if cut_at is not None and start < cut_at:
         request.write(body[: cut_at - start])
         request.loseConnection()
+        return NOT_DONE_YET
+    if stall_at is not None:
+        if stall_at > start:
+            request.write(body[: stall_at - start])
         return NOT_DONE_YET
     return body

@@ -78,11 +78,15 @@ class CLITestCase(TestCase):
 
     def setUp(self) -> None:
         self.home = short_home(self)
+        self.prepare_home()
         runner_args = ("--requests", str(self.home / "requests"), *self.runner_args())
         self.daemon = InProcessDaemon(write_config(self.home, self.config_text(), runner_args=runner_args))
         self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
         self.gguf = self.home / "tiny.gguf"
         write_tiny_gguf(self.gguf, rows=4096)  # 256 KiB: several progress lines
+
+    def prepare_home(self) -> None:
+        """Set up C{self.home} before the daemon starts in it (a test's own file system, say)."""
 
     def runner_args(self) -> tuple[str, ...]:
         return ()

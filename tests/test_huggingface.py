@@ -101,7 +101,9 @@ class SelectionTests(SynchronousTestCase):
         self.assertTrue(safe_path("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf"))
 
 
-class HubPullTests(TestCase):
+class HubTestCase(TestCase):
+    """A stand-in Hub with a few repositories, and a store to pull them into."""
+
     timeout = 20
 
     def setUp(self) -> Deferred[None]:
@@ -147,16 +149,21 @@ class HubPullTests(TestCase):
         self.addCleanup(lambda: ensureDeferred(self.hub.stop()))
         self.lines: list[dict[str, Any]] = []
 
-    def puller(self, token: str | None = None, home: str = "home", attempts: int = 3) -> Puller:
+    def puller(
+        self, token: str | None = None, home: str = "home", read_timeout: float = 10.0, **kw: Any
+    ) -> Puller:
         self.store = ModelStore(self.dir / home, reactor)  # type: ignore[arg-type]
         http = HTTPClient(Agent(reactor, pool=None))
-        hub = HubClient(HuggingFaceConfig(endpoint=self.endpoint, token=token), http, {})
-        registry = RegistryClient(RegistryConfig(), reactor, http)  # type: ignore[arg-type]
-        return Puller(self.store, registry, attempts=attempts, hub=hub)
+        config = HuggingFaceConfig(endpoint=self.endpoint, token=token)
+        hub = HubClient(config, http, {}, reactor, read_timeout)  # type: ignore[arg-type]
+        registry = RegistryClient(RegistryConfig(), reactor, http, read_timeout)  # type: ignore[arg-type]
+        return Puller(self.store, registry, hub=hub, read_timeout=read_timeout, **kw)
 
     async def pull(self, puller: Puller, name: str) -> Model:
         return await puller.pull(parse(name), Progress(self.lines.append, reactor, "pull"))  # type: ignore[arg-type]
 
+
+class HubPullTests(HubTestCase):
     async def test_default_quant_with_its_projector(self) -> None:
         model = await self.pull(self.puller(token=TOKEN), "hf.co/team/tiny-gguf")
         self.assertEqual(model.tags, ("hf.co/team/tiny-gguf:latest",))

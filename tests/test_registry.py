@@ -70,11 +70,11 @@ class RecordingHTTP:
 class Side:
     """One daemon's store with its registry client, puller and pusher."""
 
-    def __init__(self, home: Path, config: RegistryConfig, attempts: int = 3) -> None:
+    def __init__(self, home: Path, config: RegistryConfig, read_timeout: float = 10.0, **puller: Any) -> None:
         self.store = ModelStore(home, reactor)  # type: ignore[arg-type]
         self.http = RecordingHTTP()
-        self.client = RegistryClient(config, reactor, self.http)  # type: ignore[arg-type]
-        self.puller = Puller(self.store, self.client, attempts=attempts)
+        self.client = RegistryClient(config, reactor, self.http, read_timeout)  # type: ignore[arg-type]
+        self.puller = Puller(self.store, self.client, read_timeout=read_timeout, **puller)
         self.pusher = Pusher(self.store, self.client, reactor)  # type: ignore[arg-type]
         self.lines: list[dict[str, Any]] = []
 
@@ -319,8 +319,8 @@ class StandInTests(RegistryTestCase):
         self.assertIn("unreachable", error.message)
 
 
-class HostileRegistryTests(RegistryTestCase):
-    """What a registry announces or answers cannot make a pull spend without bound, or go elsewhere."""
+class StandInTestCase(RegistryTestCase):
+    """The source's model served by a stand-in registry, with the faults a test asks for."""
 
     extra_blobs: dict[str, bytes] = {}
 
@@ -330,9 +330,9 @@ class HostileRegistryTests(RegistryTestCase):
         blobs = {b.digest: store.blobs.read(b.digest) for b in manifest.blobs if store.blobs.has(b.digest)}
         blobs.update(self.extra_blobs)
         entry = (OCI_MANIFEST, manifest.to_bytes())
-        self.registry = StandInRegistry({"v1": entry}, blobs, **kw)
-        host = await self.registry.start()
-        self.addCleanup(lambda: ensureDeferred(self.registry.stop()))
+        self.registry = registry = StandInRegistry({"v1": entry}, blobs, **kw)
+        host = await registry.start()
+        self.addCleanup(lambda: ensureDeferred(registry.stop()))
         self.config = RegistryConfig(
             insecure=(host,), auth={host: {"username": "alice", "password": "secret"}}
         )
@@ -342,6 +342,10 @@ class HostileRegistryTests(RegistryTestCase):
         error = await self.assertFailure(ensureDeferred(self.side("other").pull(name)), BadGateway)
         self.assertIn(fragment, error.message)
         self.assertEqual(error.status, 502)
+
+
+class HostileRegistryTests(StandInTestCase):
+    """What a registry announces or answers cannot make a pull spend without bound, or go elsewhere."""
 
     async def test_token_answer_is_read_with_a_cap(self) -> None:
         huge = json.dumps({"token": "t" * 2 * MiB}).encode()

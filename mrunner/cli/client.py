@@ -74,7 +74,7 @@ class Daemon:
         with self.open(method, path, body) as response:
             for line in lines(response):
                 if line.strip():
-                    yield json.loads(line)
+                    yield _json_line(line)
 
     def has(self, path: str) -> bool:
         """Whether C{GET path} finds something (a 404 says no; other refusals are errors)."""
@@ -91,6 +91,16 @@ class Daemon:
             f"cannot reach the mrunner daemon at {self.url} ({reason}): {START_HINT},"
             " or point --host / MRUNNER_HOST at it"
         )
+
+
+def _json_line(line: bytes) -> dict[str, Any]:
+    """One line of an NDJSON answer; a L{CommandError} (not a traceback) if it is not JSON."""
+    try:
+        value: dict[str, Any] = json.loads(line)
+    except ValueError:
+        text = line.decode(errors="replace").strip()
+        raise CommandError(f"the daemon sent a line that is not JSON: {text[:200]!r}") from None
+    return value
 
 
 def read(response: http.client.HTTPResponse) -> bytes:

@@ -5,8 +5,10 @@ scheduler's memory estimate starts from. A file is read by a child interpreter
 (``python -m mrunner.store.gguf_meta FILE`` prints it as JSON; ``-`` for
 FILE reads paths from stdin, one a line, up to an empty line): the ``gguf``
 package brings numpy, some 20 MB that would stay resident in the daemon for
-good after its first import, for a read of a few hundred milliseconds. Reading
-maps the file and waits for that child: call it off the reactor thread.
+good after its first import, for a read of a few hundred milliseconds. The
+header is read within bounds (L{mrunner.store.gguf_header}), and the child's
+address space is capped (C{RLIMIT_AS}, L{MAX_MEMORY}) besides: a hostile header
+costs at most that. Reading waits for the child: call it off the reactor thread.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from mrunner.errors import BadRequest
 from mrunner.sizes import format_size
 
 if TYPE_CHECKING:
-    from gguf import GGUFReader
+    from mrunner.store.gguf_header import Tensor
+
+#: The reading child's address space (C{RLIMIT_AS}): the interpreter with numpy takes about
+#: 250 MiB of it; a header that would take more than the rest is refused, not read.
+MAX_MEMORY = 1024 * 1024 * 1024
 
 
 @attrs.frozen
@@ -84,6 +90,7 @@ class Reader:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},  # numpy's thread pool, sized to the cores
         )
 
     def read_all(self, paths: Sequence[str | os.PathLike[str]]) -> list[GGUFInfo]:
@@ -149,30 +156,27 @@ def check_projector(info: GGUFInfo) -> None:
 
 
 def _read(path: str | os.PathLike[str]) -> GGUFInfo:
-    from gguf import GGUFReader, GGUFValueType
+    from mrunner.store.gguf_header import read_header
 
-    reader = GGUFReader(path)
-    # Arrays (the tokenizer's vocabulary, merges) are megabytes; the config blob keeps scalars.
-    metadata = {
-        field.name: str(field.contents())
-        for field in reader.fields.values()
-        if field.types and field.types[0] != GGUFValueType.ARRAY and not field.name.startswith("GGUF.")
-    }
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        header = read_header(f, size)
+    metadata = {key: str(value) for key, value in header.metadata.items()}
     architecture = metadata.get("general.architecture", "unknown")
     context = metadata.get(f"{architecture}.context_length")
     return GGUFInfo(
         architecture=architecture,
-        parameters=sum(int(t.n_elements) for t in reader.tensors),
-        quantization=_quantization(reader, metadata.get("general.file_type")),
-        size=os.path.getsize(path),
+        parameters=sum(tensor.elements for tensor in header.tensors),
+        quantization=_quantization(header.tensors, metadata.get("general.file_type")),
+        size=size,
         context_size=int(context) if context is not None else None,
         metadata=metadata,
     )
 
 
-def _quantization(reader: GGUFReader, file_type: str | None) -> str:
+def _quantization(tensors: Sequence[Tensor], file_type: str | None) -> str:
     """The file type's name (``Q4_K_M``), else the tensor type most weights use."""
-    from gguf import LlamaFileType
+    from gguf.constants import GGMLQuantizationType, LlamaFileType
 
     if file_type is not None:
         try:
@@ -180,9 +184,9 @@ def _quantization(reader: GGUFReader, file_type: str | None) -> str:
         except ValueError:
             pass
     weights: Counter[str] = Counter()
-    for tensor in reader.tensors:
+    for tensor in tensors:
         if len(tensor.shape) > 1:  # norms and biases stay F32 whatever the quantization
-            weights[tensor.tensor_type.name] += int(tensor.n_elements)
+            weights[GGMLQuantizationType(tensor.type).name] += tensor.elements
     return weights.most_common(1)[0][0] if weights else "unknown"
 
 
@@ -198,7 +202,10 @@ def main(paths: Sequence[str]) -> int:
     """Print each file's L{GGUFInfo} as a JSON list, or why one is not a GGUF file."""
     try:
         infos = [_read(path) for path in paths]
-    except Exception as e:  # a malformed file fails in numpy, struct or enum lookups alike
+    except MemoryError:
+        print(f"its header needs more than the {format_size(MAX_MEMORY)} a header may take", file=sys.stderr)
+        return 1
+    except Exception as e:  # a malformed file fails in struct or enum lookups alike
         print(e, file=sys.stderr)
         return 1
     print(json.dumps([attrs.asdict(info) for info in infos]))
@@ -206,8 +213,11 @@ def main(paths: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MAX_MEMORY, MAX_MEMORY))  # before any header is read
     if sys.argv[1:] == ["-"]:  # L{Reader}: import now, read the paths when they are given
-        import gguf  # noqa: F401
+        import mrunner.store.gguf_header  # noqa: F401
 
         lines = itertools.takewhile(lambda line: line != "\n", sys.stdin)  # up to an empty line
         sys.exit(main([line.removesuffix("\n") for line in lines]))

@@ -4,13 +4,15 @@ The files chosen (L{select}) are blobs named by the sha256 the Hub publishes
 for them, fetched, resumed and verified as registry blobs are; the config is
 read from the weights' GGUF header, dated by the repository's last change, so
 pulling an unchanged repository again yields the same manifest and moves no
-bytes but the listing.
+bytes but the listing. A file that is not GGUF weights is refused and removed
+from the store (its sha256 is good, but no model may use it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
+from typing import Any
 
 from twisted.logger import Logger
 from twisted.web.iweb import IResponse
@@ -24,8 +26,10 @@ from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
 
-#: L{Puller.fetch}: a blob, progress, the host it comes from, and how to open it at an offset.
-Fetch = Callable[[Descriptor, Progress, str, Callable[[int], Awaitable[IResponse]]], Awaitable[None]]
+#: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.
+#: L{Puller.fetch} takes a blob, the progress, the host it comes from and its C{Open}.
+Open = Callable[[int], Coroutine[Any, Any, IResponse]]
+Fetch = Callable[[Descriptor, Progress, str, Open], Awaitable[None]]
 
 
 class HubPuller:
@@ -51,20 +55,20 @@ class HubPuller:
         files = [(GGUF, f) for f in chosen.weights] + ([(MMPROJ, chosen.mmproj)] if chosen.mmproj else [])
         layers = [Descriptor(media_type, _digest(repo, f), f.size) for media_type, f in files]
         progress.total = sum(layer.size for layer in layers)
-        with self._store.pinned(layer.digest for layer in layers):
-            for layer, (_, f) in zip(layers, files, strict=True):
-                await self._fetch(
-                    layer, progress, self._client.host, partial(self._client.open, repo, revision, f)
-                )
-            paths = [self._store.blobs.path(layer.digest) for layer in layers]
-            headers = await self._store.in_thread(gguf_meta.read_all, paths)
-            if chosen.mmproj:
-                gguf_meta.check_projector(headers.pop())
-            info = gguf_meta.weights(headers)
-            config = model_config(info.config(), revision.modified, layers)
-            self._store.blobs.put(config)
-            manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), tuple(layers))
-            model = self._store.add(name, manifest.to_bytes())
+        try:
+            with self._store.pinned(layer.digest for layer in layers):
+                for layer, (_, f) in zip(layers, files, strict=True):
+                    await self._fetch(
+                        layer, progress, self._client.host, partial(self._client.open, repo, revision, f)
+                    )
+                info = await self._describe(layers, chosen.mmproj is not None)
+                config = model_config(info.config(), revision.modified, layers)
+                self._store.blobs.put(config)
+                manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), tuple(layers))
+                model = self._store.add(name, manifest.to_bytes())
+        except NotGGUF:
+            self._store.collect()  # the files it fetched, unless a model uses them: they are not weights
+            raise
         self.log.info(
             "pulled {ref} ({quant}, {files} file(s)) from {host} as {id}",
             ref=name,
@@ -74,6 +78,24 @@ class HubPuller:
             id=model.id,
         )
         return model
+
+    async def _describe(self, layers: list[Descriptor], mmproj: bool) -> gguf_meta.GGUFInfo:
+        """The weights' header, read from the store's files.
+
+        @raise NotGGUF: a file is not a GGUF file, or not one model's (a refusal, not a fault).
+        """
+        paths = [self._store.blobs.path(layer.digest) for layer in layers]
+        try:
+            headers = await self._store.in_thread(gguf_meta.read_all, paths)
+            if mmproj:
+                gguf_meta.check_projector(headers.pop())
+            return gguf_meta.weights(headers)
+        except BadRequest as e:
+            raise NotGGUF(e.message, code=e.code) from None
+
+
+class NotGGUF(BadRequest):
+    """A file the Hub published (its sha256 good) is not GGUF weights a model can use."""
 
 
 def _digest(repo: str, file: HubFile) -> str:

@@ -22,9 +22,9 @@ from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
 import attrs
-import treq
 from treq.client import HTTPClient
 from twisted.internet.error import ConnectError, DNSLookupError
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.client import ResponseNeverReceived
 from twisted.web.iweb import IResponse
@@ -33,7 +33,8 @@ from mrunner.config import HuggingFaceConfig
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.store.artifact import parse_rfc3339
 from mrunner.store.names import Reference
-from mrunner.store.registry import read_limited, registry_error, unreachable
+from mrunner.store.registry import registry_error, unreachable
+from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_limited
 
 HUB_HOSTS = frozenset({"hf.co", "huggingface.co"})
 HUB = "hf.co"
@@ -231,10 +232,18 @@ class HubClient:
 
     log = Logger()
 
-    def __init__(self, config: HuggingFaceConfig, http: HTTPClient, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: HuggingFaceConfig,
+        http: HTTPClient,
+        environ: Mapping[str, str],
+        clock: IReactorTime,
+        read_timeout: float = READ_TIMEOUT,
+    ) -> None:
         self.endpoint = (environ.get("HF_ENDPOINT") or config.endpoint).rstrip("/")
         self._token = environ.get("HF_TOKEN") or config.token
         self._http = http
+        self.timeout = Timeout(clock, read_timeout)
 
     @property
     def host(self) -> str:
@@ -243,7 +252,8 @@ class HubClient:
     async def revision(self, repo: str) -> Revision:
         """The files of C{repo}'s main branch, with their sha256."""
         response = await self._get(f"/api/models/{repo}/revision/main?blobs=true", repo)
-        return parse_revision(repo, await read_limited(response, MAX_LISTING, f"the Hub's listing of {repo}"))
+        listing = await read_limited(response, MAX_LISTING, f"the Hub's listing of {repo}", self.timeout)
+        return parse_revision(repo, listing)
 
     async def open(self, repo: str, revision: Revision, file: HubFile, offset: int = 0) -> IResponse:
         """C{file}'s body at the commit listed, from C{offset} (206) or whole (200); 416 passes through."""
@@ -262,24 +272,27 @@ class HubClient:
         for _ in range(MAX_REDIRECTS + 1):
             sent: dict[bytes | str, bytes | str] = {"User-Agent": "mrunner"}
             sent.update(headers or {})
-            if self._token and urlsplit(url).netloc == self.host:  # never to a CDN or another host
+            host = urlsplit(url).netloc
+            if self._token and host == self.host:  # never to a CDN or another host
                 sent["Authorization"] = f"Bearer {self._token}"
             try:
-                response: IResponse = await self._http.get(
-                    url, headers=sent, allow_redirects=False, unbuffered=True
+                response = await answer(
+                    self._http.get(url, headers=sent, allow_redirects=False, unbuffered=True),
+                    host,
+                    self.timeout,
                 )
             except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
                 raise unreachable(f"Hugging Face endpoint {self.host}", e) from None
             location = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
             if response.code in (301, 302, 303, 307, 308) and location:
-                await _discard(response)
+                await discard(response, host, self.timeout)
                 url = urljoin(url, location)
                 if urlsplit(url).scheme not in ("http", "https"):
                     raise registry_error(f"the Hub redirected {repo} to {url[:200]!r}")
                 continue
             if response.code in expect:
                 return response
-            await _discard(response)
+            await discard(response, host, self.timeout)
             raise self._error(repo, response)
         raise registry_error(f"the Hub redirected {repo} more than {MAX_REDIRECTS} times")
 
@@ -298,8 +311,3 @@ class HubClient:
                 )
             return cls(f"hf.co/{repo} is gated or private: set {token} to a token with access to it")
         return registry_error(f"{self.host} answered {response.code} for hf.co/{repo}")
-
-
-async def _discard(response: IResponse) -> None:
-    """Read and drop a body we do not use, so the connection can be reused."""
-    await treq.collect(response, lambda _: None)

@@ -4,6 +4,10 @@ A blob is trusted without hashing only when it was hashed since the daemon
 started (written by this daemon, or checked): after a restart, or when a pull
 finds a blob already there, it is hashed again. A blob that fails is moved
 to quarantine, so nothing loads it and a pull fetches it afresh.
+
+Sizes in the store's own manifests are trusted; a size a remote announces is
+not: a remote that names a blob the store holds with another size is wrong,
+unless a fresh hash of the store's bytes says otherwise (L{Integrity.holds}).
 """
 
 from __future__ import annotations
@@ -11,12 +15,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mrunner.store.artifact import Descriptor, Manifest
 from mrunner.store.blobs import Blobs
 from mrunner.store.locks import KeyedLocks
+
+
+class SizeDisagrees(ValueError):
+    """A remote announces a blob the store holds, its bytes hashed good just now, with another size."""
+
+    def __init__(self, digest: str, announced: int, stored: int) -> None:
+        super().__init__(
+            f"announces blob {digest} as {announced} bytes, but it is {stored} bytes (the store holds it,"
+            " and its bytes hash to that digest): the pull is refused and the store's copy kept"
+        )
 
 
 class Integrity:
@@ -55,6 +70,21 @@ class Integrity:
                 return False
             self.blobs.verified.add(blob.digest)
             return True
+
+    async def holds(self, blob: Descriptor) -> bool:
+        """Whether the store holds C{blob}, as a remote announces it, intact.
+
+        A held blob of another size is hashed afresh: it is quarantined only if its
+        own bytes condemn it, never for a size a remote gives.
+
+        @raise SizeDisagrees: the held blob is good, so the announced size is wrong.
+        """
+        stored = self.blobs.size(blob.digest)
+        if stored is not None and stored != blob.size:
+            if await self.intact(attrs.evolve(blob, size=stored), rehash=True):
+                raise SizeDisagrees(blob.digest, blob.size, stored)
+            return False
+        return await self.intact(blob)
 
     def problem(self, digest: str, manifest: Manifest) -> str | None:
         """Why the model's blobs cannot be used (the first missing or quarantined one), if they cannot."""

@@ -4,36 +4,48 @@ A blob streams into ``<hex>.incomplete`` and is hashed as it arrives; only a
 verified blob is renamed into place. A cut connection is resumed with HTTP
 Range (within this pull, and by the next pull if this one gives up), a blob
 the store already has is not fetched (but hashed, once per daemon start: a
-corrupt one is quarantined and fetched again), small blobs announced as large
+corrupt one is quarantined and fetched again; a size that disagrees with a good
+one is the remote's error, and refuses the pull), small blobs announced as large
 are refused before any download, and at most C{max_pulls} pulls run at once
 while the others wait their turn.
+
+A download that receives nothing for C{read_timeout} seconds (before its
+headers, or mid-body) is cut and resumed as a cut connection is, and named by
+its host when it fails for good: a stalled server never holds a pull for ever.
+A store that cannot write (a full disk) ends the pull with an error that says
+how much the blob still needs; what was downloaded is kept for the next pull.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import errno
+import shutil
+from collections.abc import Callable, Coroutine
 from functools import partial
+from typing import Any
 
-import treq
 from twisted.internet.defer import Deferred, DeferredSemaphore
 from twisted.logger import Logger
 from twisted.web.client import ResponseFailed
-from twisted.web.iweb import IResponse
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
+from mrunner.sizes import format_size
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
-from mrunner.store.hub_pull import HubPuller
+from mrunner.store.hub_pull import HubPuller, Open
 from mrunner.store.huggingface import HubClient, is_hub
+from mrunner.store.integrity import SizeDisagrees
 from mrunner.store.locks import KeyedLocks
 from mrunner.store.model import Model
 from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.registry import RegistryClient, Repository, registry_error
+from mrunner.store.stall import READ_TIMEOUT, Stalled, Timeout, collect
 from mrunner.store.store import ModelStore
+from mrunner.store.upload import StoreWriteFailed
 
-#: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.
-Open = Callable[[int], Awaitable[IResponse]]
+#: A registry's or the Hub's pull of one model.
+PullOne = Callable[[Reference, Progress], Coroutine[Any, Any, Model]]
 
 
 class Puller:
@@ -48,9 +60,11 @@ class Puller:
         max_pulls: int = 2,
         attempts: int = 3,
         hub: HubClient | None = None,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self._store = store
         self._client = client
+        self._timeout = Timeout(store.reactor, read_timeout)
         self._slots = DeferredSemaphore(max_pulls)
         self._attempts = attempts
         self._fetching = KeyedLocks()
@@ -62,7 +76,14 @@ class Puller:
         if is_hub(ref) and self._hub is None:
             raise BadRequest(f"{ref}: this daemon has no Hugging Face client configured")
         pull = self._hub.pull if is_hub(ref) and self._hub else self._pull
-        return self._slots.run(lambda: Deferred.fromCoroutine(pull(ref, progress)))
+        return self._slots.run(lambda: Deferred.fromCoroutine(self._writing(pull, ref, progress)))
+
+    async def _writing(self, pull: PullOne, ref: Reference, progress: Progress) -> Model:
+        """C{pull}, with the store's failed writes (a manifest, the index) said as such, not as a crash."""
+        try:
+            return await pull(ref, progress)
+        except OSError as e:
+            raise self._write_failed(f"{ref}", e) from None
 
     async def _pull(self, ref: Reference, progress: Progress) -> Model:
         self._store.remove_old_partials()
@@ -113,7 +134,11 @@ class Puller:
         """Make sure the store has C{blob}, from C{open(offset)}; one download per digest however
         many pulls want it."""
         async with self._fetching.holding(blob.digest):
-            if not await self._store.integrity.intact(blob):
+            try:
+                held = await self._store.integrity.holds(blob)
+            except SizeDisagrees as e:
+                raise registry_error(f"{host} {e}", code="registry_size_mismatch") from None
+            if not held:
                 await self._download(blob, progress, host, open)
         progress.update(blob.digest, blob.size, blob.size)
 
@@ -122,9 +147,9 @@ class Puller:
         try:
             for attempt in range(1, self._attempts + 1):
                 try:
-                    await self._stream(blob, writer, progress, open)
+                    await self._stream(blob, writer, progress, host, open)
                     break
-                except ResponseFailed as e:
+                except (ResponseFailed, Stalled) as e:
                     if attempt == self._attempts:
                         raise registry_error(
                             f"download of {blob.digest} from {host} failed {attempt} times"
@@ -140,12 +165,34 @@ class Puller:
         except DigestMismatch as e:
             writer.discard()
             raise registry_error(f"{host} sent a corrupt blob {blob.digest}: {e}") from None
+        except OSError as e:
+            writer.close()
+            needed = blob.size - writer.offset
+            raise self._write_failed(f"blob {blob.digest}", e, needed, writer.offset) from None
         except BaseException:
             writer.close()
             raise
 
-    async def _stream(self, blob: Descriptor, writer: BlobWriter, progress: Progress, open: Open) -> None:
-        response = await open(writer.offset)
+    def _write_failed(self, what: str, error: OSError, needed: int = 0, kept: int = 0) -> StoreWriteFailed:
+        """What a failed write tells the client: for a full disk, how much C{what} still C{needed}."""
+        root = self._store.blobs.root
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return StoreWriteFailed(f"the store cannot write {what} in {root}: {error.strerror}")
+        free = format_size(shutil.disk_usage(root).free)
+        advice = "free some space (`mrunner df`, `mrunner rm`) and pull again"
+        if not needed:
+            message = f"{what} could not be written, and {free} are free: {advice}"
+        else:
+            message = (
+                f"{what} needs {format_size(needed)} ({needed} bytes) more, and {free} are free. The"
+                f" {format_size(kept)} downloaded are kept: {advice} to resume"
+            )
+        return StoreWriteFailed(f"the disk of the store ({root}) is full: {message}", code="store_full")
+
+    async def _stream(
+        self, blob: Descriptor, writer: BlobWriter, progress: Progress, host: str, open: Open
+    ) -> None:
+        response = await open(writer.offset)  # within the client's read timeout
         if response.code == 416:  # our partial is not a prefix the server knows: start over
             writer.restart()
             response = await open(0)
@@ -159,6 +206,6 @@ class Puller:
             progress.moved(len(data))
             progress.update(blob.digest, blob.size, writer.offset)
 
-        await treq.collect(response, write)
+        await collect(response, write, host, self._timeout)
         if writer.offset != blob.size:
             raise DigestMismatch(f"{writer.offset} bytes instead of {blob.size}")

@@ -4,6 +4,8 @@ It knows registries, not models: where a repository lives (mirrors, plain
 HTTP only for hosts the config marks insecure), how to authenticate (Docker
 Hub's Bearer token flow and basic auth), and which status means what. It
 streams: callers get unbuffered responses and never hold a blob in memory.
+A registry that sends nothing for C{read_timeout} seconds is given up
+(L{mrunner.store.stall}).
 
 A registry names its token service (the Bearer realm), so the realm is
 distrusted: HTTPS only (or a host marked insecure), no redirects, and an
@@ -20,7 +22,6 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import attrs
-import treq
 from treq.client import HTTPClient
 from twisted.internet.error import ConnectError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
@@ -32,6 +33,7 @@ from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, MrunnerError, NotFound
 from mrunner.store.artifact import MANIFEST_TYPES
 from mrunner.store.names import DOCKER_HUB, Reference
+from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_limited
 
 MAX_MANIFEST = 4 * 1024 * 1024
 MAX_TOKEN_ANSWER = 64 * 1024
@@ -72,8 +74,15 @@ class RegistryClient:
 
     log = Logger()
 
-    def __init__(self, config: RegistryConfig, reactor: IReactorTime, http: HTTPClient | None = None) -> None:
+    def __init__(
+        self,
+        config: RegistryConfig,
+        reactor: IReactorTime,
+        http: HTTPClient | None = None,
+        read_timeout: float = READ_TIMEOUT,
+    ) -> None:
         self._config = config
+        self.timeout = Timeout(reactor, read_timeout)
         if http is None:
             self._pool: HTTPConnectionPool | None = HTTPConnectionPool(reactor)
             http = HTTPClient(Agent(reactor, pool=self._pool))
@@ -139,13 +148,13 @@ class RegistryClient:
         response = await self._send(method, url, repo, scope, headers, body)
         if response.code == 401:
             challenge = response.headers.getRawHeaders(b"www-authenticate", [b""])[0]
-            await _discard(response)
+            await discard(response, f"registry {repo.host}", self.timeout)
             await self._authenticate(repo, scope, challenge.decode("latin-1"))
             response = await self._send(method, url, repo, scope, headers, body)
         if response.code in expect:
             return response
         what = f"{method} {urlsplit(url).path}"
-        detail = await _error_detail(response)
+        detail = await _error_detail(response, self.timeout)
         if response.code in (401, 403):
             raise Unauthorized(
                 f"registry {repo.host} refused {actions} access to {repo.name}{detail};"
@@ -168,10 +177,14 @@ class RegistryClient:
         auth = self._auth.get((repo.host, scope)) or self._auth.get((repo.host, ""))
         if auth and urlsplit(url).netloc == urlsplit(repo.base).netloc:
             sent["Authorization"] = auth
+        sending = self._http.request(
+            method, url, headers=sent, data=body() if body else None, unbuffered=True
+        )
         try:
-            response: IResponse = await self._http.request(
-                method, url, headers=sent, data=body() if body else None, unbuffered=True
-            )
+            if body is None:
+                response = await answer(sending, f"registry {repo.host}", self.timeout)
+            else:  # an upload is answered once all of it is sent, which takes as long as it takes
+                response = await sending
         except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
             raise unreachable(f"registry {repo.host}", e) from None
         return response
@@ -205,13 +218,19 @@ class RegistryClient:
         if basic:
             headers["Authorization"] = basic
         try:
-            response = await self._http.get(
-                f"{realm}?{urlencode({k: v for k, v in query.items() if v})}",
-                headers=headers,
-                allow_redirects=False,
-                unbuffered=True,
+            response = await answer(
+                self._http.get(
+                    f"{realm}?{urlencode({k: v for k, v in query.items() if v})}",
+                    headers=headers,
+                    allow_redirects=False,
+                    unbuffered=True,
+                ),
+                f"token service {realm}",
+                self.timeout,
             )
-            data = await read_limited(response, MAX_TOKEN_ANSWER, f"the answer of token service {realm}")
+            data = await read_limited(
+                response, MAX_TOKEN_ANSWER, f"the answer of token service {realm}", self.timeout
+            )
         except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
             raise unreachable(f"token service {realm}", e) from None
         if response.code in (401, 403):
@@ -240,7 +259,9 @@ class RegistryClient:
         response = await self.request(
             "GET", repo, f"manifests/{reference}", headers={"Accept": ", ".join(MANIFEST_TYPES)}
         )
-        return await read_limited(response, MAX_MANIFEST, f"manifest of {repo.name}")
+        return await read_limited(
+            response, MAX_MANIFEST, f"the manifest of {repo.name} from {repo.host}", self.timeout
+        )
 
     async def blob(self, repo: Repository, digest: str, offset: int = 0) -> IResponse:
         """The blob's body from C{offset}: 206 when the range was honoured, 200 for all of it."""
@@ -249,13 +270,13 @@ class RegistryClient:
 
     async def has_blob(self, repo: Repository, digest: str) -> bool:
         response = await self.request("HEAD", repo, f"blobs/{digest}", actions="pull,push", expect=(200, 404))
-        await _discard(response)
+        await discard(response, f"registry {repo.host}", self.timeout)
         return response.code == 200
 
     async def upload_blob(self, repo: Repository, digest: str, body: Callable[[], Any]) -> None:
         """Monolithic upload: POST for an upload URL, then PUT the bytes with their digest."""
         started = await self.request("POST", repo, "blobs/uploads/", actions="pull,push", expect=(202,))
-        await _discard(started)
+        await discard(started, f"registry {repo.host}", self.timeout)
         location = started.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
         if not location:
             raise registry_error(f"registry {repo.host} started an upload without a Location")
@@ -270,7 +291,7 @@ class RegistryClient:
             body=body,
             expect=(201, 204),
         )
-        await _discard(response)
+        await discard(response, f"registry {repo.host}", self.timeout)
 
     async def put_manifest(self, repo: Repository, reference: str, manifest: bytes, media_type: str) -> None:
         response = await self.request(
@@ -282,33 +303,13 @@ class RegistryClient:
             body=lambda: manifest,
             expect=(201, 200),
         )
-        await _discard(response)
+        await discard(response, f"registry {repo.host}", self.timeout)
 
 
-async def read_limited(response: IResponse, limit: int, what: str) -> bytes:
-    """The whole body, refusing more than C{limit} bytes."""
-    chunks: list[bytes] = []
-    received = 0
-
-    def collect(data: bytes) -> None:
-        nonlocal received
-        received += len(data)
-        if received > limit:
-            raise registry_error(f"{what} is larger than {limit} bytes")
-        chunks.append(data)
-
-    await treq.collect(response, collect)
-    return b"".join(chunks)
-
-
-async def _discard(response: IResponse) -> None:
-    await treq.collect(response, lambda _: None)
-
-
-async def _error_detail(response: IResponse) -> str:
+async def _error_detail(response: IResponse, timeout: Timeout) -> str:
     """``: <message>`` from the registry's ``{"errors": [...]}`` body, if it has one."""
     try:
-        value = json.loads(await read_limited(response, 64 * 1024, "error body"))
+        value = json.loads(await read_limited(response, 64 * 1024, "error body", timeout))
         message = value["errors"][0]["message"]
     except Exception:  # any body at all: the status says enough
         return ""

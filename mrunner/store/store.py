@@ -101,7 +101,7 @@ class ModelStore:
         self.root = Path(home) / "models"
         self.blobs = Blobs(self.root / "blobs" / "sha256", self.root / "quarantine")
         self.blobs.remove_staged()
-        self._reactor = reactor
+        self.reactor = reactor
         self._partial_max_age = partial_max_age
         self.remove_old_partials()
         self._index_path = self.root / "index.json"
@@ -208,7 +208,7 @@ class ModelStore:
 
     def remove_old_partials(self) -> None:
         """Remove partial downloads nobody resumed for C{partial_max_age} seconds."""
-        self.blobs.remove_partials(self._partial_max_age, self._reactor.seconds())
+        self.blobs.remove_partials(self._partial_max_age, self.reactor.seconds())
 
     # Names
 
@@ -278,7 +278,7 @@ class ModelStore:
         models = dict(self._models)
         del models[digest]
         self._save(models)
-        self._collect()
+        self.collect()
         self.log.info("deleted model {digest} ({tags})", digest=digest, tags=tags)
         return [{"Untagged": tag} for tag in tags] + [{"Deleted": digest}]
 
@@ -312,7 +312,7 @@ class ModelStore:
 
     def in_thread(self, f: Any, *args: Any) -> Deferred[Any]:
         """Run blocking file work (copying, hashing) in the reactor's thread pool."""
-        return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), f, *args)
+        return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), f, *args)
 
     # Internals
 
@@ -357,7 +357,7 @@ class ModelStore:
         described = info.config()
         if context_size is not None:
             described["context_size"] = context_size
-        config = model_config(described, self._reactor.seconds(), layers)
+        config = model_config(described, self.reactor.seconds(), layers)
         self.blobs.put(config)
         manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), tuple(layers))
         return self.add(ref, manifest.to_bytes())
@@ -369,8 +369,8 @@ class ModelStore:
             models[digest].append(tag)
         self._save(models)
 
-    def _collect(self) -> None:
-        """Delete blobs no stored manifest refers to and no pull holds."""
+    def collect(self) -> None:
+        """Delete blobs no stored manifest refers to and no pull holds (a refused pull's files)."""
         used = set(self._pins)
         for digest in self._models:
             used.add(digest)

@@ -44,8 +44,9 @@ Staged = tuple[gguf_meta.GGUFInfo, list[tuple[str, BlobWriter]]]
 
 
 class StoreWriteFailed(MrunnerError):
-    """The store could not write an upload's bytes (a full disk, most likely)."""
+    """The store could not write an upload's or a pull's bytes (a full disk, most likely)."""
 
+    status = 507  # Insufficient Storage
     code = "store_write_failed"
 
 
