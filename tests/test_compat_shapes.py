@@ -8,7 +8,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner.api import ollama_shapes, responses_shapes
 from mrunner.api.completions import Tally
 from mrunner.api.errors import anthropic_shape, ollama_shape, openai_shape
-from mrunner.api.response_store import ResponseStore, StoredResponse
+from mrunner.api.callers import OPEN, key_caller
+from mrunner.api.response_store import ResponseStore, StoredResponse, memory
 from mrunner.errors import (
     BadGateway,
     BadRequest,
@@ -139,33 +140,57 @@ class ResponseStoreTests(SynchronousTestCase):
     def stored(self, response_id: str, text: str = "") -> StoredResponse:
         return StoredResponse({"id": response_id}, [{"text": text}], [])
 
+    def test_owned_by_its_key(self) -> None:
+        """Issue 22 M7: another key is told the response does not exist; an admin sees it."""
+        store = ResponseStore(Clock(), 3600, 10, 10_000)
+        k1, k2 = key_caller(b"k1", admin=False), key_caller(b"k2", admin=False)
+        store.put(self.stored("a", "k1's prompt"), k1.owner)
+        self.assertNotIn("k1", str(k1.owner))
+        self.assertRaises(NotFound, store.get, "a", k2)
+        self.assertRaises(NotFound, store.delete, "a", k2)
+        self.assertRaises(NotFound, store.get, "a", key_caller(None, admin=False))
+        self.assertEqual(store.get("a", k1).input_items, [{"text": "k1's prompt"}])
+        self.assertEqual(store.get("a", key_caller(b"root", admin=True)).response, {"id": "a"})
+        store.delete("a", k1)
+        self.assertEqual(len(store), 0)
+
+    def test_bound_counts_memory(self) -> None:
+        """Issue 22 M2: many small items took 11-18 times their JSON length as Python objects; kept
+        encoded, the store's count of bytes is what the entries hold."""
+        stored = StoredResponse({"id": "a"}, [{} for _ in range(100_000)], [])
+        store = ResponseStore(Clock(), 3600, 10, 1_000_000)
+        store.put(stored)
+        self.assertEqual(store.get("a", OPEN), stored)
+        self.assertEqual(store.bytes, memory(stored.encode()))
+        self.assertLess(store.bytes, 400_000)
+
     def test_ttl(self) -> None:
         clock = Clock()
         store = ResponseStore(clock, 3600, 10, 10_000)
         store.put(self.stored("a"))
         clock.advance(3599)
-        self.assertEqual(store.get("a").response, {"id": "a"})
+        self.assertEqual(store.get("a", OPEN).response, {"id": "a"})
         clock.advance(1)
-        self.assertRaises(NotFound, store.get, "a")
+        self.assertRaises(NotFound, store.get, "a", OPEN)
         self.assertEqual((len(store), store.bytes), (0, 0))
 
     def test_count_and_bytes_bounds_drop_the_oldest(self) -> None:
         store = ResponseStore(Clock(), 3600, 2, 10_000)
         for name in "abc":
             store.put(self.stored(name))
-        self.assertRaises(NotFound, store.get, "a")
+        self.assertRaises(NotFound, store.get, "a", OPEN)
         self.assertEqual(len(store), 2)
-        size = self.stored("x", "y" * 100).size
+        size = memory(self.stored("x", "y" * 100).encode())
         store = ResponseStore(Clock(), 3600, 100, size * 2)
         for name in "abc":
             store.put(self.stored(name, "y" * 100))
         self.assertEqual((len(store), store.bytes), (2, size * 2))
         store.put(self.stored("big", "y" * size * 3))
-        self.assertRaises(NotFound, store.get, "big")
+        self.assertRaises(NotFound, store.get, "big", OPEN)
 
     def test_delete(self) -> None:
         store = ResponseStore(Clock(), 3600, 10, 10_000)
         store.put(self.stored("a"))
-        store.delete("a")
-        self.assertRaises(NotFound, store.delete, "a")
+        store.delete("a", OPEN)
+        self.assertRaises(NotFound, store.delete, "a", OPEN)
         self.assertEqual(store.bytes, 0)
