@@ -6,9 +6,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api import ollama_shapes, responses_shapes
+from mrunner.api.callers import OPEN, key_caller
 from mrunner.api.completions import Tally
 from mrunner.api.errors import anthropic_shape, ollama_shape, openai_shape
-from mrunner.api.callers import OPEN, key_caller
 from mrunner.api.response_store import ResponseStore, StoredResponse, memory
 from mrunner.errors import (
     BadGateway,

@@ -116,10 +116,10 @@ class HostileAPITests(CompatDaemonTestCase):
         )
         for keep in (-1, "8760h"):
             await deferToThread(client.chat, model=MODEL, messages=[], keep_alive=keep)
-            code, (runner,) = await self.ask("GET", "/engines/ps", ROOT)
+            _, (runner,) = await self.ask("GET", "/engines/ps", ROOT)
             self.assertEqual(runner["keep_alive"], MAX_KEEP_ALIVE)
         await self.ask("POST", "/api/chat", ROOT, {"model": MODEL, "messages": [], "keep_alive": -1})
-        code, (runner,) = await self.ask("GET", "/engines/ps", ROOT)
+        _, (runner,) = await self.ask("GET", "/engines/ps", ROOT)
         self.assertIsNone(runner["keep_alive"])
 
     async def test_ollama_options_out_of_range(self) -> None:

@@ -45,16 +45,14 @@ def parse_json(body: bytes) -> Any:
         ) from None
     except ValueError as e:
         raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if _deeper_than(MAX_DEPTH, value):
-        raise _too_deep()
-    if _SUSPECT.search(body) is not None:
+    # A surrogate comes as an escape (\ud800 to \udfff) or raw (its UTF-8 form starts 0xED): strings
+    # are searched for one only when the body has either.
+    surrogates = b"\\ud" in body or b"\\uD" in body or b"\xed" in body
+    if _unsendable_found(value, surrogates):
         _refuse_unsendable(value)
     return value
 
 
-# What may come before a lone surrogate or a huge integer: a surrogate escape, a raw surrogate's
-# first two bytes, or a run of digits. Only a body with one of these is walked for them.
-_SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\d{19}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # The widest integers llama-server's JSON reader holds.
 _INTEGERS = (-(2**63), 2**64 - 1)
@@ -125,17 +123,30 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _deeper_than(limit: int, value: Any) -> bool:
-    """Whether C{value}'s arrays and objects nest more than C{limit} deep, found without recursion."""
-    stack = [(value, 1)]
+def _unsendable_found(value: Any, surrogates: bool) -> bool:
+    """Whether C{value} has an integer past 64 bits or (with C{surrogates}) a lone surrogate; raises
+    when it nests more than L{MAX_DEPTH} deep. One pass without recursion, on every body."""
+    low, high = _INTEGERS
+    stack = [([value], 0)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if isinstance(item, dict):
+            if surrogates and any(_SURROGATE.search(key) for key in item):
+                return True
+            children = item.values()
+        else:
+            children = item
         for child in children:
-            if isinstance(child, dict | list):
-                if depth + 1 > limit:
-                    return True
+            kind = type(child)
+            if kind is dict or kind is list:
+                if depth + 1 > MAX_DEPTH:
+                    raise _too_deep()
                 stack.append((child, depth + 1))
+            elif kind is int:
+                if not low <= child <= high:
+                    return True
+            elif kind is str and surrogates and _SURROGATE.search(child):
+                return True
     return False
 
 
