@@ -113,6 +113,26 @@ class ResponsesShapeTests(SynchronousTestCase):
                 responses_shapes.input_items([{"role": "user", "content": [{"type": "input_file"}]}])
             )
 
+    def test_fields_llama_server_reads_must_be_text(self) -> None:
+        """Issue 22 M6: a number where llama-server reads text was its 500 (or a TypeError's)."""
+        for item, param in [
+            ({"type": "function_call", "call_id": 7, "name": "f"}, "input[0].call_id"),
+            ({"type": "function_call", "name": ["f"]}, "input[0].name"),
+            ({"type": "function_call", "name": "f", "arguments": {}}, "input[0].arguments"),
+            ({"type": "function_call_output", "call_id": 7, "output": "x"}, "input[0].call_id"),
+            ({"role": "user", "content": [{"type": "input_text", "text": 5}]}, "input[0].content[0].text"),
+            (
+                {"role": "user", "content": [{"type": "input_image", "image_url": 5}]},
+                "input[0].content[0].image_url",
+            ),
+        ]:
+            error = self.assertRaises(
+                BadRequest, responses_shapes.chat_messages, responses_shapes.input_items([item])
+            )
+            self.assertEqual(error.param, param)
+        error = self.assertRaises(BadRequest, responses_shapes.chat_tools, {"tools": [{"type": "function"}]})
+        self.assertEqual(error.param, "tools[0].name")
+
     def test_streamed_tool_call_pieces(self) -> None:
         tally = Tally()
         for piece in ('{"ci', 'ty": "Paris"}'):

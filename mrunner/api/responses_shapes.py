@@ -101,12 +101,13 @@ def _content(content: object, where: str) -> Any:
     if not isinstance(content, list):
         raise BadRequest(f"{where}.content must be a string or a list of parts")
     parts: list[dict[str, Any]] = []
-    for part in content:
+    for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        at = f"{where}.content[{j}]"
         if kind in _TEXT_PARTS:
-            parts.append({"type": "text", "text": part.get("text") or part.get("refusal") or ""})
+            parts.append({"type": "text", "text": _text(part, "text", at) or _text(part, "refusal", at)})
         elif kind == "input_image" and part.get("image_url"):
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            parts.append({"type": "image_url", "image_url": {"url": _text(part, "image_url", at)}})
         else:
             raise BadRequest(f"{where}: content part {kind!r} is not supported (text and image URLs are)")
     if all(part["type"] == "text" for part in parts):
