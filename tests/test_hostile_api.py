@@ -202,6 +202,28 @@ class HostileAPITests(CompatDaemonTestCase):
         self.assertEqual(answer["error"]["param"], "limit")
         await deferToThread(one.responses.delete, made.id)
 
+    async def test_hostile_response_paths_and_queries(self) -> None:
+        """Ids and queries of any bytes, digits that are not ASCII (int('²') was an HTML 500): 4xx."""
+        await self.start()
+        code, made = await self.ask("POST", "/v1/responses", K1, {"model": MODEL, "input": "x"})
+        self.assertEqual(code, 200, made)
+        items = f"/v1/responses/{made['id']}/input_items"
+        for path, status in [
+            (f"{items}?limit=%C2%B2", 400),
+            (f"{items}?limit=%D9%A3", 400),  # an Arabic-Indic three
+            (f"{items}?limit=0", 400),
+            (f"{items}?limit=101", 400),
+            (f"{items}?limit=1" + "0" * 5000, 400),
+            (f"{items}?order=%FF", 400),
+            (f"{items}?after=%ED%A0%80&limit=3", 200),
+            ("/v1/responses/%ED%A0%80", 400),  # not UTF-8 once decoded
+            ("/v1/responses/%FF/input_items", 400),
+            ("/v1/responses/" + "x" * 5000, 404),
+        ]:
+            code, answer = await self.ask("GET", path, K1)
+            self.assertEqual(code, status, (path, answer))
+            self.assertIsInstance(answer, dict, path)  # JSON, never twisted's HTML page
+
     # M2, M6
 
     async def test_responses_fields_llama_server_cannot_take(self) -> None:

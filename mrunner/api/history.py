@@ -18,7 +18,7 @@ from twisted.web.iweb import IRequest
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.records import Record, Records, record_key
-from mrunner.api.requests import flag, query
+from mrunner.api.requests import flag, query, whole
 from mrunner.errors import BadRequest, NotFound
 
 DEFAULT_LIMIT = 50
@@ -103,6 +103,7 @@ def _send(request: IRequest, record: Record) -> None:
 def _limit(value: str | None) -> int:
     if value is None:
         return DEFAULT_LIMIT
-    if not value.isascii() or not value.isdigit() or int(value) == 0:
-        raise BadRequest(f"?limit= must be a positive integer, not {value!r}", code="invalid_limit")
-    return int(value)
+    number = whole(value, 2**63)
+    if number is None:
+        raise BadRequest(f"?limit= must be a positive integer, not {value[:40]!r}", code="invalid_limit")
+    return number

@@ -111,17 +111,26 @@ def query(request: IRequest, key: str) -> str | None:
     return values[0].decode("utf-8", errors="replace") if values else None
 
 
-def count(request: IRequest, key: str, default: int, high: int) -> int:
-    """A C{?key=} whole number from 1 to C{high}, C{default} when absent.
+def whole(text: str, high: int) -> int | None:
+    """C{text} as a whole number from 1 to C{high}; None when it is not one.
 
-    C{str.isdigit} alone passes C{"²"}, which C{int} refuses: only ASCII digits are read.
+    C{str.isdigit} alone passes C{"²"}, and C{int} refuses more than 4,300 digits:
+    only ASCII digits no longer than C{high}'s are read.
     """
+    if text.isascii() and text.isdigit() and len(text) <= len(str(high)) and 1 <= int(text) <= high:
+        return int(text)
+    return None
+
+
+def count(request: IRequest, key: str, default: int, high: int) -> int:
+    """A C{?key=} whole number from 1 to C{high}, C{default} when absent."""
     value = query(request, key)
     if value is None:
         return default
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= high:
+    number = whole(value, high)
+    if number is None:
         raise BadRequest(f"?{key}= must be a whole number from 1 to {high}, not {value[:40]!r}", param=key)
-    return int(value)
+    return number
 
 
 def flag(request: IRequest, key: str) -> bool:
