@@ -19,6 +19,7 @@ from mrunner.api.callers import MAX_KEEP_ALIVE
 from tests.daemon import http
 from tests.test_compat_daemon import CompatDaemonTestCase
 from tests.test_daemon import MODEL
+from tests.test_llamacpp_e2e import TINY, LlamaCppTestCase
 
 K1, K2, ROOT = "key-one", "key-two", "key-root"
 KEYS = f'[http]\napi_keys = ["{K1}", "{K2}"]\nadmin_api_keys = ["{ROOT}"]\n'
@@ -58,9 +59,10 @@ def _message(path: str, answer: Any) -> str:
     return str(answer["error"]["message"])
 
 
-class HostileAPITests(CompatDaemonTestCase):
-    async def start(self, text: str = "") -> None:
-        await super().start(KEYS + text)
+class Keyed:
+    """Requests with a key, answered as JSON where they can be."""
+
+    daemon: Any
 
     async def ask(
         self, method: str, path: str, key: str, body: bytes | dict[str, Any] | None = None
@@ -74,6 +76,11 @@ class HostileAPITests(CompatDaemonTestCase):
             return response.code, json.loads(text)
         except ValueError:
             return response.code, text
+
+
+class HostileAPITests(Keyed, CompatDaemonTestCase):
+    async def start(self, text: str = "") -> None:
+        await super().start(KEYS + text)
 
     def runner_saw(self) -> int:
         path = self.home / "requests"
@@ -264,3 +271,55 @@ class HostileAPITests(CompatDaemonTestCase):
             self.assertEqual(code, 400, (content, answer))
             self.assertEqual(answer["type"], "error")
         self.assertEqual(self.runner_saw(), 0)
+
+
+class RealRunnerTests(Keyed, LlamaCppTestCase):
+    """The probes with llama-server itself loaded behind mrunner: each was its 500 (or mrunner's
+    502) before issue 22; now each is a 400 and the runner serves every key as before."""
+
+    async def test_probes_never_reach_llama_server(self) -> None:
+        await self.start(KEYS)
+        await self.tiny()
+        chat = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        code, answer = await self.ask("POST", "/v1/chat/completions", K1, chat)
+        self.assertEqual(code, 200, answer)
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+        call = {"type": "function_call", "call_id": 7, "name": "f", "arguments": "{}"}
+        probes: list[tuple[str, bytes | dict[str, Any]]] = [
+            ("/v1/chat/completions", json.dumps(_with(chat, ("messages", 0, "content"), "\ud800")).encode()),
+            ("/v1/chat/completions", json.dumps(chat).encode("utf-16")),
+            ("/v1/chat/completions", json.dumps({**chat, "x\udc00": 1}).encode()),
+            (
+                "/anthropic/v1/messages",
+                _with(chat, ("messages", 0, "content"), [{"type": "text", "text": 5}]),
+            ),
+            ("/anthropic/v1/messages", _with(chat, ("messages", 0, "content"), [image])),
+            (
+                "/anthropic/v1/messages",
+                json.dumps(_with(chat, ("messages", 0, "content"), "\udc00")).encode(),
+            ),
+            ("/v1/responses", {"model": TINY, "input": [call]}),
+            ("/v1/responses", {"model": TINY, "input": "x", "tools": [{"type": "function"}]}),
+            (
+                "/v1/responses",
+                {
+                    "model": TINY,
+                    "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}],
+                },
+            ),
+            ("/v1/responses", json.dumps({"model": TINY, "input": "\ud800"}).encode()),
+            (
+                "/api/chat",
+                b'{"model": "%s", "messages": [], "options": {"num_ctx": 1%s}}' % (TINY.encode(), b"0" * 400),
+            ),
+            (
+                "/api/chat",
+                json.dumps({"model": TINY, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
+            ),
+        ]
+        for path, body in probes:
+            code, answer = await self.ask("POST", path, K1, body)
+            self.assertEqual(code, 400, (path, str(body)[:80], answer))
+        for key in (K2, ROOT):
+            code, answer = await self.ask("POST", "/v1/chat/completions", key, chat)
+            self.assertEqual(code, 200, answer)
