@@ -161,9 +161,12 @@ def make_parts(
     responses = config.responses
     groups: list[Any] = [  # the inference routes first: every token's request is matched against them
         InferenceAPI(gateway, store, Forwarder(runner_pool)),
-        AnthropicAPI(gateway, runners),
+        AnthropicAPI(gateway, runners, store),
         ResponsesAPI(
-            gateway, runners, ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)
+            gateway,
+            runners,
+            ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
+            store,
         ),
         OllamaAPI(gateway, runners, store, puller, pusher),
         ServiceAPI(models, metrics.registry, scheduler, scraper),

@@ -38,7 +38,7 @@ class SchedulerErrorTests(SynchronousTestCase):
         )
         gateway = Gateway(self.scheduler, Metrics(), self.clock, 1000)
         runners = RunnerClient(None)  # type: ignore[arg-type]  # no request reaches a runner here
-        groups = [AnthropicAPI(gateway, runners), OllamaAPI(gateway, runners, store, None, None)]  # type: ignore[arg-type]
+        groups = [AnthropicAPI(gateway, runners, store), OllamaAPI(gateway, runners, store, None, None)]  # type: ignore[arg-type]
         self.http = StubTreq(Routes(groups))
 
     def request(self, url: str, body: dict[str, Any]) -> Any:

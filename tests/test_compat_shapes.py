@@ -6,9 +6,10 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api import ollama_shapes, responses_shapes
+from mrunner.api.callers import OPEN, key_caller
 from mrunner.api.completions import Tally
 from mrunner.api.errors import anthropic_shape, ollama_shape, openai_shape
-from mrunner.api.response_store import ResponseStore, StoredResponse
+from mrunner.api.response_store import ResponseStore, StoredResponse, memory
 from mrunner.errors import (
     BadGateway,
     BadRequest,
@@ -112,6 +113,26 @@ class ResponsesShapeTests(SynchronousTestCase):
                 responses_shapes.input_items([{"role": "user", "content": [{"type": "input_file"}]}])
             )
 
+    def test_fields_llama_server_reads_must_be_text(self) -> None:
+        """Issue 22 M6: a number where llama-server reads text was its 500 (or a TypeError's)."""
+        for item, param in [
+            ({"type": "function_call", "call_id": 7, "name": "f"}, "input[0].call_id"),
+            ({"type": "function_call", "name": ["f"]}, "input[0].name"),
+            ({"type": "function_call", "name": "f", "arguments": {}}, "input[0].arguments"),
+            ({"type": "function_call_output", "call_id": 7, "output": "x"}, "input[0].call_id"),
+            ({"role": "user", "content": [{"type": "input_text", "text": 5}]}, "input[0].content[0].text"),
+            (
+                {"role": "user", "content": [{"type": "input_image", "image_url": 5}]},
+                "input[0].content[0].image_url",
+            ),
+        ]:
+            error = self.assertRaises(
+                BadRequest, responses_shapes.chat_messages, responses_shapes.input_items([item])
+            )
+            self.assertEqual(error.param, param)
+        error = self.assertRaises(BadRequest, responses_shapes.chat_tools, {"tools": [{"type": "function"}]})
+        self.assertEqual(error.param, "tools[0].name")
+
     def test_streamed_tool_call_pieces(self) -> None:
         tally = Tally()
         for piece in ('{"ci', 'ty": "Paris"}'):
@@ -139,33 +160,57 @@ class ResponseStoreTests(SynchronousTestCase):
     def stored(self, response_id: str, text: str = "") -> StoredResponse:
         return StoredResponse({"id": response_id}, [{"text": text}], [])
 
+    def test_owned_by_its_key(self) -> None:
+        """Issue 22 M7: another key is told the response does not exist; an admin sees it."""
+        store = ResponseStore(Clock(), 3600, 10, 10_000)
+        k1, k2 = key_caller(b"k1", admin=False), key_caller(b"k2", admin=False)
+        store.put(self.stored("a", "k1's prompt"), k1.owner)
+        self.assertNotIn("k1", str(k1.owner))
+        self.assertRaises(NotFound, store.get, "a", k2)
+        self.assertRaises(NotFound, store.delete, "a", k2)
+        self.assertRaises(NotFound, store.get, "a", key_caller(None, admin=False))
+        self.assertEqual(store.get("a", k1).input_items, [{"text": "k1's prompt"}])
+        self.assertEqual(store.get("a", key_caller(b"root", admin=True)).response, {"id": "a"})
+        store.delete("a", k1)
+        self.assertEqual(len(store), 0)
+
+    def test_bound_counts_memory(self) -> None:
+        """Issue 22 M2: many small items took 11-18 times their JSON length as Python objects; kept
+        encoded, the store's count of bytes is what the entries hold."""
+        stored = StoredResponse({"id": "a"}, [{} for _ in range(100_000)], [])
+        store = ResponseStore(Clock(), 3600, 10, 1_000_000)
+        store.put(stored)
+        self.assertEqual(store.get("a", OPEN), stored)
+        self.assertEqual(store.bytes, memory(stored.encode()))
+        self.assertLess(store.bytes, 400_000)
+
     def test_ttl(self) -> None:
         clock = Clock()
         store = ResponseStore(clock, 3600, 10, 10_000)
         store.put(self.stored("a"))
         clock.advance(3599)
-        self.assertEqual(store.get("a").response, {"id": "a"})
+        self.assertEqual(store.get("a", OPEN).response, {"id": "a"})
         clock.advance(1)
-        self.assertRaises(NotFound, store.get, "a")
+        self.assertRaises(NotFound, store.get, "a", OPEN)
         self.assertEqual((len(store), store.bytes), (0, 0))
 
     def test_count_and_bytes_bounds_drop_the_oldest(self) -> None:
         store = ResponseStore(Clock(), 3600, 2, 10_000)
         for name in "abc":
             store.put(self.stored(name))
-        self.assertRaises(NotFound, store.get, "a")
+        self.assertRaises(NotFound, store.get, "a", OPEN)
         self.assertEqual(len(store), 2)
-        size = self.stored("x", "y" * 100).size
+        size = memory(self.stored("x", "y" * 100).encode())
         store = ResponseStore(Clock(), 3600, 100, size * 2)
         for name in "abc":
             store.put(self.stored(name, "y" * 100))
         self.assertEqual((len(store), store.bytes), (2, size * 2))
         store.put(self.stored("big", "y" * size * 3))
-        self.assertRaises(NotFound, store.get, "big")
+        self.assertRaises(NotFound, store.get, "big", OPEN)
 
     def test_delete(self) -> None:
         store = ResponseStore(Clock(), 3600, 10, 10_000)
         store.put(self.stored("a"))
-        store.delete("a")
-        self.assertRaises(NotFound, store.delete, "a")
+        store.delete("a", OPEN)
+        self.assertRaises(NotFound, store.delete, "a", OPEN)
         self.assertEqual(store.bytes, 0)

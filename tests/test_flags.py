@@ -37,6 +37,7 @@ class RuntimeFlagTests(SynchronousTestCase):
             (["--repeat-penalty", "0"], "above 0"),
             (["--top-k", "²"], "an integer"),
             (["--top-k", "99999999999"], "an integer"),
+            (["--top-k", "1" * 5000], "an integer"),  # int() refuses it: a ValueError's 500 (issue 22)
             (["--cache-type-k", "/etc/passwd"], "one of f32"),
             (["-fa", "maybe"], "one of on"),
             (["--temp", "0.2 --model x"], "takes a number"),

@@ -118,7 +118,13 @@ class ModelsAPITests(SynchronousTestCase):
         ]:
             self.assertError(400, "POST", "/load?name=x", fragment, data=package(files), headers=headers)
         self.assertError(400, "POST", "/load?name=x", "not a tar", data=b"junk" * 200, headers=headers)
-        for size in ["-1", "0", "%C2%B2", "99999999999"]:  # "²" passes str.isdigit
+        for size in [
+            "-1",
+            "0",
+            "%C2%B2",
+            "99999999999",
+            "1" * 5000,
+        ]:  # "²" passes str.isdigit; int() refuses 5000 digits
             self.assertError(400, "POST", f"/load?name=x&context_size={size}", "an integer from 1", data=b"x")
         self.assertEqual(self.json("GET", "/"), [])
 

@@ -201,6 +201,7 @@ class RouteTests(SynchronousTestCase):
         self.assertEqual([(r["id"], r["model"]) for r in body], [(3, "ai/a:latest")])  # type: ignore[index]
         self.assertEqual(self.get("/engines/requests?limit=0")[0], 400)
         self.assertEqual(self.get("/engines/requests?limit=x")[0], 400)
+        self.assertEqual(self.get("/engines/requests?limit=" + "1" * 5000)[0], 400)  # int() refuses it
         self.assertEqual(self.get("/engines/requests?follow=maybe")[0], 400)
 
     def test_follow_as_server_sent_events(self) -> None:

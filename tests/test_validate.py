@@ -23,7 +23,30 @@ class ParseTests(SynchronousTestCase):
             self.refused(body, "not standard JSON")
         self.refused(b'{"t": 1e400}', "out of range")
         self.refused(b'{"t": ', "not valid JSON")
-        self.refused(b"\xff", "not valid JSON")
+        self.refused(b"\xff", "not UTF-8")
+
+    def test_text_llama_server_cannot_read(self) -> None:
+        """Issue 22 M4 and H2: lone surrogates (escaped or raw), UTF-16/32 bodies and integers past
+        64 bits are a 400 naming the field (Python's decoder took them all; llama-server 500s)."""
+        for body, param in [
+            (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
+            (b'{"input": ["ok", "a\\udc00b"]}', "input[1]"),
+            (b'{"model": "\xed\xa0\x80"}', "model"),
+            (b'{"x": {"\\ud800": 1}}', 'x."\\ud800"'),
+            (b'{"options": {"num_ctx": ' + str(10**400).encode() + b"}}", "options.num_ctx"),
+            (b'{"seed": 18446744073709551616}', "seed"),
+            (b'{"seed": [-9223372036854775809]}', "seed[0]"),
+            (b'"\\udfff"', "(the body)"),
+        ]:
+            self.assertEqual(self.refused(body, "cannot be read").param, param, body)
+        for encoding in ["utf-16", "utf-16-le", "utf-32", "utf-32-be"]:
+            self.refused('{"model": "m"}'.encode(encoding), "JSON")
+        for body in [
+            '{"x": "\\ud83d\\ude00 \U0001f600"}'.encode(),  # a pair, escaped and raw: one character
+            b'{"n": [18446744073709551615, -9223372036854775808, 12345678901234567890123.5]}',
+            b'{"x": "\\\\ud800"}',  # an escaped backslash, then text
+        ]:
+            validate.parse_json(body)
 
     def test_duplicate_keys(self) -> None:
         error = self.refused(

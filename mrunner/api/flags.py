@@ -28,7 +28,8 @@ def integer(low: int, high: int = INT_MAX, *words: str) -> Value:
         if value in words:
             return None
         digits = value.removeprefix("-")
-        if digits.isascii() and digits.isdigit() and low <= int(value) <= high:
+        short = len(digits) <= max(len(str(low)), len(str(high)))  # int() refuses 4,300 digits
+        if short and digits.isascii() and digits.isdigit() and low <= int(value) <= high:
             return None
         return f"an integer from {low} to {high}" + "".join(f" or {w!r}" for w in words)
 

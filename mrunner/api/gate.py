@@ -42,6 +42,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
 
+from mrunner.api.callers import OPEN, Caller
 from mrunner.api.errors import PHRASES, Refusal
 from mrunner.api.trust import Trust, beyond_loopback, route_path
 from mrunner.config import Config
@@ -90,6 +91,7 @@ class GatedRequest(Request):
 
     refusal: MrunnerError | None = None
     cors_origin: bytes | None = None
+    caller: Caller = OPEN
     # Bytes a chunked body may still bring; a declared length is checked once, up front.
     chunked_allowance: int | None = None
     # What takes the body instead of twisted.web's temporary file, for the routes that asked.
@@ -249,7 +251,7 @@ class GatedChannel(HTTPChannel):
                 )
             headers = request.requestHeaders
             request.cors_origin = trust.origin(headers, self._via_socket)
-            trust.check_key(self._command, self._path, headers, request.cors_origin)
+            request.caller = trust.check_key(self._command, self._path, headers, request.cors_origin)
             if self.length != 0:
                 limit = trust.body_limit(self._path, self.length)
                 if self.length is None:

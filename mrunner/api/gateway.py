@@ -16,6 +16,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
+from mrunner.api.callers import caller
 from mrunner.api.records import Record, Records, record_key
 from mrunner.api.requests import read_body
 from mrunner.interfaces import IScheduler
@@ -80,6 +81,7 @@ class Gateway:
     @asynccontextmanager
     async def lease(
         self,
+        request: IRequest,
         backend: str | None,
         model: str,
         mode: str,
@@ -90,9 +92,11 @@ class Gateway:
 
         A client that disconnects cancels the wait for the lease (leaving the
         queue) or the block's work (aborting the runner request) alike. The
-        wait is measured by model, and noted in C{record}.
+        wait is measured by model, and noted in C{record}. A normal key's C{keep_alive} is
+        bounded here, whichever API asked (L{Caller.keep_alive}).
         """
         asked = self.clock.seconds()
+        keep_alive = caller(request).keep_alive(keep_alive)
         lease = await self.scheduler.acquire(backend, model, mode, keep_alive)
         leased = self.clock.seconds()
         self._metrics.waited(lease.model, leased - asked)

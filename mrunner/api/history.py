@@ -23,14 +23,14 @@ from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.follow import Feed, Followers
 from mrunner.api.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.records import Record, Records, record_key
-from mrunner.api.requests import flag, query
+from mrunner.api.requests import flag, query, whole
 from mrunner.config import Config
 from mrunner.errors import BadRequest, NotFound
 
 DEFAULT_LIMIT = 50
 # A listing's most records: a larger ?limit= is a 400 that says how to page with ?before=.
 MAX_LIMIT = 1000
-MAX_DIGITS = 18  # ids and limits are under 10**18
+MAX_ID = 10**18 - 1  # ids and limits are under 10**18
 
 
 class RecordsAPI(Service):
@@ -128,6 +128,7 @@ def _number(value: str | None, key: str) -> int | None:
     """A positive integer query value, None when absent."""
     if value is None:
         return None
-    if not value.isascii() or not value.isdigit() or len(value) > MAX_DIGITS or int(value) == 0:
-        raise BadRequest(f"?{key}= must be a positive integer, not {value!r:.40}", code=f"invalid_{key}")
-    return int(value)
+    number = whole(value, MAX_ID)
+    if number is None:
+        raise BadRequest(f"?{key}= must be a positive integer, not {value[:40]!r}", code=f"invalid_{key}")
+    return number

@@ -13,10 +13,9 @@ from mrunner.api.direct import Handler
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, template, with_backend
-from mrunner.api.requests import target, wants_images
+from mrunner.api.requests import check_vision, target, wants_images
 from mrunner.api.views import install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
-from mrunner.errors import BadRequest
 from mrunner.interfaces import IModelStore
 from mrunner.proxy import Forwarder
 from mrunner.store.model import Model
@@ -111,28 +110,16 @@ class InferenceAPI:
         preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
         model, keep_alive = target(body, None if preload else check)
         if wants_images(body):
-            self._check_vision(model)
+            check_vision(self._store, model)
         # The body is checked JSON, whatever the client called it: a runner reading the
         # Content-Type (multipart/form-data, say) must not take it for something else.
         request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
         record = self._gateway.record(request, model, mode, body)
-        async with self._gateway.lease(backend, model, mode, keep_alive, record) as lease:
+        async with self._gateway.lease(request, backend, model, mode, keep_alive, record) as lease:
             if preload:
                 return json_body(request, {"status": "loaded", "model": lease.model})
             await self._forwarder.forward(request, lease.socket, path, body, record)
         return None
-
-    def _check_vision(self, name: str) -> None:
-        """A request with images needs a projector: say so before any runner loads."""
-        model = self._store.resolve(name)
-        if "mmproj" not in model.files:
-            raise BadRequest(
-                f"model {model.name} cannot read images: it has no multimodal projector (mmproj) layer;"
-                " use a vision model, e.g. one pulled from a Hugging Face repository with an mmproj-*.gguf,"
-                " or add a projector with `mrunner package --mmproj FILE`",
-                code="model_has_no_vision",
-                param="model",
-            )
 
     def openapi(self) -> Piece:
         paths: dict[str, Any] = {}

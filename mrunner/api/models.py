@@ -22,7 +22,7 @@ from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
-from mrunner.api.requests import MAX_CONTEXT_SIZE, flag, json_object, query, read_body
+from mrunner.api.requests import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IScheduler
 from mrunner.store.model import Model
@@ -311,11 +311,12 @@ def _packaged(request: IRequest) -> bool:
 
 
 def _positive(value: str | None, key: str) -> int | None:
-    """A positive C{int} a runner's flag can hold (``isdigit`` alone would pass ``"²"``)."""
+    """A positive C{int} a runner's flag can hold."""
     if value is None:
         return None
-    if not (value.isascii() and value.isdigit()) or not 0 < int(value) <= MAX_CONTEXT_SIZE:
+    number = whole(value, MAX_CONTEXT_SIZE)
+    if number is None:
         raise BadRequest(
             f"?{key}= must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {value!r:.40}", param=key
         )
-    return int(value)
+    return number

@@ -21,6 +21,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api import ollama_shapes as shapes
+from mrunner.api.callers import caller
 from mrunner.api.compat_openapi import OLLAMA_ERROR, describe
 from mrunner.api.completions import Tally
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
@@ -246,9 +247,15 @@ class OllamaAPI:
         payload = json_object(self._gateway.body(request))
         return started, payload, _name(payload), keep_alive(payload.get("keep_alive"))
 
-    async def _context_size(self, name: str, num_ctx: int | None) -> None:
-        """C{options.num_ctx}: the context size the model's runner starts with, as C{_configure} sets it."""
-        if num_ctx is not None:
+    async def _context_size(self, request: IRequest, name: str, num_ctx: int | None) -> None:
+        """C{options.num_ctx}: from an admin, the context size the model's runner starts with, as
+        C{_configure} sets it.
+
+        The model's runner serves every key: a normal key's C{num_ctx} changes nothing, and its
+        request is served at the context an admin configured, as Ollama serves a C{num_ctx} past
+        the model's own at the model's.
+        """
+        if num_ctx is not None and caller(request).admin:
             await self._gateway.scheduler.configure(None, name, ModelSettings(context_size=num_ctx))
 
     async def _generate(self, request: Request, kind: str) -> bytes:
@@ -261,13 +268,13 @@ class OllamaAPI:
         body.update(shapes.response_format(payload.get("format")))
         if kind == CHAT or path == b"/v1/chat/completions":
             body.update(shapes.thinking(payload.get("think")))
-        await self._context_size(name, num_ctx)
+        await self._context_size(request, name, num_ctx)
         if not body.get("messages") and not body.get("prompt"):
             return await self._load_only(request, kind, name, keep, started)
         stream = payload.get("stream") is not False
         body.update(model=name, stream=stream)
         record = self._gateway.record_answer(request, name, COMPLETION, json.dumps(payload).encode())
-        async with self._gateway.lease(None, name, COMPLETION, keep, record) as lease:
+        async with self._gateway.lease(request, None, name, COMPLETION, keep, record) as lease:
             loaded = self._gateway.clock.seconds()
             answer = await self._runners.post(lease.socket, path, json.dumps(body).encode())
             if not stream:
@@ -322,7 +329,7 @@ class OllamaAPI:
             await self._gateway.scheduler.unload(backend=None, models=[name], all=False)
             reason = "unload"
         else:
-            async with self._gateway.lease(None, name, COMPLETION, keep):
+            async with self._gateway.lease(request, None, name, COMPLETION, keep):
                 reason = "load"
         return json_body(request, {**self._line(kind, name, "", ""), "done": True, "done_reason": reason})
 
@@ -372,8 +379,8 @@ class OllamaAPI:
         texts = [texts] if isinstance(texts, str) else texts
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             raise BadRequest(f"'{'prompt' if legacy else 'input'}' must be a string or a list of strings")
-        await self._context_size(name, num_ctx)
-        async with self._gateway.lease(None, name, EMBEDDING, keep) as lease:
+        await self._context_size(request, name, num_ctx)
+        async with self._gateway.lease(request, None, name, EMBEDDING, keep) as lease:
             loaded = self._gateway.clock.seconds()
             vectors: list[Any] = []
             prompt_tokens = 0

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from mrunner.api.requests import typed
+from mrunner.api import validate
+from mrunner.api.requests import MAX_CONTEXT_SIZE, typed
 from mrunner.errors import BadRequest
 
 #: Ollama's sampling options and llama-server's names for them.
@@ -62,10 +63,32 @@ def options(payload: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
             f"option(s) {', '.join(unknown)} not supported by mrunner;"
             f" supported: {', '.join([*OPTIONS, NUM_CTX])}"
         )
-    num_ctx = given.get(NUM_CTX)
-    if num_ctx is not None and (not isinstance(num_ctx, int) or isinstance(num_ctx, bool) or num_ctx <= 0):
-        raise BadRequest(f"options.num_ctx must be a positive integer, not {num_ctx!r}")
-    return {OPTIONS[key]: value for key, value in given.items() if key in OPTIONS}, num_ctx
+    _OPTION_RULES(given, "options")
+    return {OPTIONS[key]: value for key, value in given.items() if key in OPTIONS}, given.get(NUM_CTX)
+
+
+# The bounds of Ollama's numeric options, as llama-server's fields hold them: past them llama-server
+# answers a 500 or overflows. Ollama's -1 (no limit) and -2 (fill the context) are kept.
+_OPTION_RULES = validate.obj(
+    {
+        "temperature": validate.number(0, 100),
+        "top_p": validate.number(0, 1),
+        "top_k": validate.integer(0, 2**31 - 1),
+        "min_p": validate.number(0, 1),
+        "typical_p": validate.number(0, 1),
+        "seed": validate.SAMPLING["seed"],
+        "num_predict": validate.integer(-2, 2**31 - 1),
+        "stop": validate.SAMPLING["stop"],
+        "repeat_penalty": validate.number(0, 100),
+        "repeat_last_n": validate.integer(-1, 2**31 - 1),
+        "presence_penalty": validate.number(-100, 100),
+        "frequency_penalty": validate.number(-100, 100),
+        "mirostat": validate.integer(0, 2),
+        "mirostat_tau": validate.number(0, 100),
+        "mirostat_eta": validate.number(0, 100),
+        NUM_CTX: validate.integer(1, MAX_CONTEXT_SIZE),
+    }
+)
 
 
 def response_format(value: object) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from twisted.web.iweb import IRequest
 from mrunner.api.validate import parse_json
 from mrunner.config import ConfigError, parse_keep_alive
 from mrunner.errors import BadRequest, PayloadTooLarge
+from mrunner.interfaces import IModelStore
 
 
 def read_body(request: IRequest, limit: int) -> bytes:
@@ -81,6 +82,19 @@ def wants_images(body: bytes) -> bool:
     )
 
 
+def check_vision(store: IModelStore, name: str) -> None:
+    """A request with images needs a projector: say so before any runner loads."""
+    model = store.resolve(name)
+    if "mmproj" not in model.files:
+        raise BadRequest(
+            f"model {model.name} cannot read images: it has no multimodal projector (mmproj) layer;"
+            " use a vision model, e.g. one pulled from a Hugging Face repository with an mmproj-*.gguf,"
+            " or add a projector with `mrunner package --mmproj FILE`",
+            code="model_has_no_vision",
+            param="model",
+        )
+
+
 def keep_alive(value: object) -> float | None:
     """Ollama's C{keep_alive} (``"5m"``, seconds, ``0``) in seconds; -1 (for ever) if < 0 or past a year."""
     if value is None:
@@ -95,6 +109,28 @@ def query(request: IRequest, key: str) -> str | None:
     """The first C{?key=} value, decoded."""
     values = request.args.get(key.encode())
     return values[0].decode("utf-8", errors="replace") if values else None
+
+
+def whole(text: str, high: int) -> int | None:
+    """C{text} as a whole number from 1 to C{high}; None when it is not one.
+
+    C{str.isdigit} alone passes C{"²"}, and C{int} refuses more than 4,300 digits:
+    only ASCII digits no longer than C{high}'s are read.
+    """
+    if text.isascii() and text.isdigit() and len(text) <= len(str(high)) and 1 <= int(text) <= high:
+        return int(text)
+    return None
+
+
+def count(request: IRequest, key: str, default: int, high: int) -> int:
+    """A C{?key=} whole number from 1 to C{high}, C{default} when absent."""
+    value = query(request, key)
+    if value is None:
+        return default
+    number = whole(value, high)
+    if number is None:
+        raise BadRequest(f"?{key}= must be a whole number from 1 to {high}, not {value[:40]!r}", param=key)
+    return number
 
 
 def flag(request: IRequest, key: str) -> bool:

@@ -22,17 +22,19 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api import responses_shapes as shapes
+from mrunner.api.callers import caller
 from mrunner.api.compat_openapi import describe
 from mrunner.api.completions import Tally
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.inference import routes
 from mrunner.api.openapi import Piece
-from mrunner.api.requests import json_object, keep_alive, model_name, query, typed
+from mrunner.api.requests import check_vision, count, json_object, keep_alive, model_name, query, typed
 from mrunner.api.response_store import ResponseStore, StoredResponse
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.backends.base import COMPLETION
 from mrunner.errors import BadRequest, MrunnerError
+from mrunner.interfaces import IModelStore
 from mrunner.proxy import start_event_stream
 
 PREFIXES = ("", "/v1", "/engines", "/engines/v1", "/engines/<backend>/v1")
@@ -65,10 +67,11 @@ class ResponsesAPI:
     handle_json_errors(app)
     log = Logger()
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient, store: ResponseStore):
+    def __init__(self, gateway: Gateway, runners: RunnerClient, store: ResponseStore, models: IModelStore):
         self._gateway = gateway
         self._runners = runners
         self._store = store
+        self._models = models
 
     def openapi(self) -> Piece:
         return describe(
@@ -89,11 +92,11 @@ class ResponsesAPI:
     def retrieve(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         if query(request, "stream") in ("true", "1"):
             raise BadRequest("streaming a stored response again is not supported; GET it without stream")
-        return json_body(request, self._store.get(response_id).response)
+        return json_body(request, self._store.get(response_id, caller(request)).response)
 
     @routes(app, _paths("/responses/<response_id>/input_items"), methods=["GET"])
     def items(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
-        items = list(self._store.get(response_id).input_items)
+        items = self._store.get(response_id, caller(request)).input_items
         order = query(request, "order") or "desc"
         if order not in ("asc", "desc"):
             raise BadRequest(f"?order= must be asc or desc, not {order!r}")
@@ -103,10 +106,7 @@ class ResponsesAPI:
         if after is not None:
             ids = [item["id"] for item in items]
             items = items[ids.index(after) + 1 :] if after in ids else []
-        limit = query(request, "limit") or "20"
-        if not limit.isdigit() or not 1 <= int(limit) <= 100:
-            raise BadRequest(f"?limit= must be between 1 and 100, not {limit!r}")
-        page = items[: int(limit)]
+        page = items[: count(request, "limit", 20, 100)]
         return json_body(
             request,
             {
@@ -120,7 +120,7 @@ class ResponsesAPI:
 
     @routes(app, _paths("/responses/<response_id>"), methods=["DELETE"])
     def delete(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
-        self._store.delete(response_id)
+        self._store.delete(response_id, caller(request))
         return json_body(request, {"id": response_id, "object": "response", "deleted": True})
 
     async def _create(self, request: Request, backend: str | None) -> bytes:
@@ -129,13 +129,15 @@ class ResponsesAPI:
         payload = json_object(self._gateway.body(request))
         model = model_name(payload)
         keep = keep_alive(payload.get("keep_alive"))
+        shapes.CREATE(payload)
         shapes.refuse_unsupported(payload)
         items = shapes.input_items(payload.get("input"))
         previous = typed(payload, "previous_response_id", str, "a response id")
-        history = self._store.get(previous).conversation if previous else []
+        history = self._store.get(previous, caller(request)).conversation if previous else []
         conversation = history + shapes.chat_messages(items)
+        if shapes.has_images(conversation):
+            check_vision(self._models, model)
         instructions = typed(payload, "instructions", str, "a string")
-        typed(payload, "metadata", dict, "an object")
         system = [{"role": "system", "content": instructions}] if instructions else []
         stream = payload.get("stream") is True
         body = {
@@ -148,7 +150,7 @@ class ResponsesAPI:
         response_id = shapes.new_id("resp")
         created = int(self._gateway.clock.seconds())
         record = self._gateway.record_answer(request, model, COMPLETION, json.dumps(payload).encode())
-        async with self._gateway.lease(backend, model, COMPLETION, keep, record) as lease:
+        async with self._gateway.lease(request, backend, model, COMPLETION, keep, record) as lease:
             answer = await self._runners.post(
                 lease.socket, b"/v1/chat/completions", json.dumps(body).encode()
             )
@@ -162,7 +164,7 @@ class ResponsesAPI:
                 )
         if response["status"] != "failed" and payload.get("store") is not False:
             reply = shapes.reply_messages(response["output"])
-            self._store.put(StoredResponse(response, items, conversation + reply))
+            self._store.put(StoredResponse(response, items, conversation + reply), caller(request).owner)
         return b"" if stream else json_body(request, response)
 
     async def _stream(

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from mrunner.api import validate
 from mrunner.api.completions import Tally
 from mrunner.api.requests import typed
 from mrunner.errors import BadRequest
@@ -22,6 +23,49 @@ UNSUPPORTED = {
     "prompt": "stored prompt templates are not supported",
 }
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "refusal")
+
+
+def _metadata(value: object, param: str) -> None:
+    """OpenAI's limits on C{metadata}: 16 pairs, keys of 64 characters, string values of 512."""
+    if not isinstance(value, dict) or len(value) > 16:
+        raise BadRequest(
+            f"'{param}' must be an object of at most 16 pairs", code="invalid_value", param=param
+        )
+    for key, item in value.items():
+        if len(key) > 64:
+            raise BadRequest(
+                f"'{param}' keys are at most 64 characters; {key[:20]!r}... has {len(key)}",
+                code="invalid_value",
+                param=f"{param}.{key[:64]}",
+            )
+        if not isinstance(item, str) or len(item) > 512:
+            raise BadRequest(
+                f"'{param}.{key}' must be a string of at most 512 characters",
+                code="invalid_value",
+                param=f"{param}.{key}",
+            )
+
+
+METADATA = validate.Rule(
+    _metadata,
+    {
+        "type": "object",
+        "maxProperties": 16,
+        "propertyNames": {"maxLength": 64},
+        "additionalProperties": {"type": "string", "maxLength": 512},
+    },
+)
+#: The request's fields checked before it is translated (the translation checks the rest).
+CREATE = validate.Shape(
+    {
+        **validate.COMMON,
+        "metadata": METADATA,
+        "temperature": validate.SAMPLING["temperature"],
+        "top_p": validate.SAMPLING["top_p"],
+        "max_output_tokens": validate.TOKENS,
+    },
+    required=("model",),
+)
 
 
 def new_id(prefix: str) -> str:
@@ -57,12 +101,13 @@ def _content(content: object, where: str) -> Any:
     if not isinstance(content, list):
         raise BadRequest(f"{where}.content must be a string or a list of parts")
     parts: list[dict[str, Any]] = []
-    for part in content:
+    for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        at = f"{where}.content[{j}]"
         if kind in _TEXT_PARTS:
-            parts.append({"type": "text", "text": part.get("text") or part.get("refusal") or ""})
+            parts.append({"type": "text", "text": _text(part, "text", at) or _text(part, "refusal", at)})
         elif kind == "input_image" and part.get("image_url"):
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            parts.append({"type": "image_url", "image_url": {"url": _text(part, "image_url", at)}})
         else:
             raise BadRequest(f"{where}: content part {kind!r} is not supported (text and image URLs are)")
     if all(part["type"] == "text" for part in parts):
@@ -83,9 +128,12 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages.append({"role": role, "content": _content(item.get("content", ""), where)})
         elif kind == "function_call":
             call = {
-                "id": item.get("call_id") or item["id"],
+                "id": _text(item, "call_id", where) or item["id"],
                 "type": "function",
-                "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"},
+                "function": {
+                    "name": _text(item, "name", where),
+                    "arguments": _text(item, "arguments", where) or "{}",
+                },
             }
             previous = messages[-1] if messages else None
             if previous is not None and previous["role"] == "assistant" and "tool_calls" in previous:
@@ -97,7 +145,7 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages.append(
                 {
                     "role": "tool",
-                    "tool_call_id": item.get("call_id", ""),
+                    "tool_call_id": _text(item, "call_id", where),
                     "content": output if isinstance(output, str) else _content(output, where),
                 }
             )
@@ -111,14 +159,38 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
+def _text(item: Mapping[str, Any], key: str, where: str) -> str:
+    """C{item[key]}, a string ("" when absent): llama-server answers a 500 for any other type."""
+    value = item.get(key, "")
+    if not isinstance(value, str):
+        raise BadRequest(f"'{where}.{key}' must be a string", code="invalid_value", param=f"{where}.{key}")
+    return value
+
+
+def has_images(messages: list[dict[str, Any]]) -> bool:
+    """Whether chat C{messages} carry image parts, which only a model with a projector reads."""
+    return any(
+        isinstance(message["content"], list)
+        and any(part["type"] == "image_url" for part in message["content"])
+        for message in messages
+        if "content" in message
+    )
+
+
 def chat_tools(payload: Mapping[str, Any]) -> dict[str, Any]:
     """C{tools} and C{tool_choice} as chat completions' fields; built-in tools are refused by name."""
     tools = typed(payload, "tools", list, "a list of tools") or []
     converted = []
-    for tool in tools:
+    for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else tool
             raise BadRequest(f"tool type {kind!r} is not supported: only function tools are")
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise BadRequest(
+                f"'tools[{i}].name' is required: a function tool is called by its name",
+                code="missing_required_parameter",
+                param=f"tools[{i}].name",
+            )
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
         converted.append({"type": "function", "function": function})
     fields: dict[str, Any] = {"tools": converted} if converted else {}

@@ -18,6 +18,7 @@ from urllib.parse import unquote_to_bytes
 
 from twisted.web.http_headers import Headers
 
+from mrunner.api.callers import OPEN, Caller, key_caller
 from mrunner.api.models import MAX_CREATE_BODY
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
@@ -68,13 +69,17 @@ class Trust:
             self._check_host(headers.getRawHeaders(b"host"))
         return self._check_origin(headers.getRawHeaders(b"origin"))
 
-    def check_key(self, method: bytes, target: bytes, headers: Headers, origin: bytes | None) -> None:
-        """Raise unless the request carries a key that reaches C{target}, if keys are on.
+    def check_key(self, method: bytes, target: bytes, headers: Headers, origin: bytes | None) -> Caller:
+        """Who sent the request; raise unless it carries a key that reaches C{target}, if keys are on.
 
         A browser's preflight never carries a key, so it needs none.
         """
-        if self._admin_keys and not (origin is not None and method == b"OPTIONS"):
-            self._check_key(route_path(target), headers)
+        if not self._admin_keys:
+            return OPEN
+        presented = presented_key(headers)
+        if not (origin is not None and method == b"OPTIONS"):
+            self._check_key(route_path(target), presented)
+        return key_caller(presented, presented is not None and _matches(presented, self._admin_keys))
 
     def body_limit(self, target: bytes, length: int | None) -> int:
         """The most bytes the body of a request to C{target} may carry; raises when C{length} is over it."""
@@ -125,14 +130,13 @@ class Trust:
         host, colon, port = origin.rpartition(b":")
         return bool(colon) and port.isdigit() and host in self._origin_hosts
 
-    def _check_key(self, path: bytes, headers: Headers) -> None:
+    def _check_key(self, path: bytes, presented: bytes | None) -> None:
         if path.rstrip(b"/") in OPEN_PATHS:
             return
         admin = is_admin(path)
         keys = self._admin_keys if admin else self._keys
         if not keys:
             return
-        presented = presented_key(headers)
         if presented is None:
             raise Unauthorized(
                 "this mrunner requires an API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
