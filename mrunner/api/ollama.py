@@ -25,7 +25,7 @@ from mrunner.api.compat_openapi import OLLAMA_ERROR, describe
 from mrunner.api.completions import Tally
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.gateway import Gateway
-from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream
+from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream, remove
 from mrunner.api.openapi import Piece
 from mrunner.api.requests import json_object, keep_alive, model_name, read_body, typed
 from mrunner.api.runner_answers import RunnerClient
@@ -168,13 +168,7 @@ class OllamaAPI:
     @app.route("/api/delete", methods=["DELETE"])
     async def delete(self, request: IRequest) -> bytes:
         """Remove a name; the model itself only when no other name still uses it."""
-        name = _name(self._payload(request))
-        model = self._store.resolve(name)
-        if len(model.tags) > 1:
-            self._store.untag(name)
-        else:
-            await self._gateway.scheduler.unload(backend=None, models=[model.id], all=False)
-            self._store.delete(name)
+        await remove(self._store, self._gateway.scheduler, _name(self._payload(request)), force=True)
         return json_body(request, {"status": "success"})
 
     @app.route("/api/pull", methods=["POST"])

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
+from mrunner.clientpool import QuietPool
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, MrunnerError, NotFound
 from mrunner.store.artifact import MANIFEST_TYPES
@@ -75,7 +76,7 @@ class RegistryClient:
     def __init__(self, config: RegistryConfig, reactor: IReactorTime, http: HTTPClient | None = None) -> None:
         self._config = config
         if http is None:
-            self._pool: HTTPConnectionPool | None = HTTPConnectionPool(reactor)
+            self._pool: HTTPConnectionPool | None = QuietPool(reactor)
             http = HTTPClient(Agent(reactor, pool=self._pool))
         else:
             self._pool = None
