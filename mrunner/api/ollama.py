@@ -27,6 +27,7 @@ from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, 
 from mrunner.api.gateway import Gateway
 from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream, remove
 from mrunner.api.openapi import Piece
+from mrunner.api.records import Record
 from mrunner.api.requests import json_object, keep_alive, model_name, read_body, typed
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.backends.base import COMPLETION, EMBEDDING
@@ -233,12 +234,20 @@ class OllamaAPI:
     def generate(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._generate(request, GENERATE))
 
-    def _asked(self, request: Request, mode: str) -> tuple[float, dict[str, Any], str, float | None]:
-        """Start measuring C{request}: its start time, body, model name and C{keep_alive}."""
+    def _asked(
+        self, request: Request, mode: str
+    ) -> tuple[float, dict[str, Any], str, float | None, Record | None]:
+        """Start measuring C{request}: its start time, body, model name, C{keep_alive} and record.
+
+        The record is kept from the moment the model is named, so a request refused after that
+        (a missing model, an unsupported option) is in C{/engines/requests} as OpenAI's are.
+        """
         self._gateway.measure(request, mode)
         started = self._gateway.clock.seconds()
         payload = json_object(self._gateway.body(request))
-        return started, payload, _name(payload), keep_alive(payload.get("keep_alive"))
+        name = _name(payload)
+        record = self._gateway.record_answer(request, name, mode, json.dumps(payload).encode())
+        return started, payload, name, keep_alive(payload.get("keep_alive")), record
 
     async def _context_size(self, name: str, num_ctx: int | None) -> None:
         """C{options.num_ctx}: the context size the model's runner starts with, as C{_configure} sets it."""
@@ -246,7 +255,7 @@ class OllamaAPI:
             await self._gateway.scheduler.configure(None, name, ModelSettings(context_size=num_ctx))
 
     async def _generate(self, request: Request, kind: str) -> bytes:
-        started, payload, name, keep = self._asked(request, COMPLETION)
+        started, payload, name, keep, record = self._asked(request, COMPLETION)
         shapes.refuse_unsupported(payload)
         sampling, num_ctx = shapes.options(payload)
         model = self._store.resolve(name)
@@ -260,7 +269,6 @@ class OllamaAPI:
             return await self._load_only(request, kind, name, keep, started)
         stream = payload.get("stream") is not False
         body.update(model=name, stream=stream)
-        record = self._gateway.record_answer(request, name, COMPLETION, json.dumps(payload).encode())
         async with self._gateway.lease(None, name, COMPLETION, keep, record) as lease:
             loaded = self._gateway.clock.seconds()
             answer = await self._runners.post(lease.socket, path, json.dumps(body).encode())
@@ -358,7 +366,7 @@ class OllamaAPI:
 
     async def _embed(self, request: Request, legacy: bool) -> bytes:
         """C{/api/embed} (C{input}: text or texts) and the older C{/api/embeddings} (C{prompt})."""
-        started, payload, name, keep = self._asked(request, EMBEDDING)
+        started, payload, name, keep, record = self._asked(request, EMBEDDING)
         if payload.get("dimensions") is not None:
             raise BadRequest("'dimensions' is not supported: embeddings have the model's own size")
         _, num_ctx = shapes.options(payload)
@@ -367,7 +375,7 @@ class OllamaAPI:
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             raise BadRequest(f"'{'prompt' if legacy else 'input'}' must be a string or a list of strings")
         await self._context_size(name, num_ctx)
-        async with self._gateway.lease(None, name, EMBEDDING, keep) as lease:
+        async with self._gateway.lease(None, name, EMBEDDING, keep, record) as lease:
             loaded = self._gateway.clock.seconds()
             vectors: list[Any] = []
             prompt_tokens = 0
