@@ -85,13 +85,15 @@ def alive(pid: int) -> bool:
 class InProcessDaemon:
     """The service tree of ``twistd mrunner``, in this process, on a free loopback port.
 
-    With C{tls} (a PEM file holding a key and its certificate) it serves HTTPS at C{https://localhost}.
+    With C{tls} (a PEM file holding a key and its certificate) it serves HTTPS at C{https://localhost};
+    with C{listen}, at that endpoint instead (C{url} is then the port's, not the address's).
     """
 
-    def __init__(self, config_path: Path, tls: Path | None = None):
+    def __init__(self, config_path: Path, tls: Path | None = None, listen: str | None = None):
         port = free_port()
         self.config_path = config_path
-        listen = f"tcp:{port}:interface=127.0.0.1"
+        if listen is None:
+            listen = f"tcp:{port}:interface=127.0.0.1"
         if tls is not None:
             listen = f"ssl:{port}:interface=127.0.0.1:privateKey={tls}"
 
