@@ -168,14 +168,18 @@ class _Output(ProcessProtocol):
         self.ended.callback(None)
 
 
-def spawn_twistd(config: Path, home: Path, *args: str, output_name: str = "twistd.out") -> Any:
-    """``twistd -n mrunner --config CONFIG [ARGS]`` as a child process, its output in home/OUTPUT_NAME."""
+def spawn_twistd(
+    config: Path, home: Path, *args: str, output_name: str = "twistd.out", default_pidfile: bool = False
+) -> Any:
+    """``twistd -n mrunner --config CONFIG [ARGS]`` as a child process in C{home}, its output in
+    home/OUTPUT_NAME; with C{default_pidfile}, without C{--pidfile=}, as the README gives it."""
     twistd = str(Path(sys.executable).with_name("twistd"))
     output = _Output(home, output_name)
+    options = [] if default_pidfile else ["--pidfile="]
     process = reactor.spawnProcess(
         output,
         twistd,
-        [twistd, "-n", "--pidfile=", "mrunner", "--config", str(config), *args],
+        [twistd, "-n", *options, "mrunner", "--config", str(config), *args],
         env=os.environ,
         path=str(home),
     )
