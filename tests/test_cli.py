@@ -448,7 +448,8 @@ class RegistryCommandTests(CLITestCase):
         out = await self.ok("push", name)
         self.assertRegex(out, r"(?m)^push [0-9a-f]{12}: 256\.34 KiB of 256\.34 KiB \(100%\)$")
         self.assertTrue(out.endswith(f"Model pushed successfully: {name}\n"), out)
-        await self.ok("rm", "--force", name)
+        self.assertEqual(await self.ok("rm", "tiny"), "Untagged: ai/tiny:latest\n")
+        self.assertIn("Deleted: sha256:", await self.ok("rm", name))
 
         out = await self.ok("pull", name)
         self.assertNotIn("\x1b", out)  # plain lines through a pipe
@@ -460,7 +461,7 @@ class RegistryCommandTests(CLITestCase):
         self.assertTrue(out.endswith(f"Model pulled successfully: {name}\n"), out)
         self.assertEqual([m["tags"] for m in json.loads(await self.ok("ls", "--json"))], [[name]])
 
-        await self.ok("rm", "--force", name)
+        await self.ok("rm", name)
         terminal = self.spawn("pull", name, terminal=True)
         await terminal.ended
         self.assertEqual(terminal.code, 0, terminal.output)
