@@ -46,12 +46,30 @@ def home_of(environ: Mapping[str, str]) -> Home:
 
 
 def advertised(home: Home) -> dict[str, Any] | None:
-    """C{{"url", "pid"}} of the daemon that listens for C{home}, or None when none has said."""
+    """C{{"url", "pid"}} of the daemon that listens for C{home}, or None when none has said (or the
+    one that did is gone: killed, it could not remove the file)."""
     try:
         value = json.loads(home.address.read_text())
     except (OSError, ValueError):
         return None
-    return value if isinstance(value, dict) and isinstance(value.get("url"), str) else None
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+        return None
+    return value if isinstance(value.get("pid"), int) and running(value["pid"]) else None
+
+
+def running(pid: int) -> bool:
+    """Whether process C{pid} is alive (a zombie whose parent has not reaped it yet is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(") ")[2][:1] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 class AddressFile(Service):

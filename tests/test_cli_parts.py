@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import subprocess
 import json
 import tarfile
 from pathlib import Path
@@ -273,7 +274,8 @@ class CommandLineTests(SynchronousTestCase):
         self.assertEqual(self.parse("run", "ai/x", "--max-tokens", "0").max_tokens, 0)
 
     def test_the_host_is_the_one_the_daemon_wrote(self) -> None:
-        """Without --host or MRUNNER_HOST, the address in $MRUNNER_HOME/run/daemon.json, else the default."""
+        """Without --host or MRUNNER_HOST, the address in $MRUNNER_HOME/run/daemon.json while the
+        daemon that wrote it lives, else the default."""
         home = Home(Path(self.mktemp()))
         home.prepare()
         environ = {"MRUNNER_HOME": str(home.root)}
@@ -282,6 +284,9 @@ class CommandLineTests(SynchronousTestCase):
         self.assertEqual(find_host(None, environ), "unix:/tmp/api.sock")
         self.assertEqual(find_host(None, {**environ, "MRUNNER_HOST": "h:2"}), "h:2")
         self.assertEqual(find_host("h:3", environ), "h:3")
+        gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, check=True).stdout
+        home.address.write_text(f'{{"url": "http://127.0.0.1:9", "pid": {int(gone)}}}\n')
+        self.assertEqual(find_host(None, environ), DEFAULT_HOST, "a killed daemon's leftover is ignored")
 
     def test_the_url_of_a_listening_port(self) -> None:
         self.assertEqual(url_of("tcp:0", IPv4Address("TCP", "0.0.0.0", 5)), "http://127.0.0.1:5")

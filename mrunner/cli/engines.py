@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import mrunner
-from mrunner.address import advertised, home_of
+from mrunner.address import advertised, home_of, running
 from mrunner.cli.chat import Chat, converse, flushing
 from mrunner.cli.client import Daemon, lines
 from mrunner.cli.context import Context
@@ -231,18 +231,3 @@ def advertising(pid: int, api_key: str | None) -> Daemon:
     if said is None or said.get("pid") != pid:
         raise CommandError(f"the daemon (pid {pid}) has not said where it listens")
     return Daemon(said["url"], api_key)
-
-
-def running(pid: int) -> bool:
-    """Whether process C{pid} is alive (a zombie whose parent has not reaped it yet is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(") ")[2][:1] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
