@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import subprocess
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
