@@ -267,7 +267,8 @@ def load(
 ) -> Config:
     """Read the config file (``path``, else ./tap.conf, else $MRUNNER_HOME/tap.conf) and apply overrides.
 
-    The other files of those that exist are not read: C{unread} names them, for the log at start.
+    Without C{path}, the other file of the two, when it exists, is not read: C{unread} names it,
+    for the log at start.
     """
     home = Path(environ.get("MRUNNER_HOME", "~/.mrunner")).expanduser()
     found = [Path("tap.conf"), home / "tap.conf"]
@@ -289,6 +290,8 @@ def load(
     unread = tuple(
         dict.fromkeys(p.absolute() for p in found if p.is_file() and not _same(p.absolute(), source))
     )
+    if path:
+        unread = ()  # chosen with --config: the others are not read on purpose
     table.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if "MRUNNER_HOME" in environ:
         table["home"] = environ["MRUNNER_HOME"]
