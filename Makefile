@@ -26,12 +26,16 @@ system-deps:
 	@command -v docker-registry >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q docker-registry; }
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 
+# The daemon reads $MRUNNER_HOME/tap.conf when there is one (not the checkout's ./tap.conf, the
+# documented defaults); `mrunner wait --pid` waits for the address that very daemon listens at.
 run: backend
-	@$(VENV)/bin/twistd -n --pidfile= mrunner & daemon=$$!; \
+	@conf="$${MRUNNER_HOME:-$$HOME/.mrunner}/tap.conf"; [ -f "$$conf" ] && set -- --config "$$conf"; \
+	$(VENV)/bin/twistd -n --pidfile= mrunner "$$@" & daemon=$$!; \
 	trap 'kill $$daemon 2>/dev/null' INT TERM EXIT; \
-	$(VENV)/bin/mrunner wait && { $(VENV)/bin/mrunner inspect ai/smollm2 >/dev/null 2>&1 || \
+	url=$$($(VENV)/bin/mrunner wait --pid $$daemon) && export MRUNNER_HOST="$$url" && \
+	{ $(VENV)/bin/mrunner inspect ai/smollm2 >/dev/null 2>&1 || \
 	  $(VENV)/bin/mrunner package --gguf "$(SMOLLM2)" ai/smollm2; } && \
-	echo "mrunner serves ai/smollm2 on http://127.0.0.1:12434 (Ctrl-C stops it)" && \
+	echo "mrunner serves ai/smollm2 on $$url (Ctrl-C stops it)" && \
 	wait $$daemon
 
 lint: install

@@ -230,6 +230,7 @@ class Config:
     records: RecordsConfig = RecordsConfig()
     log: LogConfig = LogConfig()
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
+    unread: tuple[Path, ...] = attrs.field(default=(), eq=False)  # other tap.conf files, not read
 
     def backend(self, name: str) -> Mapping[str, Any]:
         """The ``[backends."name"]`` table, empty when absent."""
@@ -266,9 +267,16 @@ def load(
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> Config:
-    """Read the config file (``path``, else ./tap.conf, else $MRUNNER_HOME/tap.conf) and apply overrides."""
+    """Read the config file (``path``, else ./tap.conf, else $MRUNNER_HOME/tap.conf) and apply overrides.
+
+    Without C{path}, the other file of the two, when it exists, is not read: C{unread} names it,
+    for the log at start.
+    """
     home = Path(environ.get("MRUNNER_HOME", "~/.mrunner")).expanduser()
-    candidates = [Path(path)] if path else [Path("tap.conf"), home / "tap.conf"]
+    found = [Path("tap.conf"), home / "tap.conf"]
+    if path and not Path(path).is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    candidates = [Path(path)] if path else found
     table: dict[str, Any] = {}
     source = None
     for candidate in candidates:
@@ -281,14 +289,24 @@ def load(
                 _check_commands(candidate.absolute(), os.fstat(f.fileno()), table)
             source = candidate.absolute()
             break
-        if path:
-            raise ConfigError(f"config file {candidate} does not exist")
+    unread = tuple(
+        dict.fromkeys(p.absolute() for p in found if p.is_file() and not _same(p.absolute(), source))
+    )
+    if path:
+        unread = ()  # chosen with --config: the others are not read on purpose
     table.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if "MRUNNER_HOME" in environ:
         table["home"] = environ["MRUNNER_HOME"]
     if "MRUNNER_LISTEN" in environ:
         table["listen"] = environ["MRUNNER_LISTEN"]
-    return _with_environment(attrs.evolve(_config(table), source=source), environ)
+    return _with_environment(attrs.evolve(_config(table), source=source, unread=unread), environ)
+
+
+def _same(a: Path, b: Path | None) -> bool:
+    try:
+        return b is not None and a.samefile(b)
+    except OSError:
+        return False
 
 
 def _check_commands(path: Path, stat: os.stat_result, table: Mapping[str, Any]) -> None:

@@ -31,6 +31,11 @@ class Home:
         return self.root / "run"
 
     @property
+    def address(self) -> Path:
+        """Where the daemon says the URL it listens at, and its pid (L{mrunner.address})."""
+        return self.run / "daemon.json"
+
+    @property
     def logs(self) -> Path:
         """The daemon's log and one per runner."""
         return self.root / "logs"

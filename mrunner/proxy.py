@@ -20,12 +20,13 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
 from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.logger import Logger
-from twisted.web.client import URI, Agent, HTTPConnectionPool
+from twisted.web.client import URI, Agent
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from mrunner.clientpool import QuietPool
 from mrunner.errors import BadGateway
 from mrunner.home import SOCKET_SUFFIX
 from mrunner.upstream import CHUNKED, Body, Head, RunnerConnection, RunnerPool, runner_url, send_now
@@ -82,7 +83,7 @@ class RunnerEndpoints:
 
 def health_agent(reactor: object, run_dir: Path) -> Agent:
     """An Agent for a runner's C{/health} while it loads: a new connection a poll, none kept."""
-    pool = HTTPConnectionPool(reactor, persistent=False)
+    pool = QuietPool(reactor, persistent=False)
     return Agent.usingEndpointFactory(reactor, RunnerEndpoints(reactor, run_dir), pool)
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import Service
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
 
 from mrunner.home import PRIVATE_FILE, Home
 
@@ -83,13 +85,23 @@ class HomeLock(Service):
 
 
 class Listener(StreamServerEndpointService):
-    """Listens at start, and raises L{StartupError} if it cannot, rather than logging and going on."""
+    """Listens at start, and raises L{StartupError} if it cannot, rather than logging and going on.
+
+    C{listening} is given the listening port, to say where it is (L{mrunner.address.AddressFile}).
+    """
 
     _raiseSynchronously = True
 
-    def __init__(self, reactor: Any, description: str, factory: Any) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        description: str,
+        factory: Any,
+        listening: Callable[[IListeningPort], None] = lambda port: None,
+    ) -> None:
         super().__init__(serverFromString(reactor, description), factory)
         self.description = description
+        self._listening = listening
 
     def privilegedStartService(self) -> None:
         try:
@@ -100,11 +112,22 @@ class Listener(StreamServerEndpointService):
                 f"cannot listen on {self.description}: {getattr(reason, 'strerror', None) or reason};"
                 f" stop what uses it, or {LISTEN_HINT} {LISTEN_EXAMPLES}"
             ) from None
+        assert self._waitingForPort is not None  # set by the start just done
+        self._waitingForPort.addCallback(self._said)
+
+    def _said(self, port: IListeningPort) -> IListeningPort:
+        self._listening(port)
+        return port
 
 
 def one_line_errors() -> None:
-    """Print an uncaught L{StartupError} as C{mrunner: MESSAGE}, not as a traceback (for twistd)."""
+    """Print an uncaught L{StartupError} as C{mrunner: MESSAGE}, not as a traceback (for twistd).
+
+    Installing it again changes nothing.
+    """
     previous = sys.excepthook
+    if getattr(previous, "one_line", False):
+        return
 
     def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
         if isinstance(error, StartupError):
@@ -112,4 +135,5 @@ def one_line_errors() -> None:
         else:
             previous(kind, error, tb)
 
+    excepthook.one_line = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook

@@ -13,9 +13,10 @@ from treq.client import HTTPClient
 from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
 from twisted.python import usage
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent
 
 from mrunner import config as configuration
+from mrunner.address import AddressFile
 from mrunner.api.admin import AdminAPI
 from mrunner.api.anthropic import AnthropicAPI
 from mrunner.api.app import Routes, ServiceAPI
@@ -35,6 +36,7 @@ from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.ui import PageAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.clientpool import QuietPool
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
 from mrunner.logfiles import DaemonLogFile
@@ -54,6 +56,7 @@ from mrunner.store.store import ModelStore
 from mrunner.upstream import RunnerPool, unix_connect
 
 log = Logger()
+TWISTD_PIDFILE = "twistd.pid"  # twistd's default --pidfile
 
 
 class Options(usage.Options):
@@ -66,11 +69,20 @@ class Options(usage.Options):
     ]
 
     def postOptions(self) -> None:
+        """Read the configuration; a mistake in it ends the start with one line, not twistd's usage text.
+
+        twistd's default C{--pidfile} (C{twistd.pid} in the current folder) is dropped: the
+        home's lock already names the daemon's pid, and says so to a second daemon.
+        """
+        one_line_errors()
+        server = getattr(self, "parent", None)
+        if server is not None and server.get("pidfile") == TWISTD_PIDFILE:
+            server["pidfile"] = ""
         try:
             self.config = self.read_config()
-            check_listen(self.config.listen)
-        except (configuration.ConfigError, StartupError) as e:
-            raise usage.UsageError(str(e)) from None
+        except configuration.ConfigError as e:
+            raise StartupError(str(e)) from None
+        check_listen(self.config.listen)
 
     def read_config(self) -> configuration.Config:
         """The configuration as the file says now, with these options over it (again on reload)."""
@@ -133,7 +145,7 @@ def make_parts(
     # a part built further down (the front door's trust settings) is appended to it.
     reloadable: list[Reconfigure] = [scheduler.reconfigure]
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
-    registry_pool = HTTPConnectionPool(reactor)
+    registry_pool = QuietPool(reactor)
     http = HTTPClient(Agent(reactor, pool=registry_pool))
     registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout)
     hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
@@ -191,6 +203,13 @@ def make_service(
     """
     lock = HomeLock(Home(config.home))  # first: before the store sweeps temps or the scheduler cleans runners
     log.info("configuration from {source}", source=config.source or "built-in defaults (no tap.conf found)")
+    for unread in config.unread:
+        log.warn(
+            "{unread} is NOT read: {source} comes first (--config, else ./tap.conf, else"
+            " $MRUNNER_HOME/tap.conf); give --config {unread} to use it",
+            unread=unread,
+            source=config.source,
+        )
     parts = make_parts(config, reactor, read_config)
     service = MultiService()
     lock.setServiceParent(service)
@@ -198,7 +217,9 @@ def make_service(
     SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     parts.history.setServiceParent(service)
-    Listener(reactor, private_listen(config.listen), parts.site).setServiceParent(service)
+    address = AddressFile(Home(config.home), config.listen)
+    address.setServiceParent(service)
+    Listener(reactor, private_listen(config.listen), parts.site, address.listening).setServiceParent(service)
     return service, parts
 
 

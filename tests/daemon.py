@@ -85,13 +85,15 @@ def alive(pid: int) -> bool:
 class InProcessDaemon:
     """The service tree of ``twistd mrunner``, in this process, on a free loopback port.
 
-    With C{tls} (a PEM file holding a key and its certificate) it serves HTTPS at C{https://localhost}.
+    With C{tls} (a PEM file holding a key and its certificate) it serves HTTPS at C{https://localhost};
+    with C{listen}, at that endpoint instead (C{url} is then the port's, not the address's).
     """
 
-    def __init__(self, config_path: Path, tls: Path | None = None):
+    def __init__(self, config_path: Path, tls: Path | None = None, listen: str | None = None):
         port = free_port()
         self.config_path = config_path
-        listen = f"tcp:{port}:interface=127.0.0.1"
+        if listen is None:
+            listen = f"tcp:{port}:interface=127.0.0.1"
         if tls is not None:
             listen = f"ssl:{port}:interface=127.0.0.1:privateKey={tls}"
 
@@ -166,14 +168,18 @@ class _Output(ProcessProtocol):
         self.ended.callback(None)
 
 
-def spawn_twistd(config: Path, home: Path, *args: str, output_name: str = "twistd.out") -> Any:
-    """``twistd -n mrunner --config CONFIG [ARGS]`` as a child process, its output in home/OUTPUT_NAME."""
+def spawn_twistd(
+    config: Path, home: Path, *args: str, output_name: str = "twistd.out", default_pidfile: bool = False
+) -> Any:
+    """``twistd -n mrunner --config CONFIG [ARGS]`` as a child process in C{home}, its output in
+    home/OUTPUT_NAME; with C{default_pidfile}, without C{--pidfile=}, as the README gives it."""
     twistd = str(Path(sys.executable).with_name("twistd"))
     output = _Output(home, output_name)
+    options = [] if default_pidfile else ["--pidfile="]
     process = reactor.spawnProcess(
         output,
         twistd,
-        [twistd, "-n", "--pidfile=", "mrunner", "--config", str(config), *args],
+        [twistd, "-n", *options, "mrunner", "--config", str(config), *args],
         env=os.environ,
         path=str(home),
     )

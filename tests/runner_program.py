@@ -77,6 +77,8 @@ class Runner(resource.Resource):
 
     def stream(self, request, body, control):
         events = control.get("events", 3)
+        cut = body.get("max_tokens") is not None and body["max_tokens"] < events
+        events = min(events, body.get("max_tokens") or events)  # as llama-server: stop at max_tokens
         gate = control.get("gate", self.options.gate)
         crash_after = control.get("crash_after")
         interval = control.get("interval", 0.0)
@@ -103,7 +105,13 @@ class Runner(resource.Resource):
             chunk = {
                 "object": "chat.completion.chunk",
                 "model": self.options.alias,
-                "choices": [{"index": 0, "delta": {"content": f"tok{sent} "}, "finish_reason": None}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": f"tok{sent} "},
+                        "finish_reason": "length" if cut and sent == events - 1 else None,
+                    }
+                ],
             }
             request.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             sent += 1

@@ -26,6 +26,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 import mrunner
+from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.store.store import ModelStore
 from tests.daemon import InProcessDaemon, eventually, free_port, http, lines, short_home, write_config
 from tests.ggufs import flip_last_byte, write_tiny_gguf
@@ -183,6 +184,32 @@ class DaemonCommandTests(CLITestCase):
         self.assertEqual(json.loads(await self.ok("ps", "--json")), [])
         self.assertEqual(await self.ok("unload", "--all"), "Unloaded 0 runners\n")
 
+    async def test_run_stops_at_max_tokens_and_says_so(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        await self.ok("run", "tiny", "hi")
+        self.assertEqual(self.requests()[-1]["max_tokens"], DEFAULT_MAX_TOKENS)
+        ran = await self.mrunner("run", "tiny", "hi", "--max-tokens", "2")
+        self.assertEqual((ran.code, ran.out), (0, "tok0 tok1 \n"))
+        self.assertIn("[stopped at 2 tokens: --max-tokens N allows more, 0 no limit]", ran.err)
+        await self.ok("run", "--max-tokens", "0", "tiny", "hi")
+        self.assertNotIn("max_tokens", self.requests()[-1])
+
+    async def test_without_host_it_finds_the_daemon_of_its_home(self) -> None:
+        """No --host, no MRUNNER_HOST: the address the daemon wrote in $MRUNNER_HOME, whatever its port."""
+        env = {k: v for k, v in os.environ.items() if k != "MRUNNER_HOST"}
+        env["MRUNNER_HOME"] = str(self.home)
+        out, err, code = await getProcessOutputAndValue(MRUNNER, ["status"], env=env, reactor=reactor)
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"mrunner is running at {self.daemon.url}", out.decode())
+        args = ["wait", "--pid", str(os.getpid())]  # the daemon runs in this process
+        out, err, code = await getProcessOutputAndValue(MRUNNER, args, env=env, reactor=reactor)
+        self.assertEqual((code, out.decode()), (0, self.daemon.url + "\n"), err)
+        ended = await getProcessOutputAndValue("/bin/sh", ["-c", "sh -c 'exit 3' & echo $!; wait"])
+        args = ["wait", "--pid", ended[0].decode().strip()]
+        out, err, code = await getProcessOutputAndValue(MRUNNER, args, env=env, reactor=reactor)
+        self.assertEqual((code, out), (1, b""))
+        self.assertIn("ended before it answered", err.decode())
+
     async def test_configure_pin_and_reload(self) -> None:
         await self.daemon.import_model("tiny", self.gguf)
         self.assertEqual(await self.ok("configure", "tiny", "--pin"), "tiny: configured\n")
@@ -199,6 +226,8 @@ class DaemonCommandTests(CLITestCase):
             ("push", "nothere"),
         ):
             self.assertIn("get it with `mrunner pull nothere`", await self.fails(*args), args)
+        await self.daemon.import_model("tiny", self.gguf)
+        self.assertIn("did you mean ai/tiny:latest? Else get it with", await self.fails("run", "tiyn", "hi"))
 
     async def test_logs(self) -> None:
         await self.daemon.import_model("tiny", self.gguf)
@@ -265,12 +294,12 @@ class ModelCommandTests(CLITestCase):
         self.assertIn("Model tagged successfully", await self.ok("tag", "tiny", "team/tiny:v2"))
         [model] = json.loads(await self.ok("ls", "--json"))
         self.assertEqual(sorted(model["tags"]), ["ai/tiny:latest", "team/tiny:v2"])
-        self.assertIn(
-            "`mrunner rm --force tiny` removes it under all of them", await self.fails("rm", "tiny")
-        )
+        self.assertEqual(await self.ok("rm", "tiny"), "Untagged: ai/tiny:latest\n", "that name only")
+        [model] = json.loads(await self.ok("ls", "--json"))
+        self.assertEqual(model["tags"], ["team/tiny:v2"])
         self.assertEqual(
-            (await self.ok("rm", "--force", "tiny")).splitlines(),
-            ["Untagged: ai/tiny:latest", "Untagged: team/tiny:v2", f"Deleted: {stored.id}"],
+            (await self.ok("rm", "team/tiny:v2")).splitlines(),
+            ["Untagged: team/tiny:v2", f"Deleted: {stored.id}"],
         )
         self.assertEqual(json.loads(await self.ok("ls", "--json")), [])
 
@@ -307,6 +336,51 @@ class ModelCommandTests(CLITestCase):
             "not a valid GGUF file", await self.fails("package", "--gguf", str(self.home / "tap.conf"), "x")
         )
         self.assertIn("cannot read", await self.fails("package", "--gguf", str(self.home / "none.gguf"), "x"))
+
+
+class UNIXSocketTests(CLITestCase):
+    def setUp(self) -> None:
+        self.home = short_home(self)
+        self.socket = self.home / "api.sock"
+        self.daemon = InProcessDaemon(write_config(self.home), listen=f"unix:{self.socket}")
+        self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
+        self.home_env: dict[str, str] = {}
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k != "MRUNNER_HOST"} | self.home_env | extra
+
+    async def test_a_daemon_on_a_unix_socket(self) -> None:
+        """Named with --host unix:PATH, or found through the address the daemon wrote in its home."""
+        out = await self.ok("status", "--host", f"unix:{self.socket}")
+        self.assertIn(f"mrunner is running at unix:{self.socket}", out)
+        self.home_env = {"MRUNNER_HOME": str(self.home)}
+        self.assertIn(f"mrunner is running at unix:{self.socket}", await self.ok("status"))
+        self.assertEqual(await self.ok("ls", "--json"), "[]\n")
+
+
+class RemoveInUseTests(CLITestCase):
+    def runner_args(self) -> tuple[str, ...]:
+        return ("--gate", str(self.home / "gate"))  # each answer waits before token i for the file gate<i>
+
+    async def test_rm_by_id_or_of_a_model_in_use_needs_force(self) -> None:
+        await self.daemon.import_model("tiny", self.gguf)
+        await self.ok("tag", "tiny", "team/tiny:v2")
+        [model] = json.loads(await self.ok("ls", "--json"))
+        short = model["id"].removeprefix("sha256:")[:12]
+        self.assertIn(
+            f"`mrunner rm --force {short}` removes it under all of them", await self.fails("rm", short)
+        )
+        await self.ok("rm", "team/tiny:v2")
+        gated = self.spawn("run", "tiny", "hi")  # held by the gate: a runner serves it
+        await eventually(lambda: any(r.in_use for r in self.daemon.scheduler.snapshot()), WAIT)
+        self.assertIn("`mrunner rm --force tiny` removes it once they end", await self.fails("rm", "tiny"))
+        removing = self.spawn("rm", "--force", "tiny")
+        for n in range(3):
+            (self.home / f"gate{n}").touch()
+        await gated.ended
+        await removing.ended
+        self.assertEqual((gated.code, removing.code), (0, 0), removing.output)
+        self.assertIn(f"Deleted: {model['id']}", removing.output)
 
 
 class ModelFilesCommandTests(CLITestCase):
@@ -378,7 +452,8 @@ class RegistryCommandTests(CLITestCase):
         out = await self.ok("push", name)
         self.assertRegex(out, r"(?m)^push [0-9a-f]{12}: 256\.34 KiB of 256\.34 KiB \(100%\)$")
         self.assertTrue(out.endswith(f"Model pushed successfully: {name}\n"), out)
-        await self.ok("rm", "--force", name)
+        self.assertEqual(await self.ok("rm", "tiny"), "Untagged: ai/tiny:latest\n")
+        self.assertIn("Deleted: sha256:", await self.ok("rm", name))
 
         out = await self.ok("pull", name)
         self.assertNotIn("\x1b", out)  # plain lines through a pipe
@@ -390,7 +465,7 @@ class RegistryCommandTests(CLITestCase):
         self.assertTrue(out.endswith(f"Model pulled successfully: {name}\n"), out)
         self.assertEqual([m["tags"] for m in json.loads(await self.ok("ls", "--json"))], [[name]])
 
-        await self.ok("rm", "--force", name)
+        await self.ok("rm", name)
         terminal = self.spawn("pull", name, terminal=True)
         await terminal.ended
         self.assertEqual(terminal.code, 0, terminal.output)

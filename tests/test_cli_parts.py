@@ -3,20 +3,27 @@ error hints, names, and following log files."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
 from rich.console import Console
 from treq.testing import StubTreq
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.task import Clock
 from twisted.logger import Logger, LogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.address import url_of
 from mrunner.api.logs import LogsAPI
+from mrunner.cli.chat import DEFAULT_MAX_TOKENS
+from mrunner.cli.client import DEFAULT_HOST, find_host
 from mrunner.cli.engines import state
 from mrunner.cli.errors import CommandError, DaemonError, explain
+from mrunner.cli.main import joined, parser
 from mrunner.cli.models import split_tag
 from mrunner.cli.output import ago
 from mrunner.cli.package import TarStream, members
@@ -239,3 +246,65 @@ class LogsAPITests(SynchronousTestCase):
         http.flush()
         self.assertEqual(self.successResultOf(body), "[daemon] later\n")
         self.assertEqual(clock.getDelayedCalls(), [])
+
+
+class CommandLineTests(SynchronousTestCase):
+    """How C{mrunner}'s words are read, before any daemon is asked."""
+
+    def parse(self, *argv: str) -> argparse.Namespace:
+        return parser().parse_args(joined(argv))
+
+    def test_global_options_go_before_or_after_the_command(self) -> None:
+        """As docker takes them: C{mrunner ls --api-key X} is C{mrunner --api-key X ls}."""
+        for argv in (("ls", "--api-key", "k", "--host", "h:1"), ("--api-key", "k", "--host", "h:1", "ls")):
+            args = self.parse(*argv)
+            self.assertEqual((args.api_key, args.host, args.command), ("k", "h:1", "ls"), argv)
+        args = self.parse("--api-key", "before", "ps")
+        self.assertEqual(args.api_key, "before", "an option before the command is not reset after it")
+
+    def test_runtime_flags_may_start_with_dashes(self) -> None:
+        """The README's C{--runtime-flags "--flash-attn"}, not only C{--runtime-flags=--flash-attn}."""
+        for value in ("--flash-attn", "--temp 0.2", "-c 512"):
+            args = self.parse("configure", "ai/x", "--runtime-flags", value, "--keep-alive", "5m")
+            self.assertEqual((args.runtime_flags, args.keep_alive), (value, "5m"))
+        self.assertEqual(self.parse("configure", "ai/x", "--runtime-flags=--jinja").runtime_flags, "--jinja")
+
+    def test_run_has_a_token_limit_by_default(self) -> None:
+        self.assertEqual(self.parse("run", "ai/x", "hi").max_tokens, DEFAULT_MAX_TOKENS)
+        self.assertEqual(self.parse("run", "ai/x", "--max-tokens", "0").max_tokens, 0)
+
+    def test_the_host_is_the_one_the_daemon_wrote(self) -> None:
+        """Without --host or MRUNNER_HOST, the address in $MRUNNER_HOME/run/daemon.json while the
+        daemon that wrote it lives, else the default."""
+        home = Home(Path(self.mktemp()))
+        home.prepare()
+        environ = {"MRUNNER_HOME": str(home.root)}
+        self.assertEqual(find_host(None, environ), DEFAULT_HOST)
+        home.address.write_text('{"url": "unix:/tmp/api.sock", "pid": 1}\n')
+        self.assertEqual(find_host(None, environ), "unix:/tmp/api.sock")
+        self.assertEqual(find_host(None, {**environ, "MRUNNER_HOST": "h:2"}), "h:2")
+        self.assertEqual(find_host("h:3", environ), "h:3")
+        gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, check=True).stdout
+        home.address.write_text(f'{{"url": "http://127.0.0.1:9", "pid": {int(gone)}}}\n')
+        self.assertEqual(find_host(None, environ), DEFAULT_HOST, "a killed daemon's leftover is ignored")
+
+    def test_the_url_of_a_listening_port(self) -> None:
+        self.assertEqual(url_of("tcp:0", IPv4Address("TCP", "0.0.0.0", 5)), "http://127.0.0.1:5")
+        self.assertEqual(url_of("tcp6:0", IPv6Address("TCP", "::", 5)), "http://[::1]:5")
+        self.assertEqual(url_of("tcp6:0", IPv6Address("TCP", "fe80::1", 5)), "http://[fe80::1]:5")
+        self.assertEqual(
+            url_of("ssl:5:privateKey=k", IPv4Address("TCP", "127.0.0.2", 5)), "https://127.0.0.2:5"
+        )
+        self.assertEqual(url_of("unix:/r/a.sock", UNIXAddress(b"/r/a.sock")), "unix:/r/a.sock")
+
+    def test_a_missing_name_shows_the_daemons_guess(self) -> None:
+        error = DaemonError(
+            404,
+            "model ai/smolm2:latest not found locally (did you mean ai/smollm2:latest?); pull it first",
+            "model_not_found",
+        )
+        self.assertEqual(
+            explain(error, "run", "ai/smolm2"),
+            "model ai/smolm2 is not here; did you mean ai/smollm2:latest? Else get it with"
+            " `mrunner pull ai/smolm2` (`mrunner ls` lists what is)",
+        )

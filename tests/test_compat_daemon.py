@@ -193,6 +193,26 @@ class ErrorShapeTests(CompatDaemonTestCase):
         response = await http.get(self.daemon.url + "/api/chat")
         self.assertEqual((response.code, list(json.loads(await response.text()))), (405, ["error"]))
 
+    async def test_every_apis_failures_are_recorded(self) -> None:
+        """Ollama's refusals are in /engines/requests as OpenAI's and Anthropic's are."""
+        await self.start()
+        missing = {"model": "ai/nothere", "messages": [{"role": "user", "content": "x"}]}
+        asked = [
+            ("/v1/chat/completions", missing, 404),
+            ("/v1/messages", {**missing, "max_tokens": 5}, 404),
+            ("/api/chat", missing, 404),
+            ("/api/generate", {"model": "ai/nothere", "prompt": "x"}, 404),
+            ("/api/embed", {"model": "ai/nothere", "input": "x"}, 404),
+            ("/api/chat", {"model": MODEL, "options": {"num_gpu": 1}}, 400),
+        ]
+        for path, body, status in asked:
+            code, answer = await self.post(path, body)
+            self.assertEqual(code, status, (path, answer))
+        records = json.loads(await (await http.get(self.daemon.url + "/engines/requests")).text())
+        self.assertEqual(
+            sorted((r["route"], r["status"]) for r in records), sorted((p, s) for p, _, s in asked)
+        )
+
     async def test_responses_errors(self) -> None:
         await self.start()
         code, answer = await self.post(

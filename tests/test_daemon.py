@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.protocol import Protocol
 from twisted.internet.threads import deferToThread
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
 from twisted.web.http_headers import Headers
@@ -40,6 +42,8 @@ from tests.daemon import (
 from tests.ggufs import write_tiny_gguf
 
 MODEL = "ai/tiny:latest"
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+MRUNNER = str(Path(sys.executable).with_name("mrunner"))
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -345,6 +349,66 @@ class TwistdTests(TestCase):
         self.assertEqual(len(errors), 1, errors)
         self.assertIn(f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use", errors[0])
         self.assertEqual(lines(home / "starts"), [])
+
+
+class StartTests(TestCase):
+    """``twistd -n mrunner`` as the README and ``make run`` start it, and the mistakes a newcomer makes."""
+
+    timeout = 60
+
+    async def test_start_up_mistakes_are_one_line(self) -> None:
+        """Not twistd's whole usage text before it: a bad --listen, a bad tap.conf value."""
+        home = short_home(self)
+        good = write_config(home)
+        bad = home / "bad.conf"
+        bad.write_text("[scheduler]\nkeep_alive = 'soon'\n")
+        for args, words in [
+            (["--config", str(good), "--listen", "garbage:1"], "'garbage:1' is not a Twisted endpoint"),
+            (["--config", str(bad)], "scheduler.keep_alive"),
+        ]:
+            out, err, code = await getProcessOutputAndValue(
+                TWISTD, ["-n", "mrunner", *args], env=os.environ, path=str(home)
+            )
+            said = (out + err).decode().splitlines()
+            self.assertEqual((code, len(said)), (1, 1), said)
+            self.assertTrue(said[0].startswith("mrunner: "), said)
+            self.assertIn(words, said[0])
+
+    async def test_make_run_waits_on_the_real_address_and_a_second_start_only_fails(self) -> None:
+        """What ``make run`` does: start twistd, ``mrunner wait --pid`` for its address, here not 12434.
+
+        twistd leaves no twistd.pid in the folder it starts in; a second daemon on the home exits
+        with mrunner's message naming the first's pid, and waiting on it fails without an address.
+        """
+        home = short_home(self)
+        config = write_config(home, 'listen = "tcp:0:interface=127.0.0.1"')
+        first = spawn_twistd(config, home, default_pidfile=True)
+        self.addCleanup(lambda: ensureDeferred(stop_twistd(first)))
+        env = {k: v for k, v in os.environ.items() if k != "MRUNNER_HOST"} | {"MRUNNER_HOME": str(home)}
+        out, err, code = await getProcessOutputAndValue(
+            MRUNNER, ["wait", "--pid", str(first.pid)], env=env, reactor=reactor
+        )
+        self.assertEqual(code, 0, err)
+        url = out.decode().strip()
+        self.assertRegex(url, r"^http://127\.0\.0\.1:\d+$")
+        self.assertNotEqual(url, "http://127.0.0.1:12434")
+        response = await http.get(url + "/health")
+        self.assertEqual(response.code, 200)
+        await response.content()
+        self.assertFalse((home / "twistd.pid").exists())
+
+        second = spawn_twistd(config, home, output_name="second.out", default_pidfile=True)
+        self.addCleanup(lambda: ensureDeferred(stop_twistd(second)))
+        out, err, code = await getProcessOutputAndValue(
+            MRUNNER, ["wait", "--pid", str(second.pid)], env=env, reactor=reactor
+        )
+        self.assertEqual((code, out), (1, b""), "no address: that daemon is not the one answering")
+        await second.output.ended
+        (said,) = (home / "second.out").read_text().splitlines()
+        self.assertTrue(said.startswith(f"mrunner: another mrunner daemon (pid {first.pid}) is using"), said)
+        self.assertFalse((home / "twistd.pid").exists())
+        await stop_twistd(first)
+        self.assertFalse(Home(home).address.exists(), "removed when the daemon stops")
 
 
 class QueueTests(DaemonTestCase):

@@ -430,6 +430,18 @@ class CommandTests(SynchronousTestCase):
         )
         self.assertEqual(error.code, "model_cannot_rerank")
 
+    def test_a_model_without_pooling_does_not_embed(self) -> None:
+        """A chat model's GGUF gives no pooling type (or none): refused before any runner starts."""
+        for metadata in ({}, {"llama.pooling_type": "0"}):
+            chat = model({"architecture": "llama", "gguf": {"general.architecture": "llama", **metadata}})
+            error = self.assertRaises(
+                BadRequest, self.installed().command, chat, EMBEDDING, "/run/e.sock", RunnerSettings()
+            )
+            self.assertEqual(error.code, "model_cannot_embed")
+            self.assertIn("is not an embedding model", error.message)
+        embedder = model({"architecture": "bert", "gguf": {"bert.pooling_type": "1"}})
+        self.installed().command(embedder, EMBEDDING, "/run/e.sock", RunnerSettings())
+
     def test_socket_must_end_in_sock(self) -> None:
         with self.assertRaises(ValueError):
             self.installed().command(model(), COMPLETION, "/run/r1", RunnerSettings())

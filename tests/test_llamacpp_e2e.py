@@ -133,6 +133,21 @@ class SmolLM2Tests(LlamaCppTestCase):
         )
         self.assertIn("4", reply.choices[0].message.content)
 
+    async def test_is_not_an_embedding_model(self) -> None:
+        """Its GGUF gives no pooling type: embeddings are refused in words, before any runner loads
+        (llama-server would answer "Pooling type 'none' is not OAI compatible" from a second runner)."""
+        await self.start()
+        await self.daemon.import_model("ai/smollm2", smollm2())
+        for path, body in [
+            ("/v1/embeddings", {"model": "ai/smollm2", "input": "hello"}),
+            ("/api/embed", {"model": "ai/smollm2", "input": "hello"}),
+            ("/api/embeddings", {"model": "ai/smollm2", "prompt": "hello"}),
+        ]:
+            code, answer = await self.post(path, body)
+            self.assertEqual(code, 400, (path, answer))
+            self.assertIn("ai/smollm2:latest is not an embedding model", json.dumps(answer), path)
+        self.assertEqual(self.daemon.scheduler.snapshot(), [])
+
 
 class InstallTests(LlamaCppTestCase):
     async def test_configured_path_that_does_not_exist(self) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import SynchronousTestCase
@@ -17,11 +18,16 @@ from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
 from tests.ggufs import flip_last_byte, package, write_tiny_gguf
 from tests.sync_reactor import SyncThreadsClock
+from tests.test_metrics import snapshot
 
 
 class FakeScheduler:
     def __init__(self) -> None:
         self.unloaded: list[dict[str, Any]] = []
+        self.runners: list[Any] = []
+
+    def snapshot(self) -> list[Any]:
+        return self.runners
 
     def unload(self, backend: str | None, models: list[str], all: bool) -> Deferred[int]:
         self.unloaded.append({"backend": backend, "models": models, "all": all})
@@ -164,13 +170,25 @@ class ModelsAPITests(SynchronousTestCase):
         self.assertEqual(self.scheduler.unloaded, [{"backend": None, "models": [model["id"]], "all": False}])
         self.assertError(404, "DELETE", "/smollm2", "not found")
 
-    def test_delete_several_tags(self) -> None:
-        self.load()
+    def test_delete_one_of_several_tags(self) -> None:
+        """Only that name goes, and no runner is stopped; by id, every tag goes with force=true."""
+        model = self.load()
         self.json("POST", "/smollm2/tag?repo=other&tag=v1", 201)
-        self.assertError(409, "DELETE", "/smollm2", "force=true")
+        self.json("POST", "/smollm2/tag?repo=third&tag=v1", 201)
+        self.assertEqual(self.json("DELETE", "/smollm2"), [{"Untagged": "ai/smollm2:latest"}])
         self.assertEqual(self.scheduler.unloaded, [])
-        self.assertError(400, "DELETE", "/smollm2?force=maybe", "true or false")
-        self.assertEqual(len(self.json("DELETE", "/smollm2?force=true")), 3)
+        self.assertEqual(self.json("GET", "/other:v1")["tags"], ["ai/other:v1", "ai/third:v1"])
+        self.assertError(409, "DELETE", "/" + model["id"], "force=true")
+        self.assertError(400, "DELETE", "/other:v1?force=maybe", "true or false")
+        self.assertEqual(len(self.json("DELETE", f"/{model['id']}?force=true")), 3)
+
+    def test_delete_of_a_model_a_runner_serves_needs_force(self) -> None:
+        model = self.load()
+        self.scheduler.runners = [attrs.evolve(snapshot("smollm2"), model_id=model["id"], in_use=1)]
+        self.assertError(409, "DELETE", "/smollm2", "in use")
+        self.assertEqual(self.scheduler.unloaded, [])
+        self.assertEqual(self.json("DELETE", "/smollm2?force=true")[-1], {"Deleted": model["id"]})
+        self.assertEqual(self.scheduler.unloaded, [{"backend": None, "models": [model["id"]], "all": False}])
 
     def lines(self, body: bytes) -> list[dict[str, Any]]:
         return [json.loads(line) for line in body.splitlines()]

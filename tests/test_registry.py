@@ -191,7 +191,7 @@ class RealRegistryTests(RegistryTestCase):
         await other.push(second)
         third = self.side("third")
         self.assertEqual((await third.pull(second)).id, self.model.id)
-        other.store.delete(self.name, force=True)
+        other.store.delete(self.model.id, force=True)  # by id: under both of its names
         self.assertEqual(other.files(), [])
 
     async def test_unknown_model(self) -> None:

@@ -171,15 +171,36 @@ class TagDeleteTests(StoreTestCase):
         self.assertTrue(Path(second.gguf).exists())
         self.assertEqual(self.store.resolve("y"), second)
 
-    def test_several_tags_need_force(self) -> None:
+    def test_deleting_one_of_several_tags_removes_that_tag_only(self) -> None:
+        """As C{docker rmi}: the model stays while another name holds it, C{force} or not."""
         model = self.import_model("x")
         self.store.tag("x", "y")
-        error = self.assertRaises(Conflict, self.store.delete, "x")
-        self.assertIn("force", error.message)
+        self.store.tag("x", "z")
+        self.assertEqual(self.store.delete("x"), [{"Untagged": "ai/x:latest"}])
+        self.assertEqual(self.store.delete("y", force=True), [{"Untagged": "ai/y:latest"}])
+        self.assertRaises(NotFound, self.store.resolve, "x")
+        self.assertEqual(self.store.resolve("z").tags, ("ai/z:latest",))
+        self.assertTrue(Path(model.gguf).exists())
+        self.assertEqual(self.store.delete("z"), [{"Untagged": "ai/z:latest"}, {"Deleted": model.id}])
+        self.assertEqual(self.stored_files(), [])
+
+    def test_deleting_by_id_under_several_tags_needs_force(self) -> None:
+        model = self.import_model("x")
+        self.store.tag("x", "y")
+        for name in (model.id, model.short_id):
+            error = self.assertRaises(Conflict, self.store.delete, name)
+            self.assertIn("force", error.message)
         self.assertEqual(self.store.resolve("y").id, model.id)
-        result = self.store.delete("x", force=True)
+        result = self.store.delete(model.short_id, force=True)
         self.assertEqual(result[-1], {"Deleted": model.id})
         self.assertRaises(NotFound, self.store.resolve, "y")
+
+    def test_a_missing_name_suggests_the_nearest_stored_one(self) -> None:
+        self.import_model("smollm2")
+        error = self.assertRaises(NotFound, self.store.resolve, "ai/smolm2")
+        self.assertIn("(did you mean ai/smollm2:latest?)", error.message)
+        error = self.assertRaises(NotFound, self.store.resolve, "qwen3")
+        self.assertNotIn("did you mean", error.message)
 
     def test_pinned_blobs_survive_collection(self) -> None:
         model = self.import_model("x")

@@ -23,9 +23,12 @@ class OptionsTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.dir = Path(self.mktemp())
         self.dir.mkdir()
+        self.patch(sys, "excepthook", sys.excepthook)  # parsing installs mrunner's one-line errors
 
-    def options(self, *argv: str) -> Options:
+    def options(self, *argv: str, parent: dict[str, str] | None = None) -> Options:
         options = Options()
+        if parent is not None:
+            options.parent = parent  # type: ignore[attr-defined]  # as twistd's ServerOptions sets it
         options.parseOptions(list(argv))
         return options
 
@@ -58,7 +61,8 @@ class OptionsTests(SynchronousTestCase):
         loaded = config.load(path, {"listen": "tcp:2"}, environ={"MRUNNER_LISTEN": "tcp:3"})
         self.assertEqual(loaded.listen, "tcp:3")
 
-    def test_bad_configs_are_usage_errors(self) -> None:
+    def test_bad_configs_are_one_line_start_errors(self) -> None:
+        """Not UsageError: twistd prints its whole usage text before one of those."""
         for text, words in [
             ("listen = ", "tap.conf"),
             ("nonsense = 1", "nonsense"),
@@ -67,10 +71,42 @@ class OptionsTests(SynchronousTestCase):
             ("[scheduler]\nload_timeout = inf", "load_timeout"),
             ("[scheduler]\nmax_runners = 'four'", "max_runners"),
         ]:
-            error = self.assertRaises(UsageError, self.options, "--config", self.write(text))
+            error = self.assertRaises(StartupError, self.options, "--config", self.write(text))
             self.assertIn(words, str(error))
-        error = self.assertRaises(UsageError, self.options, "--config", str(self.dir / "missing.conf"))
+            self.assertNotIsInstance(error, UsageError)
+        error = self.assertRaises(StartupError, self.options, "--config", str(self.dir / "missing.conf"))
         self.assertIn("missing.conf", str(error))
+
+    def test_twistds_default_pidfile_is_dropped(self) -> None:
+        """The home's lock names the daemon's pid: no twistd.pid in the folder it starts in."""
+        path = self.write(f'home = "{self.dir}"\n')
+        self.assertEqual(
+            self.options("--config", path, parent={"pidfile": "twistd.pid"}).parent["pidfile"], ""
+        )
+        chosen = {"pidfile": "/run/mrunner.pid"}
+        self.assertEqual(self.options("--config", path, parent=chosen).parent["pidfile"], "/run/mrunner.pid")
+
+    def test_a_tap_conf_present_but_not_read_is_named(self) -> None:
+        """./tap.conf comes first; the home's, with its keys, is named in the log as not read."""
+        home = self.dir.absolute() / "home"
+        home.mkdir()
+        (home / "tap.conf").write_text('[http]\napi_keys = ["sk-in-home"]\n')
+        cwd = self.dir.absolute() / "checkout"
+        cwd.mkdir()
+        (cwd / "tap.conf").write_text("")
+        self.addCleanup(os.chdir, os.getcwd())
+        os.chdir(cwd)
+        environ = {"MRUNNER_HOME": str(home)}
+        loaded = config.load(None, environ=environ)
+        self.assertEqual((loaded.source, loaded.unread), (cwd / "tap.conf", (home / "tap.conf",)))
+        with capturedLogs() as events:
+            service, _ = make_service(loaded, MemoryReactorClock())
+        release(service)
+        said = [formatEvent(e) for e in events if "NOT read" in formatEvent(e)]
+        self.assertEqual(len(said), 1, said)
+        self.assertIn(f"{home / 'tap.conf'} is NOT read: {cwd / 'tap.conf'} comes first", said[0])
+        chosen = config.load(home / "tap.conf", environ=environ)
+        self.assertEqual((chosen.http.api_keys, chosen.unread), (("sk-in-home",), ()), "chosen: no warning")
 
     def test_durations(self) -> None:
         self.assertEqual(
@@ -104,7 +140,15 @@ class OptionsTests(SynchronousTestCase):
         self.assertTrue(IServiceCollection.providedBy(service))
         self.assertEqual(
             [type(child).__name__ for child in service],
-            ["HomeLock", "DaemonLogFile", "SchedulerService", "LogsAPI", "RecordsAPI", "Listener"],
+            [
+                "HomeLock",
+                "DaemonLogFile",
+                "SchedulerService",
+                "LogsAPI",
+                "RecordsAPI",
+                "AddressFile",
+                "Listener",
+            ],
         )
         self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})
         release(service)
@@ -151,12 +195,13 @@ class StartupTests(SynchronousTestCase):
             error = self.assertRaises(config.ConfigError, self.config, text)
             self.assertIn("owned by uid 4321", str(error))
 
-    def test_a_listen_address_twisted_cannot_read_is_a_usage_error(self) -> None:
+    def test_a_listen_address_twisted_cannot_read_is_one_line(self) -> None:
         self.config()
+        self.patch(sys, "excepthook", sys.excepthook)
         for bad in ("garbage:1", "tcp:http", "tcp:"):
             options = Options()
             error = self.assertRaises(
-                UsageError, options.parseOptions, ["--listen", bad, "--config", str(self.dir / "tap.conf")]
+                StartupError, options.parseOptions, ["--listen", bad, "--config", str(self.dir / "tap.conf")]
             )
             self.assertIn(repr(bad), str(error))
             self.assertIn("--listen", str(error))

@@ -23,15 +23,16 @@ from twisted.web.server import Request
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
 from mrunner.api.requests import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
-from mrunner.errors import BadRequest, MrunnerError
+from mrunner.errors import BadRequest, Conflict, MrunnerError
 from mrunner.interfaces import IScheduler
+from mrunner.scheduling.lifecycle import State
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.package import TAR
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
-from mrunner.store.store import ModelStore
+from mrunner.store.store import Deletion, ModelStore
 from mrunner.store.upload import Upload
 
 MAX_CREATE_BODY = 64 * 1024
@@ -60,6 +61,27 @@ VERIFIED = {
 REMOVED = {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "string"}}}
 PROGRESS = {"application/x-ndjson": {"schema": {"type": "string"}}}
 REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with an error"})
+
+
+async def remove(store: ModelStore, scheduler: IScheduler, name: str, force: bool) -> Deletion:
+    """Remove the name C{name} (L{ModelStore.delete}); the last name takes the model, after its runners stop.
+
+    @raise Conflict: a runner serves the model (or is loading it) and C{force} is false; with it,
+        the runner finishes its answers, then stops.
+    """
+    digest, whole = store.deletion(name, force)
+    if whole:
+        busy = sum(
+            r.in_use + (r.state is State.LOADING) for r in scheduler.snapshot() if r.model_id == digest
+        )
+        if busy and not force:
+            raise Conflict(
+                f"model {name} is in use: a runner is serving it ({busy} request(s) or a load); delete with"
+                " force=true to remove it once they end",
+                code="model_in_use",
+            )
+        await scheduler.unload(backend=None, models=[digest], all=False)
+    return store.delete(name, force)
 
 
 def _query(name: str, schema: dict[str, Any], description: str, required: bool = False) -> Piece:
@@ -166,12 +188,26 @@ class ModelsAPI:
                 "/models/{name}": {
                     "get": operation("One local model", model, parameters=[NAME]),
                     "delete": operation(
-                        "Remove a model, stopping its runners",
+                        "Remove a name: only that tag while another names the model, else the model,"
+                        " stopping its runners",
                         {
                             "200": answer("what was removed", json_content(REMOVED)),
-                            **errors(**{"409": "the model has several tags: give force=true"}),
+                            **errors(
+                                **{
+                                    "409": "an id of a model with several tags, or a model a runner is"
+                                    " serving: give force=true"
+                                }
+                            ),
                         },
-                        parameters=[NAME, _query("force", {"type": "boolean"}, "remove every tag of it")],
+                        parameters=[
+                            NAME,
+                            _query(
+                                "force",
+                                {"type": "boolean"},
+                                "remove it while a runner serves it (once its answers end), or by id under"
+                                " every tag",
+                            ),
+                        ],
                     ),
                 },
                 "/models/{name}/tag": {
@@ -257,11 +293,7 @@ class ModelsAPI:
 
     @app.route("/<path:name>", methods=["DELETE"])
     async def delete(self, request: IRequest, name: str) -> bytes:
-        """Stop the model's runners, then remove it; 409 for several tags without force."""
-        force = flag(request, "force")
-        digest = self._store.deletable(name, force)
-        await self._scheduler.unload(backend=None, models=[digest], all=False)
-        return json_body(request, self._store.delete(name, force))
+        return json_body(request, await remove(self._store, self._scheduler, name, flag(request, "force")))
 
     @app.route("/<path:name>/tag", methods=["POST"])
     def tag(self, request: IRequest, name: str) -> bytes:

@@ -26,8 +26,9 @@ from mrunner.api.compat_openapi import OLLAMA_ERROR, describe
 from mrunner.api.completions import Tally
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.gateway import Gateway
-from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream
+from mrunner.api.models import MAX_CREATE_BODY, NDJSONStream, remove
 from mrunner.api.openapi import Piece
+from mrunner.api.records import Record
 from mrunner.api.requests import json_object, keep_alive, model_name, read_body, typed
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.backends.base import COMPLETION, EMBEDDING
@@ -169,13 +170,7 @@ class OllamaAPI:
     @app.route("/api/delete", methods=["DELETE"])
     async def delete(self, request: IRequest) -> bytes:
         """Remove a name; the model itself only when no other name still uses it."""
-        name = _name(self._payload(request))
-        model = self._store.resolve(name)
-        if len(model.tags) > 1:
-            self._store.untag(name)
-        else:
-            await self._gateway.scheduler.unload(backend=None, models=[model.id], all=False)
-            self._store.delete(name)
+        await remove(self._store, self._gateway.scheduler, _name(self._payload(request)), force=True)
         return json_body(request, {"status": "success"})
 
     @app.route("/api/pull", methods=["POST"])
@@ -240,12 +235,20 @@ class OllamaAPI:
     def generate(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._generate(request, GENERATE))
 
-    def _asked(self, request: Request, mode: str) -> tuple[float, dict[str, Any], str, float | None]:
-        """Start measuring C{request}: its start time, body, model name and C{keep_alive}."""
+    def _asked(
+        self, request: Request, mode: str
+    ) -> tuple[float, dict[str, Any], str, float | None, Record | None]:
+        """Start measuring C{request}: its start time, body, model name, C{keep_alive} and record.
+
+        The record is kept from the moment the model is named, so a request refused after that
+        (a missing model, an unsupported option) is in C{/engines/requests} as OpenAI's are.
+        """
         self._gateway.measure(request, mode)
         started = self._gateway.clock.seconds()
         payload = json_object(self._gateway.body(request))
-        return started, payload, _name(payload), keep_alive(payload.get("keep_alive"))
+        name = _name(payload)
+        record = self._gateway.record_answer(request, name, mode, json.dumps(payload).encode())
+        return started, payload, name, keep_alive(payload.get("keep_alive")), record
 
     async def _context_size(self, request: IRequest, name: str, num_ctx: int | None) -> None:
         """C{options.num_ctx}: from an admin, the context size the model's runner starts with, as
@@ -259,7 +262,7 @@ class OllamaAPI:
             await self._gateway.scheduler.configure(None, name, ModelSettings(context_size=num_ctx))
 
     async def _generate(self, request: Request, kind: str) -> bytes:
-        started, payload, name, keep = self._asked(request, COMPLETION)
+        started, payload, name, keep, record = self._asked(request, COMPLETION)
         shapes.refuse_unsupported(payload)
         sampling, num_ctx = shapes.options(payload)
         model = self._store.resolve(name)
@@ -273,7 +276,6 @@ class OllamaAPI:
             return await self._load_only(request, kind, name, keep, started)
         stream = payload.get("stream") is not False
         body.update(model=name, stream=stream)
-        record = self._gateway.record_answer(request, name, COMPLETION, json.dumps(payload).encode())
         async with self._gateway.lease(request, None, name, COMPLETION, keep, record) as lease:
             loaded = self._gateway.clock.seconds()
             answer = await self._runners.post(lease.socket, path, json.dumps(body).encode())
@@ -371,7 +373,7 @@ class OllamaAPI:
 
     async def _embed(self, request: Request, legacy: bool) -> bytes:
         """C{/api/embed} (C{input}: text or texts) and the older C{/api/embeddings} (C{prompt})."""
-        started, payload, name, keep = self._asked(request, EMBEDDING)
+        started, payload, name, keep, record = self._asked(request, EMBEDDING)
         if payload.get("dimensions") is not None:
             raise BadRequest("'dimensions' is not supported: embeddings have the model's own size")
         _, num_ctx = shapes.options(payload)
@@ -380,7 +382,7 @@ class OllamaAPI:
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             raise BadRequest(f"'{'prompt' if legacy else 'input'}' must be a string or a list of strings")
         await self._context_size(request, name, num_ctx)
-        async with self._gateway.lease(request, None, name, EMBEDDING, keep) as lease:
+        async with self._gateway.lease(request, None, name, EMBEDDING, keep, record) as lease:
             loaded = self._gateway.clock.seconds()
             vectors: list[Any] = []
             prompt_tokens = 0

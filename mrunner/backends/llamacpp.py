@@ -250,6 +250,12 @@ class LlamaCppBackend:
                 " 'rank'); use a reranker model",
                 code="model_cannot_rerank",
             )
+        if mode == EMBEDDING and not can_embed(model):
+            raise BadRequest(
+                f"model {model.name} is not an embedding model: its GGUF gives it no pooling type, so"
+                " llama-server has no sentence embedding to answer with; use an embedding model",
+                code="model_cannot_embed",
+            )
         args += [*_MODE_FLAGS[mode], *settings.flags]
         return Command(str(self._installed.executable), tuple(args))
 
@@ -278,9 +284,28 @@ def can_rerank(model: Model) -> bool:
     """Only rank pooling has a classification head: llama-server scores any other model with noise."""
     from gguf import PoolingType  # on first use, as in gguf_meta: gguf brings numpy
 
+    return _pooling(model) == str(int(PoolingType.RANK))
+
+
+def can_embed(model: Model) -> bool:
+    """Whether the GGUF gives a pooling type other than none (a chat model gives none).
+
+    Without one, llama-server refuses C{/v1/embeddings} ("Pooling type 'none' is not OAI
+    compatible"). A model whose GGUF metadata is unknown is let through.
+    """
+    from gguf import PoolingType
+
+    if not model.config.get("gguf"):
+        return True
+    return _pooling(model) not in (None, str(int(PoolingType.NONE)))
+
+
+def _pooling(model: Model) -> str | None:
+    """The GGUF's C{<architecture>.pooling_type}, as text; None when it gives none."""
     metadata = model.config.get("gguf") or {}
     architecture = model.config.get("architecture") or metadata.get("general.architecture")
-    return str(metadata.get(f"{architecture}.pooling_type")) == str(int(PoolingType.RANK))
+    value = metadata.get(f"{architecture}.pooling_type")
+    return None if value is None else str(value)
 
 
 def main(reactor: Any, config_path: str | None = None) -> Deferred[None]:

@@ -21,16 +21,23 @@ from mrunner.cli.progress import wait_for_install
 
 CHAT_PATH = "/engines/v1/chat/completions"
 LEAVE_HINT = "Ctrl-D or /bye leaves"
+#: Enough for a long answer; small models that loop stop within seconds rather than minutes.
+DEFAULT_MAX_TOKENS = 1024
 
 
 class Chat:
-    """The messages of one conversation with C{model}."""
+    """The messages of one conversation with C{model}; each answer has at most C{max_tokens} (0: no limit).
 
-    def __init__(self, daemon: Daemon, console: Console, model: str) -> None:
+    C{cut} says whether the last answer stopped at that limit.
+    """
+
+    def __init__(self, daemon: Daemon, console: Console, model: str, max_tokens: int = 0) -> None:
         self._daemon = daemon
         self._console = console
         self.model = model
+        self.max_tokens = max_tokens
         self.messages: list[dict[str, str]] = []
+        self.cut = False
 
     def preload(self) -> None:
         """Load the model now, so a missing model or a failed load shows before the first question."""
@@ -56,14 +63,33 @@ class Chat:
                 self.messages.pop()
 
     def _answer(self) -> Generator[str, None, None]:
-        with self._open({"model": self.model, "messages": self.messages, "stream": True}) as response:
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages, "stream": True}
+        if self.max_tokens:
+            body["max_tokens"] = self.max_tokens
+        self.cut = False
+        with self._open(body) as response:
             for line in lines(response):
                 if not line.startswith(b"data:"):  # a blank line, a comment, an event name
                     continue
                 data = line.removeprefix(b"data:").strip()
                 if data == b"[DONE]":
                     return
-                yield from _texts(json.loads(data))
+                event = json.loads(data)
+                self.cut = self.cut or any(
+                    c.get("finish_reason") == "length" for c in event.get("choices") or []
+                )
+                yield from _texts(event)
+
+    def end_answer(self, out: IO[str]) -> None:
+        """End the answer's line; after one cut at C{max_tokens}, say so on the error console."""
+        out.write("\n")
+        out.flush()
+        if self.cut:
+            self._console.print(
+                f"[stopped at {self.max_tokens} tokens: --max-tokens N allows more, 0 no limit]",
+                markup=False,
+                highlight=False,
+            )
 
     def _open(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
         """Send C{body}; while the backend installs, show its progress and send again once it is done."""
@@ -124,4 +150,4 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
         except CommandError as e:
             errors.print(f"mrunner: {explain(e, 'run', chat.model)}", markup=False, highlight=False)
             continue
-        out.write("\n")
+        chat.end_answer(out)

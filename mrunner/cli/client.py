@@ -10,15 +10,30 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
+from mrunner.address import advertised, home_of
 from mrunner.cli.errors import START_HINT, CommandError, DaemonError
 
 DEFAULT_HOST = "http://127.0.0.1:12434"
+
+
+def find_host(explicit: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """C{--host}, else C{$MRUNNER_HOST}, else where the daemon of C{$MRUNNER_HOME} says it listens,
+    else the default address."""
+    return (
+        explicit
+        or environ.get("MRUNNER_HOST")
+        or (advertised(home_of(environ)) or {}).get("url")
+        or DEFAULT_HOST
+    )
 
 
 def model_path(name: str, action: str = "") -> str:
@@ -27,13 +42,21 @@ def model_path(name: str, action: str = "") -> str:
 
 
 class Daemon:
-    """The daemon at C{host} (C{http://HOST:PORT}; a bare C{HOST:PORT} means http).
+    """The daemon at C{host} (C{http://HOST:PORT}; a bare C{HOST:PORT} means http; C{unix:PATH} a socket).
 
     With C{api_key}, every request carries it as C{Authorization: Bearer KEY}.
     """
 
     def __init__(self, host: str, api_key: str | None = None) -> None:
-        self.url = (host if "://" in host else f"http://{host}").rstrip("/")
+        if host.startswith("unix:"):
+            self.url = host
+            self._base = "http://localhost"
+            self._opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), _UNIXHandler(host[5:])
+            )
+        else:
+            self.url = self._base = (host if "://" in host else f"http://{host}").rstrip("/")
+            self._opener = urllib.request.build_opener()
         self._api_key = api_key
 
     def open(
@@ -52,9 +75,9 @@ class Daemon:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(self.url + path, data, headers, method=method)
+        request = urllib.request.Request(self._base + path, data, headers, method=method)
         try:
-            response: http.client.HTTPResponse = urllib.request.urlopen(request)
+            response: http.client.HTTPResponse = self._opener.open(request)
         except urllib.error.HTTPError as e:
             with e:
                 raise _refusal(e.code, e.read()) from None
@@ -101,6 +124,29 @@ def _json_line(line: bytes) -> dict[str, Any]:
         text = line.decode(errors="replace").strip()
         raise CommandError(f"the daemon sent a line that is not JSON: {text[:200]!r}") from None
     return value
+
+
+class _UNIXConnection(http.client.HTTPConnection):
+    """HTTP over the UNIX socket at C{path} (a daemon listening on C{unix:PATH})."""
+
+    def __init__(self, path: str, host: str, **kw: Any) -> None:
+        super().__init__(host, **kw)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if isinstance(self.timeout, int | float):  # else urllib's "no timeout given" marker
+            self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+class _UNIXHandler(urllib.request.HTTPHandler):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._path = path
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(partial(_UNIXConnection, self._path), req)
 
 
 def read(response: http.client.HTTPResponse) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.parse
@@ -11,8 +12,9 @@ from datetime import datetime
 from typing import Any
 
 import mrunner
+from mrunner.address import advertised, home_of, running
 from mrunner.cli.chat import Chat, converse, flushing
-from mrunner.cli.client import lines
+from mrunner.cli.client import Daemon, lines
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError, DaemonError
 from mrunner.cli.output import duration, table
@@ -21,7 +23,7 @@ from mrunner.sizes import format_size
 
 def run(ctx: Context, args: Namespace) -> None:
     """Answer C{args.prompt} (or piped input) and exit; with neither, chat until Ctrl-D."""
-    chat = Chat(ctx.daemon, ctx.err, args.model)
+    chat = Chat(ctx.daemon, ctx.err, args.model, args.max_tokens)
     prompt = args.prompt
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
@@ -29,7 +31,7 @@ def run(ctx: Context, args: Namespace) -> None:
         converse(chat, ctx.out, ctx.err)
         return
     chat.ask(prompt, flushing(ctx.out.file))
-    ctx.out.file.write("\n")
+    chat.end_answer(ctx.out.file)
 
 
 def ps(ctx: Context, args: Namespace) -> None:
@@ -200,13 +202,32 @@ def version(ctx: Context, args: Namespace) -> None:
 
 
 def wait(ctx: Context, args: Namespace) -> None:
-    """Return once the daemon answers C{/health}, for scripts that start it."""
+    """Print the daemon's address once it answers C{/health}, for scripts that start it.
+
+    With C{--pid} (and no C{--host} or C{MRUNNER_HOST}), the daemon is the one
+    that process says it is in its home's C{run/daemon.json}: not another
+    daemon already there (C{make run} twice), nor the default port when it
+    listens elsewhere. It gives up as soon as that process ends.
+    """
     deadline = time.monotonic() + args.timeout
+    follow = args.pid is not None and args.host is None and "MRUNNER_HOST" not in os.environ
     while True:
+        if args.pid is not None and not running(args.pid):
+            raise CommandError(f"the daemon (pid {args.pid}) ended before it answered")
         try:
-            ctx.daemon.call("GET", "/health")
+            daemon = advertising(args.pid, args.api_key) if follow else ctx.daemon
+            daemon.call("GET", "/health")
+            ctx.out.print(daemon.url, markup=False, highlight=False)
             return
         except CommandError:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.2)
+        time.sleep(0.2)
+
+
+def advertising(pid: int, api_key: str | None) -> Daemon:
+    """The daemon that process C{pid} says it is, in the home's C{run/daemon.json}."""
+    said = advertised(home_of(os.environ))
+    if said is None or said.get("pid") != pid:
+        raise CommandError(f"the daemon (pid {pid}) has not said where it listens")
+    return Daemon(said["url"], api_key)

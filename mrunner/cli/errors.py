@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+NEAREST = re.compile(r"\(did you mean (\S+)\?\)")  # the daemon's guess in a model_not_found message
 START_HINT = "start it with `twistd -n mrunner` (or `make run` in a checkout)"
 
 
@@ -24,9 +27,14 @@ def explain(error: CommandError, command: str, model: str | None) -> str:
     if not isinstance(error, DaemonError):
         return str(error)
     if error.code == "model_not_found" and command != "pull" and model:
-        return f"model {model} is not here; get it with `mrunner pull {model}` (`mrunner ls` lists what is)"
+        near = NEAREST.search(error.message)
+        guess = f"did you mean {near.group(1)}? Else " if near else ""
+        pull = f"get it with `mrunner pull {model}`"
+        return f"model {model} is not here; {guess}{pull} (`mrunner ls` lists what is)"
     if error.status == 401:
         return f"{error.message}: pass --api-key KEY or set MRUNNER_API_KEY"
     if error.code == "model_has_several_tags" and model:
         return f"{error.message.split(';')[0]}: `mrunner rm --force {model}` removes it under all of them"
+    if error.code == "model_in_use" and model:
+        return f"{error.message.split(';')[0]}: `mrunner rm --force {model}` removes it once they end"
     return f"{error.message} (HTTP {error.status})"

@@ -15,7 +15,8 @@ from typing import NoReturn
 from rich.console import Console
 
 from mrunner.cli import engines, models
-from mrunner.cli.client import DEFAULT_HOST, Daemon
+from mrunner.cli.chat import DEFAULT_MAX_TOKENS
+from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError, explain
 
@@ -23,26 +24,39 @@ PIPE_WIDTH = 10_000  # a listing written to a pipe or file is never wrapped
 Command = Callable[[Context, argparse.Namespace], None]
 
 
-def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="mrunner", description="Pull, run and manage local models through the mrunner daemon."
-    )
-    top.add_argument(
+def global_options(parser: argparse.ArgumentParser, defaults: bool) -> argparse.ArgumentParser:
+    """C{--host} and C{--api-key}: before the command (with their defaults) or after it, as docker takes them.
+
+    After the command they default to nothing, so that one given before it stands.
+    """
+    parser.add_argument(
         "--host",
-        default=os.environ.get("MRUNNER_HOST", DEFAULT_HOST),
-        help=f"the daemon's address (default: $MRUNNER_HOST, else {DEFAULT_HOST})",
+        default=None if defaults else argparse.SUPPRESS,
+        help="the daemon's address, http://HOST:PORT or unix:PATH (default: $MRUNNER_HOST, else the"
+        f" address the daemon of $MRUNNER_HOME wrote in its run/daemon.json, else {DEFAULT_HOST})",
     )
-    top.add_argument(
+    parser.add_argument(
         "--api-key",
-        default=os.environ.get("MRUNNER_API_KEY"),
+        default=os.environ.get("MRUNNER_API_KEY") if defaults else argparse.SUPPRESS,
         help="the key a daemon with [http] api_keys requires (default: $MRUNNER_API_KEY)",
     )
+    return parser
+
+
+def parser() -> argparse.ArgumentParser:
+    top = global_options(
+        argparse.ArgumentParser(
+            prog="mrunner", description="Pull, run and manage local models through the mrunner daemon."
+        ),
+        defaults=True,
+    )
+    common = global_options(argparse.ArgumentParser(add_help=False), defaults=False)
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
         name: str, run: Command, summary: str, *aliases: str, json: bool = False
     ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, aliases=aliases, help=summary, description=summary)
+        sub = commands.add_parser(name, aliases=aliases, help=summary, description=summary, parents=[common])
         sub.set_defaults(run=run)
         if json:
             sub.add_argument("--json", action="store_true", help="print JSON, for scripts")
@@ -53,6 +67,12 @@ def parser() -> argparse.ArgumentParser:
     run = command("run", engines.run, "answer PROMPT and exit; without one, chat until Ctrl-D")
     run.add_argument("model")
     run.add_argument("prompt", nargs="?", help="the question (default: piped input, else a chat)")
+    run.add_argument(
+        "--max-tokens",
+        type=_whole,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"the most tokens an answer may have (default: {DEFAULT_MAX_TOKENS}; 0: no limit)",
+    )
     command("ls", models.ls, "list the models in the store", "list", json=True)
     command("inspect", models.inspect, "show a model's details as JSON").add_argument("model")
     command("verify", models.verify, "re-hash a model's files (all models without NAME)").add_argument(
@@ -111,28 +131,55 @@ def parser() -> argparse.ArgumentParser:
     package.add_argument("--context-size", type=_positive, help="the model's default context size")
     package.add_argument("--push", action="store_true", help="push it to its registry afterwards")
     command("version", engines.version, "show the client's and the daemon's versions")
-    command("wait", engines.wait, "wait until the daemon answers (for scripts)").add_argument(
-        "--timeout", type=float, default=60, help="seconds (default: 60)"
+    wait = command(
+        "wait", engines.wait, "wait until the daemon answers, then print its address (for scripts)"
+    )
+    wait.add_argument("--timeout", type=float, default=60, help="seconds (default: 60)")
+    wait.add_argument(
+        "--pid",
+        type=_positive,
+        help="the daemon's process: wait for the address it writes, and give up as soon as it ends",
     )
     return top
 
 
 def _positive(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) == 0:
+    if _whole(text) == 0:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
     return int(text)
 
 
+def _whole(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(text)
+
+
+#: Options whose value may itself start with "--" (C{--runtime-flags "--flash-attn"}).
+FLAG_VALUED = ("--runtime-flags",)
+
+
+def joined(argv: Sequence[str]) -> list[str]:
+    """C{--runtime-flags --temp} as C{--runtime-flags=--temp}: argparse takes a value starting with
+    C{-} for another option, so the README's C{--runtime-flags "--flash-attn"} would be refused."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        value = next(words, None) if word in FLAG_VALUED else None
+        out.append(word if value is None else f"{word}={value}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     top = parser()
-    args = top.parse_args(argv)
+    args = top.parse_args(joined(sys.argv[1:] if argv is None else argv))
     if args.command == "unload" and bool(args.models) == args.all:
         top.error("unload needs model names or --all (not both)")
     tty = sys.stdout.isatty()
     out = Console(highlight=False, width=None if tty else PIPE_WIDTH)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        args.run(Context(Daemon(args.host, args.api_key), out, err), args)
+        args.run(Context(Daemon(find_host(args.host), args.api_key), out, err), args)
     except CommandError as e:
         err.print(f"mrunner: {explain(e, args.command, getattr(args, 'model', None))}", markup=False)
         sys.exit(1)

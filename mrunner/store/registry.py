@@ -29,6 +29,7 @@ from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
+from mrunner.clientpool import QuietPool
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, MrunnerError, NotFound
 from mrunner.store.artifact import MANIFEST_TYPES
@@ -84,7 +85,7 @@ class RegistryClient:
         self._config = config
         self.timeout = Timeout(reactor, read_timeout)
         if http is None:
-            self._pool: HTTPConnectionPool | None = HTTPConnectionPool(reactor)
+            self._pool: HTTPConnectionPool | None = QuietPool(reactor)
             http = HTTPClient(Agent(reactor, pool=self._pool))
         else:
             self._pool = None

@@ -14,6 +14,7 @@ started. A blob that fails is quarantined, and the model then says so
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -52,6 +53,7 @@ DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
 
 Index = dict[str, list[str]]  # manifest digest -> tags; ``list`` is a method name in the class
 Deletion = list[dict[str, str]]
+NEAR = 0.8  # how alike a missing name and a stored tag must be to suggest it (difflib's ratio)
 Reports = list[dict[str, Any]]
 Digests = list[str]
 
@@ -230,10 +232,16 @@ class ModelStore:
     def _known(self, digest: str, name: str) -> str:
         if digest not in self._models:
             raise NotFound(
-                f"model {name} not found locally; pull it first (POST /models/create)",
+                f"model {name} not found locally{self._nearest(name)}; pull it first (POST /models/create)",
                 code="model_not_found",
             )
         return digest
+
+    def _nearest(self, name: str) -> str:
+        """C{" (did you mean TAG?)"} for the stored tag closest to a mistyped C{name}, else nothing."""
+        tags = [tag for tags in self._models.values() for tag in tags]
+        close = difflib.get_close_matches(name, tags, n=1, cutoff=NEAR)
+        return f" (did you mean {close[0]}?)" if close else ""
 
     # Changes
 
@@ -258,22 +266,19 @@ class ModelStore:
         self._retag(digest, str(ref))
         return self._model(digest)
 
-    def untag(self, name: str) -> Model:
-        """Remove the tag C{name} only: the model stays, under its other names (Ollama's delete of a copy)."""
-        digest = self.lookup(name)
-        tag = str(parse(name))
-        if tag not in self._models[digest]:
-            raise BadRequest(f"{name} is not one of the model's tags: {', '.join(self._models[digest])}")
-        self._save({d: [t for t in tags if t != tag] for d, tags in self._models.items()})
-        return self._model(digest)
-
     def delete(self, name: str, force: bool = False) -> Deletion:
-        """Remove the model C{name} and the blobs nothing else uses.
+        """Remove the name C{name}, as C{docker rmi} does: only that tag while another name holds the
+        model, else the model and the blobs nothing else uses.
 
-        @raise Conflict: the model has several tags and C{force} is false.
+        @raise Conflict: C{name} is the id of a model with several tags and C{force} is false.
         @return: Docker's shape: C{[{"Untagged": tag}, ..., {"Deleted": digest}]}.
         """
-        digest = self.deletable(name, force)
+        digest, whole = self.deletion(name, force)
+        if not whole:
+            tag = str(parse(name))
+            self._save({d: [t for t in tags if t != tag] for d, tags in self._models.items()})
+            self.log.info("untagged {tag} of model {digest}", tag=tag, digest=digest)
+            return [{"Untagged": tag}]
         tags = self._models[digest]
         models = dict(self._models)
         del models[digest]
@@ -282,16 +287,29 @@ class ModelStore:
         self.log.info("deleted model {digest} ({tags})", digest=digest, tags=tags)
         return [{"Untagged": tag} for tag in tags] + [{"Deleted": digest}]
 
-    def deletable(self, name: str, force: bool = False) -> str:
-        """The digest L{delete} would remove, or why it would refuse."""
+    def deletion(self, name: str, force: bool = False) -> tuple[str, bool]:
+        """The digest L{delete} would act on, and whether it would remove the whole model; or why it
+        would refuse."""
         digest = self.lookup(name)
         tags = self._models[digest]
-        if len(tags) > 1 and not force:
+        if len(tags) < 2:
+            return digest, True
+        if self._is_tag(name) and str(parse(name)) in tags:
+            return digest, False
+        if not force:
             raise Conflict(
-                f"model {name} is tagged {', '.join(tags)}; delete with force=true to remove all of them",
+                f"model {name} is tagged {', '.join(tags)}; remove one of those names, or delete with"
+                " force=true to remove all of them",
                 code="model_has_several_tags",
             )
-        return digest
+        return digest, True
+
+    @staticmethod
+    def _is_tag(name: str) -> bool:
+        """Whether C{name} is a tag, not a digest or a short id."""
+        if DIGEST.fullmatch(name) or SHORT_ID.fullmatch(name):
+            return False
+        return not parse(name).digest
 
     @contextmanager
     def pinned(self, digests: Iterable[str]) -> Iterator[None]:

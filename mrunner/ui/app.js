@@ -7,6 +7,7 @@ const MAX_LOG_CHARS = 200000;
 const MAX_REQUEST_ROWS = 200;
 
 // API keys: asked for on a 401, kept in this tab's sessionStorage, sent as a Bearer token.
+// A key the daemon refuses is said so, and asked for again.
 let apiKey = sessionStorage.getItem("mrunner-key") || "";
 let keyWaiters = [];
 
@@ -15,24 +16,31 @@ $("key-form").addEventListener("submit", (event) => {
   apiKey = $("key-input").value.trim();
   sessionStorage.setItem("mrunner-key", apiKey);
   $("key-form").hidden = true;
+  say("");
   const waiters = keyWaiters;
   keyWaiters = [];
   waiters.forEach((resume) => resume());
 });
 
-function askForKey() {
+function askForKey(refused) {
+  if (!keyWaiters.length) {
+    $("key-refused").hidden = !refused;
+    $("key-input").value = "";
+  }
   $("key-form").hidden = false;
   $("key-input").focus();
+  say(refused ? "the API key was refused" : "waiting for an API key");
   return new Promise((resume) => keyWaiters.push(resume));
 }
 
 async function api(path, init = {}) {
   for (;;) {
+    const sent = apiKey;
     const headers = new Headers(init.headers || {});
-    if (apiKey) headers.set("Authorization", "Bearer " + apiKey);
+    if (sent) headers.set("Authorization", "Bearer " + sent);
     const response = await fetch(path, { ...init, headers });
     if (response.status !== 401) return response;
-    await askForKey();
+    if (sent === apiKey) await askForKey(Boolean(sent));
   }
 }
 
@@ -197,25 +205,29 @@ async function loadModels() {
   const rows = $("model-rows");
   rows.replaceChildren();
   for (const model of models) {
-    const name = model.tags[0] || model.id;
     const config = model.config || {};
-    const button = element("button", "Delete");
-    button.addEventListener("click", () => deleteModel(model, name));
-    const tr = row([name, config.size || "-", config.quantization || "-", config.parameters || "-",
-      config.context_size || "-", button]);
-    tr.dataset.model = name;
-    rows.append(tr);
+    for (const name of model.tags.length ? model.tags : [model.id]) {
+      const button = element("button", "Delete");
+      button.addEventListener("click", () => deleteModel(model, name));
+      const tr = row([name, config.size || "-", config.quantization || "-", config.parameters || "-",
+        config.context_size || "-", button]);
+      tr.dataset.model = name;
+      rows.append(tr);
+    }
   }
   $("no-models").hidden = models.length > 0;
   fillModelChoices();
 }
 
+// One name of a model: only that name goes while others remain (as `mrunner rm`), else the model.
 async function deleteModel(model, name) {
-  const others = model.tags.length > 1 ? " and its other names (" + model.tags.slice(1).join(", ") + ")" : "";
-  if (!confirm("Delete " + name + others + "? Its runners are unloaded.")) return;
-  const force = model.tags.length > 1 ? "?force=true" : "";
+  const others = model.tags.filter((tag) => tag !== name);
+  const question = others.length
+    ? "Remove the name " + name + "? The model stays as " + others.join(", ") + "."
+    : "Delete " + name + "? Its runners are unloaded.";
+  if (!confirm(question)) return;
   try {
-    await getJSON("/models/" + encodeURI(name) + force, { method: "DELETE" });
+    await getJSON("/models/" + encodeURI(name), { method: "DELETE" });
   } catch (e) {
     say("delete failed: " + e.message);
   }
