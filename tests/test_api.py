@@ -493,10 +493,10 @@ class APITests(SynchronousTestCase):
 
     def test_ready_and_reload_without_a_reloader(self) -> None:
         code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
-        self.assertEqual((code, body), (503, {"ready": False, "preloads": []}))
+        self.assertEqual((code, body), (503, {"ready": False, "preloads": [], "failed": []}))
         self.install()
         code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
-        self.assertEqual((code, body), (200, {"ready": True, "preloads": []}))
+        self.assertEqual((code, body), (200, {"ready": True, "preloads": [], "failed": []}))
         self.assertError(self.request("POST", f"{BASE}/engines/_reload"), 400, "without a configuration")
 
 

@@ -27,7 +27,7 @@ from twisted.web.server import Request, Site
 
 import mrunner
 from mrunner.store.store import ModelStore
-from tests.daemon import InProcessDaemon, eventually, free_port, http, lines, short_home, write_config
+from tests.daemon import InProcessDaemon, eventually, free_port, http, lines, short_home, sleep, write_config
 from tests.ggufs import flip_last_byte, write_tiny_gguf
 from tests.hub_server import Repo, StandInHub
 from tests.registry_server import SKIP, RealRegistry
@@ -234,6 +234,38 @@ class DaemonCommandTests(CLITestCase):
         follow.transport.signalProcess("INT")
         await follow.ended
         self.assertEqual(follow.code, 130)
+
+
+class FailedPreloadTests(CLITestCase):
+    """A preload that failed is seen in C{ps}, C{status} and C{/ready}, and does not keep the node unready."""
+
+    def config_text(self) -> str:
+        return '[models]\npreload = ["ai/no-such-model"]\n'
+
+    async def test_shown(self) -> None:
+        name = "ai/no-such-model:latest"
+        ready: dict[str, Any] = {}
+
+        async def failed() -> bool:
+            ready.update(json.loads(await (await http.get(self.daemon.url + "/ready")).text()))
+            return bool(ready.get("failed"))
+
+        for _ in range(int(WAIT / 0.05)):
+            if await failed():
+                break
+            await sleep(0.05)
+        self.assertEqual((ready["ready"], ready["failed"]), (True, [name]), ready)
+        (row,) = json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())
+        self.assertEqual((row["model_name"], row["state"]), (name, "failed"))
+        self.assertIn("not found", row["error"])
+        statuses = json.loads(await (await http.get(self.daemon.url + "/engines/status")).text())
+        self.assertIn("not found", statuses[f"preload {name}"])
+
+        listing = (await self.ok("ps")).splitlines()
+        self.assertEqual(listing[1].split()[:5], [name, "-", "test", "completion", "failed"])
+        self.assertIn(f"preload {name} failed: ", listing[-1])
+        self.assertIn("not found", listing[-1])
+        self.assertRegex(await self.ok("status"), rf"preload {name}: Error: .*not found")
 
 
 class ModelCommandTests(CLITestCase):

@@ -306,7 +306,8 @@ class TwistdTests(TestCase):
                 break
             await sleep(0.01)
         self.assertEqual(
-            ready, {"ready": True, "preloads": [{"model": MODEL, "state": "loaded", "error": None}]}
+            ready,
+            {"ready": True, "preloads": [{"model": MODEL, "state": "loaded", "error": None}], "failed": []},
         )
         response = await client.get("http://d/engines/ps")
         (runner,) = await response.json()
