@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mrunner.backends.base import COMPLETION
 from mrunner.durations import timestamp
 from mrunner.scheduling.installer import InstallState, InstallStatus
 from mrunner.scheduling.lifecycle import State
-from mrunner.backends.base import COMPLETION
 from mrunner.scheduling.snapshot import Preload, PreloadState, RunnerSnapshot
 
 

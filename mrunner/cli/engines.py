@@ -52,7 +52,9 @@ def ps(ctx: Context, args: Namespace) -> None:
     ]
     table(ctx.out, ["model", "id", "backend", "mode", "state", "memory", "until"], rows)
     for runner in failed:
-        ctx.out.print(f"preload {runner['model_name']} failed: {runner['error']}", markup=False, highlight=False)
+        ctx.out.print(
+            f"preload {runner['model_name']} failed: {runner['error']}", markup=False, highlight=False
+        )
 
 
 def state(runner: dict[str, Any]) -> str:
