@@ -223,7 +223,15 @@ class AdminAPI:
         name = model_name(payload)
         CONFIGURE(payload)
         changed = await self._scheduler.configure(backend, name, model_settings(payload))
-        return json_body(request, {"status": "configured" if changed else "unchanged", "model": name})
+        configuration = self._scheduler.configuration(backend, name)
+        answer = {
+            "status": "configured" if changed else "unchanged",
+            "model": name,
+            "context_size": configuration["context_size_in_force"],
+        }
+        if configuration["warning"]:
+            answer["warning"] = configuration["warning"]
+        return json_body(request, answer)
 
     @app.route("/engines/_configure", methods=["GET"], endpoint="configuration_default")
     @app.route("/engines/<backend>/_configure", methods=["GET"])

@@ -38,6 +38,9 @@ def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
         "memory_measured": runner.memory_measured,
         "pid": runner.pid,
         "socket": runner.socket,
+        "context_size": runner.context.in_force,
+        "context_size_configured": runner.context.asked,
+        "warning": runner.context.note(runner.model_name),
     }
 
 

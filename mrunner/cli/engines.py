@@ -51,6 +51,9 @@ def ps(ctx: Context, args: Namespace) -> None:
         for runner in runners
     ]
     table(ctx.out, ["model", "id", "backend", "mode", "state", "memory", "until"], rows)
+    for runner in runners:
+        if runner.get("warning"):  # a context_size above what the model gives
+            ctx.out.print(runner["warning"], markup=False, highlight=False)
     for runner in failed:
         ctx.out.print(
             f"preload {runner['model_name']} failed: {runner['error']}", markup=False, highlight=False
@@ -108,6 +111,8 @@ def configure(ctx: Context, args: Namespace) -> None:
         body["speculative"] = {"draft_model": args.speculative_draft_model}
     result = ctx.daemon.call("POST", "/engines/_configure", body)
     ctx.out.print(f"{result['model']}: {result['status']}", markup=False)
+    if result.get("warning"):
+        ctx.err.print(f"mrunner: {result['warning']}", markup=False, highlight=False)
 
 
 def reload(ctx: Context, args: Namespace) -> None:
