@@ -140,7 +140,9 @@ class Forwarder:
         """
         connection, head = await self._send(request, runner_url(socket, path), body)
         refused = None
-        if head.code == 400:  # a refusal, a few hundred bytes: read whole, told plainly when it is the context
+        if (
+            head.code == 400
+        ):  # a refusal, a few hundred bytes: read whole, told plainly when it is the context
             refused = _Held(connection)
             connection.relay(refused, framed=False)
             answer = await refused.done

@@ -472,6 +472,39 @@ class ChatTests(CLITestCase):
         )
 
 
+class ContextTests(CLITestCase):
+    def runner_args(self) -> tuple[str, ...]:
+        return ("--context", "12")  # words: a few turns fill it
+
+    async def test_a_conversation_that_outgrows_the_context(self) -> None:
+        """Told so plainly, with /new to start anew; then the conversation starts from nothing."""
+        await self.daemon.import_model("tiny", self.gguf)
+        error = await self.fails("run", "tiny", " ".join(["word"] * 20))
+        self.assertIn("no longer fits in the model's context of 12 tokens", error)
+        chat = self.spawn("run", "tiny", terminal=True)
+        seen = await chat.shows("/new starts anew")
+        seen = await chat.shows("> ", seen)
+        chat.type("one two three four five\r")
+        seen = await chat.shows("tok0 tok1 tok2 ", seen)
+        seen = await chat.shows("> ", seen)
+        chat.type("six seven eight nine ten\r")  # 5 + 3 + 5 words: more than 12
+        seen = await chat.shows("the conversation (13 tokens) no longer fits", seen)
+        seen = await chat.shows("Type /new to start a new conversation.", seen)
+        seen = await chat.shows("> ", seen)
+        chat.type("/new\r")
+        seen = await chat.shows("(a new conversation)", seen)
+        seen = await chat.shows("> ", seen)
+        chat.type("six seven eight nine ten\r")
+        seen = await chat.shows("tok0 tok1 tok2 ", seen)
+        await chat.shows("> ", seen)
+        chat.type("\x04")
+        await chat.ended
+        self.assertEqual(chat.code, 0, chat.output)
+        self.assertEqual(
+            self.requests()[-1]["messages"], [{"role": "user", "content": "six seven eight nine ten"}]
+        )
+
+
 class InstallingDaemon(Resource):
     """A daemon whose backend is still installing when the first chat request comes."""
 

@@ -42,8 +42,8 @@ class ContextSize:
     in its own log: C{in_force} is that smaller number, which a person must see.
     """
 
-    asked: int | None
-    in_force: int | None
+    asked: int | None = None
+    in_force: int | None = None
 
     @property
     def capped(self) -> bool:

@@ -3,6 +3,8 @@
 Answers stream from the OpenAI chat route as server-sent events and are
 written as they come. Ctrl-C while an answer streams closes the connection,
 which makes the daemon stop the generation; Ctrl-D at the prompt leaves.
+A conversation that outgrows the model's context is told so, with C{/new}
+to start another.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from mrunner.cli.progress import wait_for_install
 
 CHAT_PATH = "/engines/v1/chat/completions"
 LEAVE_HINT = "Ctrl-D or /bye leaves"
+NEW = "/new"
+CONTEXT_EXCEEDED = "context_length_exceeded"
 
 
 class Chat:
@@ -102,7 +106,9 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
     import readline  # noqa: F401  # gives input() line editing and history
 
     chat.preload()
-    console.print(f"Chatting with {chat.model}. Ctrl-C stops an answer; {LEAVE_HINT}.", markup=False)
+    console.print(
+        f"Chatting with {chat.model}. Ctrl-C stops an answer; {NEW} starts anew; {LEAVE_HINT}.", markup=False
+    )
     out = console.file
     while True:
         try:
@@ -115,6 +121,10 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
             continue
         if prompt.strip() == "/bye":
             return
+        if prompt.strip() == NEW:
+            chat.messages.clear()
+            console.print("(a new conversation)", markup=False)
+            continue
         if not prompt.strip():
             continue
         try:
@@ -123,5 +133,7 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
             out.write(" [stopped]")
         except CommandError as e:
             errors.print(f"mrunner: {explain(e, 'run', chat.model)}", markup=False, highlight=False)
+            if isinstance(e, DaemonError) and e.code == CONTEXT_EXCEEDED:
+                console.print(f"Type {NEW} to start a new conversation.", markup=False)
             continue
         out.write("\n")

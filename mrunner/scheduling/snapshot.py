@@ -32,7 +32,7 @@ class RunnerSnapshot:
     pinned: bool
     stale: bool
     #: The context its settings ask for, and what llama-server gives each request.
-    context: ContextSize = ContextSize(None, None)
+    context: ContextSize = attrs.Factory(ContextSize)
 
 
 class PreloadState(Enum):
