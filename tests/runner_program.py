@@ -9,9 +9,9 @@ Run as ``python runner_program.py --socket S --alias NAME [--health-delay SECOND
 a moment later, though the answer announced keep-alive (as llama-server does after streams);
 --context refuses a request whose messages hold more words, with llama-server's 400.
 A request may carry ``"test": {"events": N, "interval": SECONDS, "gate": PREFIX,
-"crash_after": K}`` in its JSON body: stream N
+"crash_after": K, "refuse": STATUS}`` in its JSON body: stream N
 events, before event i wait until the file PREFIX<i> exists, exit the process after
-K events.
+K events; or answer STATUS with an OpenAI-shaped error.
 """
 
 import argparse
@@ -65,6 +65,10 @@ class Runner(resource.Resource):
         if self.options.context and words >= self.options.context:
             request.setResponseCode(400)
             return json.dumps({"error": too_long(words, self.options.context)}).encode()
+        if "refuse" in control:
+            request.setResponseCode(control["refuse"])
+            error = {"code": control["refuse"], "message": "told to refuse", "type": "invalid_request_error"}
+            return json.dumps({"error": error}).encode()
         if body.get("stream"):
             request.setHeader(b"content-type", b"text/event-stream")
             self.stream(request, body, control)
