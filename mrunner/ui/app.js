@@ -308,6 +308,7 @@ function offerNewConversation(answer, message) {
   button.addEventListener("click", newConversation);
   note.append(button);
   answer.append(note);
+  $("conversation").scrollTop = $("conversation").scrollHeight;
 }
 
 $("chat-input").addEventListener("keydown", (event) => {
