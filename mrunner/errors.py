@@ -6,6 +6,8 @@ scheduling core and the store never import Klein.
 
 from __future__ import annotations
 
+import json
+
 
 class MrunnerError(Exception):
     """A failure a client is told about as ``{"error": {"message", "type", "code"[, "param"]}}``."""
@@ -42,6 +44,37 @@ class MrunnerError(Exception):
 class BadRequest(MrunnerError):
     status = 400
     type = "invalid_request_error"
+
+
+class ContextExceeded(BadRequest):
+    """A conversation longer than the runner's context: the person starts a new one or drops old turns.
+
+    llama-server refuses it with a 400 of type C{exceed_context_size_error}
+    ("request (5700 tokens) exceeds the available context size (4096 tokens),
+    try increasing it"); every API answers this instead, in its own shape.
+    """
+
+    code = "context_length_exceeded"
+
+    def __init__(self, tokens: int | None, context: int):
+        size = f" ({tokens} tokens)" if tokens else ""
+        super().__init__(
+            f"the conversation{size} no longer fits in the model's context of {context} tokens:"
+            " start a new conversation, or drop its oldest turns"
+        )
+        self.context = context
+
+    @classmethod
+    def from_runner(cls, body: bytes) -> ContextExceeded | None:
+        """This error, if C{body} is llama-server's refusal of a request longer than its context."""
+        try:
+            error = json.loads(body).get("error")
+            if error.get("type") != "exceed_context_size_error":
+                return None
+            tokens = error.get("n_prompt_tokens")
+            return cls(tokens if isinstance(tokens, int) else None, int(error["n_ctx"]))
+        except (ValueError, AttributeError, KeyError, TypeError):
+            return None
 
 
 class Unauthorized(MrunnerError):

@@ -9,7 +9,7 @@ from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
-    from mrunner.backends.base import Command, RunnerSettings
+    from mrunner.backends.base import Command, ContextSize, RunnerSettings
     from mrunner.scheduling.installer import InstallStatus
     from mrunner.scheduling.scheduler import ModelSettings
     from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
@@ -70,6 +70,9 @@ class IBackend(Interface):
 
     def memory(model: Model, mode: str, settings: RunnerSettings) -> int:
         """Bytes a runner of C{model} in C{mode} with C{settings} is estimated to need."""
+
+    def context(model: Model, settings: RunnerSettings) -> ContextSize:
+        """The context a runner of C{model} with C{settings} asks for, and the one in force."""
 
     def disk_usage() -> int:
         """Bytes the installed backend occupies."""

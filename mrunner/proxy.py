@@ -27,7 +27,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from mrunner.clientpool import QuietPool
-from mrunner.errors import BadGateway
+from mrunner.errors import BadGateway, ContextExceeded
 from mrunner.home import SOCKET_SUFFIX
 from mrunner.upstream import CHUNKED, Body, Head, RunnerConnection, RunnerPool, runner_url, send_now
 
@@ -132,17 +132,36 @@ class Forwarder:
     ) -> None:
         """Relay C{request} (whose body is C{body}) to the runner; returns when the answer is sent.
 
+        A 400 is read whole first: llama-server's refusal of a conversation longer
+        than its context becomes L{ContextExceeded}, which says so plainly.
+
         Cancelling the Deferred that awaits it (Klein does, when the client
         disconnects) aborts the upstream connection. An C{observer} sees the
         answer's body as it goes to the client.
         """
         connection, head = await self._send(request, runner_url(socket, path), body)
+        refused = None
+        if (
+            head.code == 400
+        ):  # a refusal, a few hundred bytes: read whole, told plainly when it is the context
+            refused = _Held(connection)
+            connection.relay(refused, framed=False)
+            answer = await refused.done
+            exceeded = ContextExceeded.from_runner(answer)
+            if exceeded is not None:
+                raise exceeded
         request.setResponseCode(head.code, head.phrase)
         headers = request.responseHeaders
         for name, value in answer_fields(head):
             headers.addRawHeader(name, value)
         if head.length >= 0:
             headers.setRawHeaders(b"content-length", [b"%d" % head.length])
+        if refused is not None:
+            if observer is not None:
+                observer.start(False)
+                observer.write(answer)
+            request.write(answer)
+            return
         events = is_event_stream(head.value(b"content-type") or b"")
         if events:
             start_event_stream(request)
@@ -192,6 +211,23 @@ def start_event_stream(request: Request) -> None:
     if ITCPTransport.providedBy(transport):
         transport.setTcpNoDelay(True)
     request.write(b"")
+
+
+class _Held(Body):
+    """Keeps a short answer whole, for mrunner to read before the client does."""
+
+    def __init__(self, connection: RunnerConnection):
+        self._chunks: list[bytes] = []
+        self.done: Deferred[bytes] = Deferred(lambda d: connection.abort())
+
+    def write(self, data: bytes) -> None:
+        self._chunks.append(data)
+
+    def end(self) -> None:
+        self.done.callback(b"".join(self._chunks))
+
+    def cut(self, why: str, between_chunks: bool) -> None:
+        self.done.errback(BadGateway(f"the runner stopped in the middle of its answer: {why}"))
 
 
 class _Relay(Body):

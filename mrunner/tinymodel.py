@@ -57,7 +57,12 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
 
 
 def _write(
-    path: str | os.PathLike[str], arch: str, pooling: gguf.PoolingType, seed: int, shard_tensors: int = 0
+    path: str | os.PathLike[str],
+    arch: str,
+    pooling: gguf.PoolingType,
+    seed: int,
+    shard_tensors: int = 0,
+    context: int = CONTEXT,
 ) -> None:
     tokens, scores, types = _vocabulary()
     rng = np.random.default_rng(seed)
@@ -71,7 +76,7 @@ def _write(
     writer = gguf.GGUFWriter(os.fspath(path), arch, split_max_tensors=shard_tensors)
     writer.add_name(f"tiny-{arch}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_context_length(CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(EMBED)
     writer.add_block_count(LAYERS)
     writer.add_feed_forward_length(FFN)
@@ -129,13 +134,16 @@ def _write(
     writer.close()
 
 
-def write_tiny_llama(path: str | os.PathLike[str], seed: int = 0, shard_tensors: int = 0) -> None:
+def write_tiny_llama(
+    path: str | os.PathLike[str], seed: int = 0, shard_tensors: int = 0, context: int = CONTEXT
+) -> None:
     """A chat, completion and embedding model (llama architecture, mean pooling), ~0.5 MB.
 
     With C{shard_tensors}, a split model of that many tensors a file, named as
     llama.cpp's ``gguf-split`` names shards (``tiny.gguf`` → ``tiny-00001-of-00010.gguf``, ...).
+    C{context} is the context it says it was trained for, all llama-server gives a request.
     """
-    _write(path, "llama", gguf.PoolingType.MEAN, seed, shard_tensors)
+    _write(path, "llama", gguf.PoolingType.MEAN, seed, shard_tensors, context)
 
 
 #: The tiny projector's images: 32 x 32 pixels in 8 x 8 patches, 16 image tokens.

@@ -10,7 +10,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
-from mrunner.backends.base import Command, RunnerSettings
+from mrunner.backends.base import Command, ContextSize, RunnerSettings
 from mrunner.errors import NotFound, RunnerFailed
 from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
@@ -111,6 +111,7 @@ class FakeBackend:
     name: str = "llama.cpp"
     manages_models: bool = False
     need: int = 0
+    trained: int | None = None
     installs: list[Deferred[str]] = attrs.field(factory=list)
     reports: list[Any] = attrs.field(factory=list)
 
@@ -125,6 +126,11 @@ class FakeBackend:
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         return self.need
+
+    def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
+        """As llama-server: at most C{trained} tokens a request, when set."""
+        asked = settings.context_size
+        return ContextSize(asked, min(asked, self.trained) if asked and self.trained else asked)
 
     def disk_usage(self) -> int:
         return 0

@@ -2,15 +2,16 @@
 
 Run as ``python runner_program.py --socket S --alias NAME [--health-delay SECONDS]
 [--exit-at-start] [--starts FILE] [--events FILE] [--requests FILE] [--gate PREFIX]
-[--close-after-answer]``:
+[--close-after-answer] [--context WORDS]``:
 --starts gets a line per process start, --events "finished" or "cancelled" per stream,
 --requests each POST body as a JSON line; --gate is the default gate of every stream;
 --close-after-answer reads nothing more on a connection once an answer ends, and closes it
-a moment later, though the answer announced keep-alive (as llama-server does after streams).
+a moment later, though the answer announced keep-alive (as llama-server does after streams);
+--context refuses a request whose messages hold more words, with llama-server's 400.
 A request may carry ``"test": {"events": N, "interval": SECONDS, "gate": PREFIX,
-"crash_after": K}`` in its JSON body: stream N
+"crash_after": K, "refuse": STATUS}`` in its JSON body: stream N
 events, before event i wait until the file PREFIX<i> exists, exit the process after
-K events.
+K events; or answer STATUS with an OpenAI-shaped error.
 """
 
 import argparse
@@ -60,6 +61,14 @@ class Runner(resource.Resource):
                 f.write(json.dumps(body) + "\n")
         control = body.pop("test", {}) or {}
         request.setHeader(b"content-type", b"application/json")
+        words = sum(len(str(m.get("content", "")).split()) for m in body.get("messages") or [])
+        if self.options.context and words >= self.options.context:
+            request.setResponseCode(400)
+            return json.dumps({"error": too_long(words, self.options.context)}).encode()
+        if "refuse" in control:
+            request.setResponseCode(control["refuse"])
+            error = {"code": control["refuse"], "message": "told to refuse", "type": "invalid_request_error"}
+            return json.dumps({"error": error}).encode()
         if body.get("stream"):
             request.setHeader(b"content-type", b"text/event-stream")
             self.stream(request, body, control)
@@ -118,6 +127,18 @@ class Runner(resource.Resource):
             reactor.callLater(interval, step)
 
         step()
+
+
+def too_long(tokens, context):
+    """llama-server's refusal of a request longer than its context, word for word."""
+    return {
+        "code": 400,
+        "message": f"request ({tokens} tokens) exceeds the available context size ({context} tokens),"
+        " try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": tokens,
+        "n_ctx": context,
+    }
 
 
 def chat(alias, body):
@@ -184,6 +205,7 @@ def main():
     parser.add_argument("--requests")
     parser.add_argument("--gate")
     parser.add_argument("--close-after-answer", action="store_true")
+    parser.add_argument("--context", type=int)
     options, _ = parser.parse_known_args()
     if options.starts:
         with open(options.starts, "a") as f:

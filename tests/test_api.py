@@ -9,6 +9,7 @@ import attrs
 from klein import Klein
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
@@ -441,6 +442,8 @@ class APITests(SynchronousTestCase):
                 "backend": "llama.cpp",
                 "model": "ai/smollm2:latest",
                 "context_size": 512,
+                "context_size_in_force": 512,
+                "warning": None,
                 "runtime_flags": [],
                 "keep_alive": 300,
                 "pinned": False,
@@ -449,6 +452,30 @@ class APITests(SynchronousTestCase):
         )
         self.assertError(self.request("GET", f"{url}?model=nothing"), 404)
         self.assertError(self.request("GET", url), 400, "model")
+
+    def test_a_context_above_the_models_is_named(self) -> None:
+        """_configure's answer, GET _configure, ps and the log name the context in force."""
+        self.backend.trained = 4096
+        self.install()
+        url = f"{BASE}/engines/_configure"
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        code, body, _ = self.answer(self.request("POST", url, {"model": "smollm2", "context-size": 32768}))
+        self.assertEqual((code, body["status"], body["context_size"]), (200, "configured", 4096))
+        note = "context_size 32768 for ai/smollm2:latest is more than the model will give"
+        self.assertIn(note, body["warning"])
+        self.assertIn("at most 4096 tokens", body["warning"])
+        code, body, _ = self.answer(self.request("GET", f"{url}?model=smollm2"))
+        self.assertEqual((body["context_size"], body["context_size_in_force"]), (32768, 4096))
+        self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        self.spawn.processes[0].ready.callback(None)
+        (runner,) = self.answer(self.request("GET", f"{BASE}/engines/ps"))[1]
+        self.assertEqual((runner["context_size"], runner["context_size_configured"]), (4096, 32768))
+        self.assertIn(note, runner["warning"])
+        self.assertIn(note, "\n".join(formatEvent(event) for event in events))
+        code, body, _ = self.answer(self.request("POST", url, {"model": "smollm2", "context-size": 2048}))
+        self.assertNotIn("warning", body, "2048 fits in 4096")
 
     def test_metrics(self) -> None:
         _, body, _ = self.answer(self.request("GET", f"{BASE}/metrics"))
@@ -493,10 +520,10 @@ class APITests(SynchronousTestCase):
 
     def test_ready_and_reload_without_a_reloader(self) -> None:
         code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
-        self.assertEqual((code, body), (503, {"ready": False, "preloads": []}))
+        self.assertEqual((code, body), (503, {"ready": False, "preloads": [], "failed": []}))
         self.install()
         code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
-        self.assertEqual((code, body), (200, {"ready": True, "preloads": []}))
+        self.assertEqual((code, body), (200, {"ready": True, "preloads": [], "failed": []}))
         self.assertError(self.request("POST", f"{BASE}/engines/_reload"), 400, "without a configuration")
 
 

@@ -28,7 +28,7 @@ from twisted.web.server import Request, Site
 import mrunner
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.store.store import ModelStore
-from tests.daemon import InProcessDaemon, eventually, free_port, http, lines, short_home, write_config
+from tests.daemon import InProcessDaemon, eventually, free_port, http, lines, short_home, sleep, write_config
 from tests.ggufs import flip_last_byte, write_tiny_gguf
 from tests.hub_server import Repo, StandInHub
 from tests.registry_server import SKIP, RealRegistry
@@ -267,6 +267,38 @@ class DaemonCommandTests(CLITestCase):
         follow.transport.signalProcess("INT")
         await follow.ended
         self.assertEqual(follow.code, 130)
+
+
+class FailedPreloadTests(CLITestCase):
+    """A preload that failed is seen in C{ps}, C{status} and C{/ready}, and does not keep the node unready."""
+
+    def config_text(self) -> str:
+        return '[models]\npreload = ["ai/no-such-model"]\n'
+
+    async def test_shown(self) -> None:
+        name = "ai/no-such-model:latest"
+        ready: dict[str, Any] = {}
+
+        async def failed() -> bool:
+            ready.update(json.loads(await (await http.get(self.daemon.url + "/ready")).text()))
+            return bool(ready.get("failed"))
+
+        for _ in range(int(WAIT / 0.05)):
+            if await failed():
+                break
+            await sleep(0.05)
+        self.assertEqual((ready["ready"], ready["failed"]), (True, [name]), ready)
+        (row,) = json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())
+        self.assertEqual((row["model_name"], row["state"]), (name, "failed"))
+        self.assertIn("not found", row["error"])
+        statuses = json.loads(await (await http.get(self.daemon.url + "/engines/status")).text())
+        self.assertIn("not found", statuses[f"preload {name}"])
+
+        listing = (await self.ok("ps")).splitlines()
+        self.assertEqual(listing[1].split()[:5], [name, "-", "test", "completion", "failed"])
+        self.assertIn(f"preload {name} failed: ", listing[-1])
+        self.assertIn("not found", listing[-1])
+        self.assertRegex(await self.ok("status"), rf"preload {name}: Error: .*not found")
 
 
 class ModelCommandTests(CLITestCase):
@@ -516,6 +548,39 @@ class ChatTests(CLITestCase):
                 {"role": "assistant", "content": "tok0 "},
                 {"role": "user", "content": "And 3+3?"},
             ],
+        )
+
+
+class ContextTests(CLITestCase):
+    def runner_args(self) -> tuple[str, ...]:
+        return ("--context", "12")  # words: a few turns fill it
+
+    async def test_a_conversation_that_outgrows_the_context(self) -> None:
+        """Told so plainly, with /new to start anew; then the conversation starts from nothing."""
+        await self.daemon.import_model("tiny", self.gguf)
+        error = await self.fails("run", "tiny", " ".join(["word"] * 20))
+        self.assertIn("no longer fits in the model's context of 12 tokens", error)
+        chat = self.spawn("run", "tiny", terminal=True)
+        seen = await chat.shows("/new starts anew")
+        seen = await chat.shows("> ", seen)
+        chat.type("one two three four five\r")
+        seen = await chat.shows("tok0 tok1 tok2 ", seen)
+        seen = await chat.shows("> ", seen)
+        chat.type("six seven eight nine ten\r")  # 5 + 3 + 5 words: more than 12
+        seen = await chat.shows("the conversation (13 tokens) no longer fits", seen)
+        seen = await chat.shows("Type /new to start a new conversation.", seen)
+        seen = await chat.shows("> ", seen)
+        chat.type("/new\r")
+        seen = await chat.shows("(a new conversation)", seen)
+        seen = await chat.shows("> ", seen)
+        chat.type("six seven eight nine ten\r")
+        seen = await chat.shows("tok0 tok1 tok2 ", seen)
+        await chat.shows("> ", seen)
+        chat.type("\x04")
+        await chat.ended
+        self.assertEqual(chat.code, 0, chat.output)
+        self.assertEqual(
+            self.requests()[-1]["messages"], [{"role": "user", "content": "six seven eight nine ten"}]
         )
 
 

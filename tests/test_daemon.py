@@ -122,6 +122,27 @@ class DaemonTestCase(TestCase):
         return {"model": MODEL, "messages": HI, **body}
 
 
+class RefusalTests(DaemonTestCase):
+    runner_args = ("--context", "12")
+
+    async def test_a_runner_400_is_relayed_and_a_context_too_small_is_told_plainly(self) -> None:
+        await self.start()
+        code, answer, _ = await self.post("/v1/chat/completions", self.chat(test={"refuse": 400}))
+        expected = {"code": 400, "message": "told to refuse", "type": "invalid_request_error"}
+        self.assertEqual((code, answer), (400, {"error": expected}), "the runner's own words")
+        for stream in (False, True):
+            long = [{"role": "user", "content": "word " * 12}]
+            code, answer, _ = await self.post("/v1/chat/completions", self.chat(messages=long, stream=stream))
+            self.assertEqual((code, answer["error"]["code"]), (400, "context_length_exceeded"), answer)
+            self.assertEqual(
+                answer["error"]["message"],
+                "the conversation (12 tokens) no longer fits in the model's context of 12 tokens:"
+                " start a new conversation, or drop its oldest turns",
+            )
+        code, answer, _ = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual(code, 200, "the runner's connection went on serving")
+
+
 class PathTests(DaemonTestCase):
     async def test_openai_client(self) -> None:
         await self.start()
@@ -310,7 +331,8 @@ class TwistdTests(TestCase):
                 break
             await sleep(0.01)
         self.assertEqual(
-            ready, {"ready": True, "preloads": [{"model": MODEL, "state": "loaded", "error": None}]}
+            ready,
+            {"ready": True, "preloads": [{"model": MODEL, "state": "loaded", "error": None}], "failed": []},
         )
         response = await client.get("http://d/engines/ps")
         (runner,) = await response.json()

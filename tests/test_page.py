@@ -1,7 +1,7 @@
 """The web page at /ui in a real browser: Debian's headless Chromium driven by Playwright.
 
 A real daemon, a real llama-server runner of the tiny model (which never ends an answer by
-itself: without a token limit it writes until its context is full, long enough to be stopped),
+itself: it writes max_tokens words, so an answer's length is set by count, not by time),
 and the real registry for the pull. Nothing is downloaded: Playwright drives /usr/bin/chromium.
 Screenshots of each view go to the test's temporary folder.
 """
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
+from mrunner.tinymodel import write_tiny_llama
 from tests.daemon import http
 from tests.ggufs import write_tiny_gguf
 from tests.registry_server import SKIP as NO_REGISTRY
@@ -24,6 +26,13 @@ from tests.test_browser import CHROMIUM, FLAGS
 from tests.test_llamacpp_e2e import TINY, LlamaCppTestCase
 
 PAGE_LIMIT = 100 * 1024
+# The page's tiny model says it was trained for this context (llama-server gives a request no
+# more than that, whatever context_size asks).
+CONTEXT = 16384
+# The first answer is stopped, however late Stop lands, within this many tokens: the tiny model
+# writes 2,000 a second here, and its words glued together read back as 3 tokens each (measured:
+# 3,000 written, 9,068 on /tokenize), so the next turn still fits in CONTEXT.
+FIRST_ANSWER_TOKENS = 4000
 WAIT_MS = 90_000  # for what must happen; only a broken page waits this long (2 busy cores load slowly)
 # Every value the pull's progress bar takes, as the page sets it.
 WATCH_BAR = """() => {
@@ -58,13 +67,14 @@ def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
             seen["weight"] = page.evaluate(WEIGHT)
             page.screenshot(path=str(shots / "models.png"), full_page=True)
 
-            # Chat: the runner appears while an answer without a token limit streams; Stop ends it.
+            # Chat: Stop ends an answer once it is longer than 20 characters. The answer is bounded
+            # by count, not by how fast Stop lands: the tiny model writes max_tokens words, and
+            # FIRST_ANSWER_TOKENS leave room in its context for the next turn however late Stop is.
             page.click('#tabs button[data-view="chat"]')
             page.select_option("#chat-model", TINY)
+            page.fill("#chat-max-tokens", str(FIRST_ANSWER_TOKENS))
             page.fill("#chat-input", "Write a very long story about a lighthouse keeper and the sea.")
             page.click("#chat-send")
-            page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"]')
-            seen["streaming_when_runner_appeared"] = page.get_attribute(".msg.assistant", "data-state")
             page.wait_for_function(
                 "() => document.querySelector('.msg.assistant span').textContent.length > 20"
             )
@@ -73,7 +83,7 @@ def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
             seen["stopped_text"] = page.inner_text(".msg.assistant")
             page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
 
-            # The conversation goes on, with a token limit this time.
+            # The conversation goes on, with a small token limit this time.
             page.fill("#chat-max-tokens", "8")
             page.fill("#chat-input", "hello")
             page.click("#chat-send")
@@ -81,6 +91,15 @@ def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
             seen["second_answer"] = page.inner_text('.msg.assistant[data-state="done"] span')
             page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
             page.screenshot(path=str(shots / "chat.png"), full_page=True)
+
+            # A turn the model's context cannot hold: the page says so and offers a new conversation.
+            page.fill("#chat-input", "the sea " * CONTEXT)
+            page.click("#chat-send")
+            page.wait_for_selector('.msg.assistant[data-state="too-long"]')
+            seen["too_long"] = page.inner_text('.msg.assistant[data-state="too-long"]')
+            page.screenshot(path=str(shots / "too-long.png"), full_page=True)
+            page.click("#chat-new")
+            seen["after_new"] = page.eval_on_selector("#conversation", "c => c.children.length")
 
             # Unload from the runners table.
             page.click(f'#runner-rows tr[data-model="{TINY}"] button')
@@ -140,10 +159,8 @@ class PageTests(LlamaCppTestCase):
         self.assertEqual(response.code, 200, await response.text())
 
     async def test_every_view(self) -> None:
-        # 32768 tokens of context (the model's own is 4096): an answer without a limit lasts
-        # seconds however fast the machine, longer than the page's once-a-second poll.
-        await self.start('[models."ai/tiny"]\ncontext_size = 32768\n')
-        await self.tiny()
+        await self.start(f'[models."{TINY}"]\ncontext_size = {CONTEXT}\n')
+        await self.tiny(TINY, partial(write_tiny_llama, context=CONTEXT))
         registry = RealRegistry(self.home / "registry")
         await registry.start()
         self.addCleanup(lambda: ensureDeferred(registry.stop()))
@@ -160,9 +177,11 @@ class PageTests(LlamaCppTestCase):
         self.assertGreater(seen["weight"], 10_000, "the page, its script and its style were measured")
         strangers = [url for url in seen["requests"] if not url.startswith(self.daemon.url + "/")]
         self.assertEqual(strangers, [], "every request stays on this machine, with the daemon")
-        self.assertEqual(seen["streaming_when_runner_appeared"], "streaming")
         self.assertTrue(seen["second_answer"])
         self.assertIn("(stopped)", seen["stopped_text"])
+        self.assertIn(f"no longer fits in the model's context of {CONTEXT} tokens", seen["too_long"])
+        self.assertIn("Start a new conversation", seen["too_long"])
+        self.assertEqual(seen["after_new"], 0, "the new conversation starts empty")
         bar = seen["bar"]
         self.assertTrue([v for v in bar if 0 < v < 1], f"the bar moved through {bar}")
         self.assertEqual(bar[-1], 1)
@@ -173,8 +192,12 @@ class PageTests(LlamaCppTestCase):
 
         answer = await http.get(f"{self.daemon.url}/engines/requests?model={TINY}")
         records = json.loads(await answer.text())
-        self.assertEqual([r["completed"] for r in records], [True, False], "the stopped stream was cut short")
+        self.assertEqual(
+            [(r["status"], r["completed"]) for r in records],
+            [(400, True), (200, True), (200, False)],
+            "newest first: the turn too long, the second answer, the stopped stream cut short",
+        )
         self.assertEqual(
             [p.name for p in sorted(shots.iterdir())],
-            ["chat.png", "logs.png", "models.png", "pull.png", "requests.png", "runners.png"],
+            ["chat.png", "logs.png", "models.png", "pull.png", "requests.png", "runners.png", "too-long.png"],
         )

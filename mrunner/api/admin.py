@@ -13,7 +13,7 @@ from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.flags import runtime_flags
 from mrunner.api.openapi import BACKEND, Piece, answer, errors, json_content, operation, parameter
 from mrunner.api.requests import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
-from mrunner.api.views import runner_json
+from mrunner.api.views import failed_preload_json, failed_preloads, runner_json
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.scheduling.scheduler import ModelSettings
@@ -47,6 +47,7 @@ RUNNER = {
         "last_used": {"type": ["string", "null"]},
         "keep_alive": {"type": ["number", "null"]},
         "expires_at": {"type": ["string", "null"]},
+        "error": {"type": ["string", "null"]},
     },
 }
 
@@ -152,7 +153,7 @@ class AdminAPI:
             "paths": {
                 "/engines/ps": {
                     "get": operation(
-                        "Running runners",
+                        "Running runners, and preloads that failed (state failed, with their error)",
                         {"200": answer("runners", json_content({"type": "array", "items": RUNNER}))},
                     )
                 },
@@ -186,7 +187,10 @@ class AdminAPI:
 
     @app.route("/engines/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:
-        return json_body(request, [runner_json(runner) for runner in self._scheduler.snapshot()])
+        runners = [runner_json(runner) for runner in self._scheduler.snapshot()]
+        backend = self._scheduler.backend_name(None)
+        failed = [failed_preload_json(p, backend) for p in failed_preloads(self._scheduler.preloads())]
+        return json_body(request, runners + failed)
 
     @app.route("/engines/df", methods=["GET"])
     def df(self, request: IRequest) -> bytes:
@@ -219,7 +223,15 @@ class AdminAPI:
         name = model_name(payload)
         CONFIGURE(payload)
         changed = await self._scheduler.configure(backend, name, model_settings(payload))
-        return json_body(request, {"status": "configured" if changed else "unchanged", "model": name})
+        configuration = self._scheduler.configuration(backend, name)
+        answer = {
+            "status": "configured" if changed else "unchanged",
+            "model": name,
+            "context_size": configuration["context_size_in_force"],
+        }
+        if configuration["warning"]:
+            answer["warning"] = configuration["warning"]
+        return json_body(request, answer)
 
     @app.route("/engines/_configure", methods=["GET"], endpoint="configuration_default")
     @app.route("/engines/<backend>/_configure", methods=["GET"])

@@ -17,15 +17,19 @@ from mrunner.api.direct import Direct
 from mrunner.api.errors import Refusal, handle_json_errors, json_body
 from mrunner.api.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.api.ui import wants_html
-from mrunner.api.views import install_ready, preload_json
+from mrunner.api.views import failed_preloads, install_ready, preload_json
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IScheduler
 from mrunner.runner_metrics import RunnerScraper
 
 READY = {
     "type": "object",
-    "required": ["ready", "preloads"],
-    "properties": {"ready": {"type": "boolean"}, "preloads": {"type": "array", "items": {"type": "object"}}},
+    "required": ["ready", "preloads", "failed"],
+    "properties": {
+        "ready": {"type": "boolean"},
+        "preloads": {"type": "array", "items": {"type": "object"}},
+        "failed": {"type": "array", "items": {"type": "string"}},
+    },
 }
 
 
@@ -89,12 +93,17 @@ class ServiceAPI:
         """200 once the default backend is installed and every preload has loaded or failed, else 503.
 
         C{/health} answers 200 all along: the daemon is up. This is for
-        orchestrators that should send work only once the models are in.
+        orchestrators that should send work only once the models are in. A preload
+        that failed does not hold the node back for ever, but C{failed} names it.
         """
         backend = self._scheduler.backend_statuses()[self._scheduler.backend_name(None)]
         preloads = self._scheduler.preloads()
         ready = install_ready(backend) and all(preload.done for preload in preloads)
-        body = {"ready": ready, "preloads": [preload_json(preload) for preload in preloads]}
+        body = {
+            "ready": ready,
+            "preloads": [preload_json(preload) for preload in preloads],
+            "failed": [preload.model for preload in failed_preloads(preloads)],
+        }
         return json_body(request, body, 200 if ready else 503)
 
     @app.route("/version", methods=["GET"])

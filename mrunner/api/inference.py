@@ -14,7 +14,7 @@ from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.gateway import Gateway
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation, template, with_backend
 from mrunner.api.requests import check_vision, target, wants_images
-from mrunner.api.views import install_text
+from mrunner.api.views import failed_preload_statuses, install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.interfaces import IModelStore
 from mrunner.proxy import Forwarder
@@ -193,8 +193,8 @@ class InferenceAPI:
 
     @app.route("/engines/status", methods=["GET"])
     def status(self, request: Request) -> bytes:
-        statuses = self._scheduler.backend_statuses()
-        return json_body(request, {name: install_text(status) for name, status in statuses.items()})
+        statuses = {name: install_text(status) for name, status in self._scheduler.backend_statuses().items()}
+        return json_body(request, statuses | failed_preload_statuses(self._scheduler.preloads()))
 
 
 def openai_models(model: Model) -> list[dict[str, Any]]:

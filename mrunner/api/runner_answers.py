@@ -21,7 +21,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from mrunner.errors import BadGateway, MrunnerError
+from mrunner.errors import BadGateway, ContextExceeded, MrunnerError
 from mrunner.proxy import is_event_stream, start_event_stream
 from mrunner.upstream import Body, Head, RunnerConnection, RunnerPool, runner_url
 
@@ -41,8 +41,11 @@ class RunnerRefused(MrunnerError):
             self.type = "server_error"
 
 
-def refusal(status: int, body: bytes) -> RunnerRefused:
+def refusal(status: int, body: bytes) -> MrunnerError:
     """The runner's error body (OpenAI-shaped from llama-server) as an error mrunner renders."""
+    exceeded = ContextExceeded.from_runner(body)
+    if exceeded is not None:
+        return exceeded
     try:
         error = json.loads(body).get("error")
         message = error["message"] if isinstance(error, dict) else str(error)

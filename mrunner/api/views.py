@@ -1,14 +1,19 @@
-"""The scheduler's values as the HTTP API shows them: runners in C{/engines/ps}, installs, preloads."""
+"""The scheduler's values as the HTTP API shows them: runners in C{/engines/ps}, installs, preloads.
+
+A preload that failed shows wherever a person looks for what runs: a row of C{/engines/ps}
+in state C{failed} with its error, an entry of C{/engines/status}, and C{/ready}'s C{failed}.
+"""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from mrunner.backends.base import COMPLETION
 from mrunner.durations import timestamp
 from mrunner.scheduling.installer import InstallState, InstallStatus
 from mrunner.scheduling.lifecycle import State
-from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
+from mrunner.scheduling.snapshot import Preload, PreloadState, RunnerSnapshot
 
 
 def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
@@ -33,6 +38,9 @@ def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
         "memory_measured": runner.memory_measured,
         "pid": runner.pid,
         "socket": runner.socket,
+        "context_size": runner.context.in_force,
+        "context_size_configured": runner.context.asked,
+        "warning": runner.context.note(runner.model_name),
     }
 
 
@@ -52,3 +60,38 @@ def install_ready(status: InstallStatus) -> bool:
 
 def preload_json(preload: Preload) -> dict[str, Any]:
     return {"model": preload.model, "state": preload.state.value, "error": preload.error}
+
+
+def failed_preloads(preloads: list[Preload]) -> list[Preload]:
+    return [preload for preload in preloads if preload.state is PreloadState.FAILED]
+
+
+def failed_preload_json(preload: Preload, backend: str) -> dict[str, Any]:
+    """A preload that failed, as a row of C{/engines/ps}: the runner that is not there, and why."""
+    return {
+        "backend_name": backend,
+        "model_name": preload.model,
+        "model_id": None,
+        "mode": COMPLETION,
+        "state": preload.state.value,
+        "loading": False,
+        "draining": False,
+        "in_use": 0,
+        "parallel": 0,
+        "last_used": None,
+        "keep_alive": None,
+        "expires_at": None,
+        "pinned": False,
+        "stale": False,
+        "memory": 0,
+        "memory_estimate": 0,
+        "memory_measured": None,
+        "pid": None,
+        "socket": None,
+        "error": preload.error,
+    }
+
+
+def failed_preload_statuses(preloads: list[Preload]) -> dict[str, str]:
+    """C{/engines/status}'s entries for preloads that failed: C{{"preload NAME": "Error: why"}}."""
+    return {f"preload {preload.model}": f"Error: {preload.error}" for preload in failed_preloads(preloads)}

@@ -15,7 +15,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail, succeed
 from zope.interface import implementer
 
-from mrunner.backends.base import Command, RunnerSettings
+from mrunner.backends.base import Command, ContextSize, RunnerSettings
 from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
 
@@ -55,6 +55,10 @@ class CommandBackend:
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         """Only the weights are known of an arbitrary server."""
         return sum(os.path.getsize(path) for path in model.weights)
+
+    def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
+        """An arbitrary server's context is what it is told, if anything."""
+        return ContextSize(settings.context_size, settings.context_size)
 
     def disk_usage(self) -> int:
         return 0

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mrunner.backends import build, childprocess
-from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
+from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, ContextSize, RunnerSettings
 from mrunner.config import Config
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
@@ -63,6 +63,27 @@ def context_size(model: Model, settings: RunnerSettings) -> int:
     if settings.context_size:
         return settings.context_size
     return min(int(model.config.get("context_size") or DEFAULT_CONTEXT_SIZE), MAX_DEFAULT_CONTEXT_SIZE)
+
+
+def trained_context(model: Model) -> int | None:
+    """The context C{model} was trained for (GGUF C{<arch>.context_length}), None when unknown."""
+    metadata = model.config.get("gguf") or {}
+    architecture = model.config.get("architecture") or metadata.get("general.architecture")
+    try:
+        return int(metadata[f"{architecture}.context_length"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def context_in_force(model: Model, settings: RunnerSettings) -> ContextSize:
+    """The ``--ctx-size`` asked for, and what llama-server gives each request of it.
+
+    With ``--kv-unified`` a slot may use the whole context, but llama-server caps
+    a slot at the model's trained context (its log says "capping", nothing else does).
+    """
+    asked = context_size(model, settings)
+    trained = trained_context(model)
+    return ContextSize(asked, asked if trained is None else min(asked, trained))
 
 
 def memory_estimate(model: Model, settings: RunnerSettings) -> int:
@@ -261,6 +282,9 @@ class LlamaCppBackend:
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         return memory_estimate(model, settings)
+
+    def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
+        return context_in_force(model, settings)
 
     def disk_usage(self) -> int:
         """Bytes of the directory install() built or found; 0 for an executable we do not own."""

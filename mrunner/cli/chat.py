@@ -3,6 +3,8 @@
 Answers stream from the OpenAI chat route as server-sent events and are
 written as they come. Ctrl-C while an answer streams closes the connection,
 which makes the daemon stop the generation; Ctrl-D at the prompt leaves.
+A conversation that outgrows the model's context is told so, with C{/new}
+to start another.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ CHAT_PATH = "/engines/v1/chat/completions"
 LEAVE_HINT = "Ctrl-D or /bye leaves"
 #: Enough for a long answer; small models that loop stop within seconds rather than minutes.
 DEFAULT_MAX_TOKENS = 1024
+NEW = "/new"
+CONTEXT_EXCEEDED = "context_length_exceeded"
 
 
 class Chat:
@@ -128,7 +132,9 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
     import readline  # noqa: F401  # gives input() line editing and history
 
     chat.preload()
-    console.print(f"Chatting with {chat.model}. Ctrl-C stops an answer; {LEAVE_HINT}.", markup=False)
+    console.print(
+        f"Chatting with {chat.model}. Ctrl-C stops an answer; {NEW} starts anew; {LEAVE_HINT}.", markup=False
+    )
     out = console.file
     while True:
         try:
@@ -141,6 +147,10 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
             continue
         if prompt.strip() == "/bye":
             return
+        if prompt.strip() == NEW:
+            chat.messages.clear()
+            console.print("(a new conversation)", markup=False)
+            continue
         if not prompt.strip():
             continue
         try:
@@ -149,5 +159,7 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
             out.write(" [stopped]")
         except CommandError as e:
             errors.print(f"mrunner: {explain(e, 'run', chat.model)}", markup=False, highlight=False)
+            if isinstance(e, DaemonError) and e.code == CONTEXT_EXCEEDED:
+                console.print(f"Type {NEW} to start a new conversation.", markup=False)
             continue
         chat.end_answer(out)

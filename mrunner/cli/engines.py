@@ -39,19 +39,27 @@ def ps(ctx: Context, args: Namespace) -> None:
     if runners is None:
         return
     now = time.time()
+    failed = [runner for runner in runners if runner["state"] == "failed"]
     rows = [
         [
             runner["model_name"],
-            runner["model_id"].split(":", 1)[-1][:12],
+            (runner["model_id"] or "-").split(":", 1)[-1][:12],
             runner["backend_name"],
             runner["mode"],
             state(runner),
             format_size(runner["memory"]),
-            until(runner, now),
+            "-" if runner in failed else until(runner, now),
         ]
         for runner in runners
     ]
     table(ctx.out, ["model", "id", "backend", "mode", "state", "memory", "until"], rows)
+    for runner in runners:
+        if runner.get("warning"):  # a context_size above what the model gives
+            ctx.out.print(runner["warning"], markup=False, highlight=False)
+    for runner in failed:
+        ctx.out.print(
+            f"preload {runner['model_name']} failed: {runner['error']}", markup=False, highlight=False
+        )
 
 
 def state(runner: dict[str, Any]) -> str:
@@ -105,6 +113,8 @@ def configure(ctx: Context, args: Namespace) -> None:
         body["speculative"] = {"draft_model": args.speculative_draft_model}
     result = ctx.daemon.call("POST", "/engines/_configure", body)
     ctx.out.print(f"{result['model']}: {result['status']}", markup=False)
+    if result.get("warning"):
+        ctx.err.print(f"mrunner: {result['warning']}", markup=False, highlight=False)
 
 
 def reload(ctx: Context, args: Namespace) -> None:
@@ -130,8 +140,8 @@ def status(ctx: Context, args: Namespace) -> None:
         ctx.out.print("preloads: still loading", markup=False)
         return
     for preload in preloads:
-        outcome = f"failed: {preload['error']}" if preload["error"] else preload["state"]
-        ctx.out.print(f"preload {preload['model']}: {outcome}", markup=False, highlight=False)
+        if preload["state"] != "failed":  # a failed one is among the statuses above
+            ctx.out.print(f"preload {preload['model']}: {preload['state']}", markup=False, highlight=False)
 
 
 def logs(ctx: Context, args: Namespace) -> None:

@@ -261,7 +261,11 @@ class Scheduler:
 
     def _spawn(self, key: RunnerKey, model: Model, settings: RunnerSettings) -> IRunnerProcess:
         socket = self.home.socket(next(self._names))
-        command = self._backends[key.backend].command(model, key.mode, socket, settings)
+        backend = self._backends[key.backend]
+        command = backend.command(model, key.mode, socket, settings)
+        note = backend.context(model, settings).note(model.name)
+        if note is not None:
+            self.log.warn("{note}", note=note)
         label = f"{model.name} ({key.mode})"
         return self._start_runner(command, socket, self.home.runner_log(model.name, key.mode), label)
 
@@ -291,6 +295,7 @@ class Scheduler:
             socket=runner.socket,
             pinned=runner.pinned,
             stale=runner.request.settings != wanted,
+            context=self._backends[runner.key.backend].context(runner.request.model, runner.request.settings),
         )
 
     def unload(self, backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:
@@ -317,10 +322,14 @@ class Scheduler:
         name = self.backend_name(backend)
         resolved = self._store.resolve(model)
         configured = self._model_settings(name, resolved)
+        context_size = configured.context_size or self._config.runner.context_size
+        context = self._backends[name].context(resolved, RunnerSettings(context_size=context_size))
         return {
             "backend": name,
             "model": resolved.name,
-            "context_size": configured.context_size or self._config.runner.context_size,
+            "context_size": context_size,
+            "context_size_in_force": context.in_force,
+            "warning": context.note(resolved.name),
             "runtime_flags": list(configured.flags or ()),
             "keep_alive": self._keep_alive(configured),
             "pinned": bool(configured.pinned),

@@ -6,6 +6,7 @@ from enum import Enum
 
 import attrs
 
+from mrunner.backends.base import ContextSize
 from mrunner.scheduling.lifecycle import State
 
 
@@ -30,6 +31,8 @@ class RunnerSnapshot:
     socket: str
     pinned: bool
     stale: bool
+    #: The context its settings ask for, and what llama-server gives each request.
+    context: ContextSize = attrs.Factory(ContextSize)
 
 
 class PreloadState(Enum):

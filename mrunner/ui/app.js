@@ -44,13 +44,21 @@ async function api(path, init = {}) {
   }
 }
 
+// The daemon's error as an Error, with its code (context_length_exceeded, ...) when it has one.
 async function failure(response) {
+  let body;
   try {
-    const body = await response.json();
-    return new Error(body.error.message);
+    body = await response.json();
   } catch (e) {
     return new Error("HTTP " + response.status);
   }
+  return body && body.error ? apiError(body.error) : new Error("HTTP " + response.status);
+}
+
+function apiError(error) {
+  const e = new Error(error.message || String(error));
+  e.code = error.code;
+  return e;
 }
 
 async function getJSON(path, init) {
@@ -295,10 +303,25 @@ function showMessage(role, text) {
   return div;
 }
 
-$("chat-clear").addEventListener("click", () => {
+function newConversation() {
   conversation.length = 0;
   $("conversation").replaceChildren();
-});
+}
+
+$("chat-clear").addEventListener("click", newConversation);
+
+// The conversation outgrew the model's context: the daemon's words say so; offer a new one.
+function offerNewConversation(answer, message) {
+  answer.dataset.state = "too-long";
+  const note = element("div", message + " ", "note");
+  const button = element("button", "Start a new conversation");
+  button.id = "chat-new";
+  button.type = "button";
+  button.addEventListener("click", newConversation);
+  note.append(button);
+  answer.append(note);
+  $("conversation").scrollTop = $("conversation").scrollHeight;
+}
 
 $("chat-input").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) {
@@ -342,7 +365,7 @@ $("chat-form").addEventListener("submit", async (event) => {
     await readLines(response, (line) => {
       if (!line.startsWith("data: ") || line === "data: [DONE]") return;
       const chunk = JSON.parse(line.slice(6));
-      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.error) throw apiError(chunk.error);
       const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
       if (delta && delta.content) {
         reply += delta.content;
@@ -353,8 +376,12 @@ $("chat-form").addEventListener("submit", async (event) => {
     answer.dataset.state = "done";
   } catch (e) {
     const stopped = e.name === "AbortError";
-    answer.dataset.state = stopped ? "stopped" : "failed";
-    answer.append(element("div", stopped ? "(stopped)" : "error: " + e.message, "note"));
+    if (e.code === "context_length_exceeded") {
+      offerNewConversation(answer, e.message);
+    } else {
+      answer.dataset.state = stopped ? "stopped" : "failed";
+      answer.append(element("div", stopped ? "(stopped)" : "error: " + e.message, "note"));
+    }
   }
   conversation.push({ role: "assistant", content: reply });
   chatAbort = null;
