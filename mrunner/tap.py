@@ -16,7 +16,6 @@ from twisted.python import usage
 from twisted.web.client import Agent
 
 from mrunner import config as configuration
-from mrunner.address import AddressFile
 from mrunner.api.admin import AdminAPI
 from mrunner.api.anthropic import AnthropicAPI
 from mrunner.api.app import Routes, ServiceAPI
@@ -39,6 +38,7 @@ from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.clientpool import QuietPool
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
+from mrunner.listening import AddressFile
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, health_agent

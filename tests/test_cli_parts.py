@@ -17,7 +17,6 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger, LogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.address import url_of
 from mrunner.api.logs import LogsAPI
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, find_host
@@ -29,6 +28,7 @@ from mrunner.cli.output import ago
 from mrunner.cli.package import TarStream, members
 from mrunner.cli.progress import PlainLayers
 from mrunner.home import Home
+from mrunner.listening import url_of
 from mrunner.logfiles import DaemonLogFile, LogTail
 from mrunner.sizes import format_size
 
