@@ -33,6 +33,10 @@ CONTEXT = 16384
 # writes 2,000 a second here, and its words glued together read back as 3 tokens each (measured:
 # 3,000 written, 9,068 on /tokenize), so the next turn still fits in CONTEXT.
 FIRST_ANSWER_TOKENS = 4000
+# While it streams, the page's network is held to this many bytes a second, so the answer (some
+# 200 bytes an event) takes minutes to reach the page and Stop always lands before its end: on
+# one busy core llama-server wrote all of it before a click landed, and Stop was disabled again.
+SLOW_BYTES_PER_SECOND = 4096
 WAIT_MS = 90_000  # for what must happen; only a broken page waits this long (2 busy cores load slowly)
 # Every value the pull's progress bar takes, as the page sets it.
 WATCH_BAR = """() => {
@@ -47,6 +51,12 @@ WATCH_BAR = """() => {
 WEIGHT = """() => performance.getEntriesByType("navigation").concat(performance.getEntriesByType("resource"))
   .filter((entry) => new URL(entry.name).pathname.startsWith("/ui"))
   .reduce((sum, entry) => sum + entry.decodedBodySize, 0)"""
+
+
+def throttle(network: Any, bytes_per_second: int) -> None:
+    """Hold the page's downloads to C{bytes_per_second} (-1: no limit), as DevTools' throttling does."""
+    conditions = {"offline": False, "latency": 0, "uploadThroughput": -1}
+    network.send("Network.emulateNetworkConditions", {**conditions, "downloadThroughput": bytes_per_second})
 
 
 def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
@@ -74,12 +84,15 @@ def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
             page.select_option("#chat-model", TINY)
             page.fill("#chat-max-tokens", str(FIRST_ANSWER_TOKENS))
             page.fill("#chat-input", "Write a very long story about a lighthouse keeper and the sea.")
+            network = page.context.new_cdp_session(page)
+            throttle(network, SLOW_BYTES_PER_SECOND)
             page.click("#chat-send")
             page.wait_for_function(
                 "() => document.querySelector('.msg.assistant span').textContent.length > 20"
             )
             page.click("#chat-stop")
             page.wait_for_selector('.msg.assistant[data-state="stopped"]')
+            throttle(network, -1)
             seen["stopped_text"] = page.inner_text(".msg.assistant")
             page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
 
