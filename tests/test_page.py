@@ -205,10 +205,13 @@ class PageTests(LlamaCppTestCase):
 
         answer = await http.get(f"{self.daemon.url}/engines/requests?model={TINY}")
         records = json.loads(await answer.text())
+        # The stopped stream's record is not checked for being cut short: the page's throttle holds
+        # what the page reads, not what the daemon writes, and the daemon may have written the whole
+        # answer into the socket's buffers before Stop reached it (seen on one core).
         self.assertEqual(
-            [(r["status"], r["completed"]) for r in records],
-            [(400, True), (200, True), (200, False)],
-            "newest first: the turn too long, the second answer, the stopped stream cut short",
+            [(r["status"], r["completed"]) for r in records[:2]] + [(records[2]["status"],)],
+            [(400, True), (200, True), (200,)],
+            "newest first: the turn too long, the second answer, the stopped stream",
         )
         self.assertEqual(
             [p.name for p in sorted(shots.iterdir())],
