@@ -140,27 +140,18 @@ class Forwarder:
         answer's body as it goes to the client.
         """
         connection, head = await self._send(request, runner_url(socket, path), body)
-        refused = None
-        if (
-            head.code == 400
-        ):  # a refusal, a few hundred bytes: read whole, told plainly when it is the context
-            refused = _Held(connection)
-            connection.relay(refused, framed=False)
-            answer = await refused.done
-            exceeded = ContextExceeded.from_runner(answer)
-            if exceeded is not None:
-                raise exceeded
+        refusal = await _refusal(connection) if head.code == 400 else None
         request.setResponseCode(head.code, head.phrase)
         headers = request.responseHeaders
         for name, value in answer_fields(head):
             headers.addRawHeader(name, value)
         if head.length >= 0:
             headers.setRawHeaders(b"content-length", [b"%d" % head.length])
-        if refused is not None:
+        if refusal is not None:
             if observer is not None:
                 observer.start(False)
-                observer.write(answer)
-            request.write(answer)
+                observer.write(refusal)
+            request.write(refusal)
             return
         events = is_event_stream(head.value(b"content-type") or b"")
         if events:
@@ -211,6 +202,17 @@ def start_event_stream(request: Request) -> None:
     if ITCPTransport.providedBy(transport):
         transport.setTcpNoDelay(True)
     request.write(b"")
+
+
+async def _refusal(connection: RunnerConnection) -> bytes:
+    """A runner's 400, a few hundred bytes, read whole: L{ContextExceeded} when it is the context."""
+    held = _Held(connection)
+    connection.relay(held, framed=False)
+    answer = await held.done
+    exceeded = ContextExceeded.from_runner(answer)
+    if exceeded is not None:
+        raise exceeded
+    return answer
 
 
 class _Held(Body):
