@@ -69,8 +69,8 @@ async def remove(store: ModelStore, scheduler: IScheduler, name: str, force: boo
     @raise Conflict: a runner serves the model (or is loading it) and C{force} is false; with it,
         the runner finishes its answers, then stops.
     """
-    digest, whole = store.deletion(name, force)
-    if whole:
+    digest, whole_model = store.deletion(name, force)
+    if whole_model:
         busy = sum(
             r.in_use + (r.state is State.LOADING) for r in scheduler.snapshot() if r.model_id == digest
         )
