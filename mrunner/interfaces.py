@@ -9,11 +9,9 @@ from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
-    from mrunner.backends.base import Command, ContextSize, RunnerSettings
-    from mrunner.scheduling.installer import InstallStatus
-    from mrunner.scheduling.scheduler import ModelSettings
-    from mrunner.scheduling.snapshot import Preload, RunnerSnapshot
+    from mrunner.backends.base import Command, RunnerSettings
     from mrunner.store.model import Model
+    from mrunner.values import ContextSize, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
 
 
 class IModelStore(Interface):
@@ -109,19 +107,19 @@ class ILease(Interface):
 class ILoaderEvents(Interface):
     """What happens to runners, told as it happens (metrics count it); C{model} is the model's name.
 
-    C{key} is the runner's L{mrunner.scheduling.loader.RunnerKey}: backend, model digest, mode.
+    C{key} is the runner's L{RunnerKey}: backend, model digest, mode.
     """
 
-    def loaded(key: Any, model: str, seconds: float) -> None:
+    def loaded(key: RunnerKey, model: str, seconds: float) -> None:
         """A runner became ready C{seconds} after it was started."""
 
-    def load_failed(key: Any, model: str) -> None:
+    def load_failed(key: RunnerKey, model: str) -> None:
         """A runner could not be started or never became ready."""
 
-    def evicted(key: Any, model: str, reason: str) -> None:
+    def evicted(key: RunnerKey, model: str, reason: str) -> None:
         """A runner was told to go: C{idle}, C{memory} (room for another), C{unload} or C{crash}."""
 
-    def exited(key: Any, model: str, cause: str) -> None:
+    def exited(key: RunnerKey, model: str, cause: str) -> None:
         """A runner's process ended: C{stopped} (asked to), C{crashed} or C{failed} (while loading)."""
 
 

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from zope.interface import implementer
 
 from mrunner.interfaces import ILoaderEvents, IScheduler
-from mrunner.scheduling.loader import RunnerKey
+from mrunner.values import RunnerKey
 
 RUNNER_LABELS = ["backend", "model", "mode"]
 # From a request that finds its runner ready (well under a millisecond) to one that waits minutes.

@@ -23,8 +23,7 @@ from twisted.web.client import readBody
 from twisted.web.iweb import IAgent
 
 from mrunner.proxy import runner_url
-from mrunner.scheduling.lifecycle import State
-from mrunner.scheduling.snapshot import RunnerSnapshot
+from mrunner.values import RunnerSnapshot, State
 
 SCRAPE_SECONDS = 1.0
 SCRAPED_STATES = (State.READY, State.DRAINING)

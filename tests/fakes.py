@@ -10,10 +10,11 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
-from mrunner.backends.base import Command, ContextSize, RunnerSettings
+from mrunner.backends.base import Command, RunnerSettings
 from mrunner.errors import NotFound, RunnerFailed
 from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
+from mrunner.values import ContextSize
 
 
 @implementer(IRunnerProcess)

@@ -4,7 +4,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import NotFound, Unavailable
-from mrunner.scheduling.installer import Installer, InstallState, InstallStatus
+from mrunner.scheduling.installer import Installer
+from mrunner.values import InstallState, InstallStatus
 from tests.fakes import FakeBackend
 
 

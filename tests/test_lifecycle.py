@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.scheduling.lifecycle import IllegalMove, Lifecycle, State
+from mrunner.scheduling.lifecycle import IllegalMove, Lifecycle
+from mrunner.values import State
 
 
 def at(*moves: str) -> Lifecycle:

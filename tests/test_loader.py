@@ -12,8 +12,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling import policy
-from mrunner.scheduling.loader import MEASURE_EVERY, Lease, Loader, LoadRequest, RunnerKey
+from mrunner.scheduling.loader import MEASURE_EVERY, Lease, Loader, LoadRequest
 from mrunner.scheduling.policy import Limits, State
+from mrunner.values import RunnerKey
 from tests.fakes import FakeSpawner, model
 
 

@@ -14,10 +14,9 @@ from zope.interface.verify import verifyObject
 from mrunner.interfaces import ILoaderEvents
 from mrunner.metrics import Metrics
 from mrunner.runner_metrics import RunnerScraper, metric_name
-from mrunner.scheduling.lifecycle import State
 from mrunner.scheduling.loader import Loader, NoEvents
 from mrunner.scheduling.policy import Limits
-from mrunner.scheduling.snapshot import RunnerSnapshot
+from mrunner.values import RunnerSnapshot, State
 from tests.fakes import FakeSpawner
 from tests.test_loader import request
 

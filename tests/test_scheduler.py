@@ -13,9 +13,8 @@ from mrunner.backends.base import COMPLETION
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
-from mrunner.scheduling.lifecycle import State
-from mrunner.scheduling.scheduler import ModelSettings, Scheduler
-from mrunner.scheduling.snapshot import Preload, PreloadState
+from mrunner.scheduling.scheduler import Scheduler
+from mrunner.values import ModelSettings, Preload, PreloadState, State
 from tests.fakes import FakeBackend, FakeSpawner, FakeStore, model
 
 A, B, C = "ai/a:latest", "ai/b:latest", "ai/c:latest"

@@ -14,9 +14,9 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
-from mrunner.scheduling.installer import InstallStatus
 from mrunner.startup import HomeLock, StartupError
 from mrunner.tap import Options, make_service, makeService
+from mrunner.values import InstallStatus
 
 
 class OptionsTests(SynchronousTestCase):

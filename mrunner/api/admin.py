@@ -16,8 +16,8 @@ from mrunner.api.requests import MAX_CONTEXT_SIZE, json_object, keep_alive, mode
 from mrunner.api.views import failed_preload_json, failed_preloads, runner_json
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
-from mrunner.scheduling.scheduler import ModelSettings
 from mrunner.store.names import parse
+from mrunner.values import ModelSettings
 
 SIZE = validate.integer(1, MAX_CONTEXT_SIZE)
 FLAGS = validate.array(validate.string)

@@ -25,7 +25,6 @@ from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, opera
 from mrunner.api.requests import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.errors import BadRequest, Conflict, MrunnerError
 from mrunner.interfaces import IScheduler
-from mrunner.scheduling.lifecycle import State
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.package import TAR
@@ -34,6 +33,7 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.store import Deletion, ModelStore
 from mrunner.store.upload import Upload
+from mrunner.values import State
 
 MAX_CREATE_BODY = 64 * 1024
 

@@ -11,9 +11,7 @@ from typing import Any
 
 from mrunner.backends.base import COMPLETION
 from mrunner.durations import timestamp
-from mrunner.scheduling.installer import InstallState, InstallStatus
-from mrunner.scheduling.lifecycle import State
-from mrunner.scheduling.snapshot import Preload, PreloadState, RunnerSnapshot
+from mrunner.values import InstallState, InstallStatus, Preload, PreloadState, RunnerSnapshot, State
 
 
 def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:

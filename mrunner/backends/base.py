@@ -31,29 +31,3 @@ class Command:
     executable: str
     args: tuple[str, ...]
     env: dict[str, str] | None = None
-
-
-@attrs.frozen
-class ContextSize:
-    """A runner's context: what its settings ask for, and what each request really gets.
-
-    llama-server gives a request at most the model's trained context
-    (C{<arch>.context_length}), whatever C{--ctx-size} says, and says so only
-    in its own log: C{in_force} is that smaller number, which a person must see.
-    """
-
-    asked: int | None = None
-    in_force: int | None = None
-
-    @property
-    def capped(self) -> bool:
-        return self.asked is not None and self.in_force is not None and self.in_force < self.asked
-
-    def note(self, model: str) -> str | None:
-        """What a person is told when the context in force is smaller than the one asked for."""
-        if not self.capped:
-            return None
-        return (
-            f"context_size {self.asked} for {model} is more than the model will give: each request"
-            f" gets at most {self.in_force} tokens (the context it was trained for)"
-        )

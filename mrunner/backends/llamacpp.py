@@ -21,11 +21,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mrunner.backends import build, childprocess
-from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, ContextSize, RunnerSettings
+from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
 from mrunner.config import Config
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
+from mrunner.values import ContextSize
 
 #: The context size when neither the runner settings nor the model's config name one.
 MAX_DEFAULT_CONTEXT_SIZE = 8192

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import Enum
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
@@ -13,23 +12,9 @@ from twisted.python.failure import Failure
 
 from mrunner.errors import NotFound, Unavailable
 from mrunner.interfaces import IBackend
+from mrunner.values import InstallState, InstallStatus
 
 INSTALL_RETRY_AFTER = 5.0
-
-
-class InstallState(Enum):
-    NOT_INSTALLED = "Not Installed"
-    INSTALLING = "Installing"
-    RUNNING = "Running"
-    ERROR = "Error"
-
-
-@attrs.frozen
-class InstallStatus:
-    """Where a backend's install is; C{detail} is the version, the progress or the error."""
-
-    state: InstallState = InstallState.NOT_INSTALLED
-    detail: str = ""
 
 
 @attrs.define
@@ -37,7 +22,7 @@ class _Install:
     """One backend's lifecycle: NOT_INSTALLED → INSTALLING → RUNNING | ERROR (→ INSTALLING)."""
 
     backend: IBackend
-    status: InstallStatus = InstallStatus()
+    status: InstallStatus = attrs.Factory(InstallStatus)
     waiters: list[Deferred[None]] = attrs.field(factory=list)
 
     @property

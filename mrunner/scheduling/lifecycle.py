@@ -14,17 +14,9 @@ allowed from every state but ENDED.
 
 from __future__ import annotations
 
-from enum import Enum
-
 import attrs
 
-
-class State(Enum):
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPING = "stopping"
-    ENDED = "ended"
+from mrunner.values import State
 
 
 class IllegalMove(Exception):

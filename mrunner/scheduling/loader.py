@@ -21,23 +21,15 @@ from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import ILease, ILoaderEvents, IRunnerProcess
 from mrunner.scheduling import policy
-from mrunner.scheduling.lifecycle import Lifecycle, State
+from mrunner.scheduling.lifecycle import Lifecycle
 from mrunner.scheduling.policy import Limits
 from mrunner.store.model import Model
+from mrunner.values import RunnerKey, State
 
 NEVER = -1.0
 #: Seconds between two readings of a runner's resident memory, which is read from /proc when it goes idle.
 MEASURE_EVERY = 1.0
 SHUTTING_DOWN = "mrunner is shutting down; try again once it has restarted"
-
-
-@attrs.frozen
-class RunnerKey:
-    """One runner per (backend, model digest, mode): tags of a digest share it."""
-
-    backend: str
-    model: str
-    mode: str
 
 
 Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]

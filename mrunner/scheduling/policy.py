@@ -8,7 +8,7 @@ from typing import Generic, Protocol, TypeVar
 
 import attrs
 
-from mrunner.scheduling.lifecycle import State
+from mrunner.values import State
 
 __all__ = ["Limits", "Plan", "State", "drained", "next_backoff", "plan"]
 

@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -19,32 +18,14 @@ from mrunner.config import Config
 from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unprocessable
 from mrunner.home import Home
 from mrunner.interfaces import IBackend, ILease, ILoaderEvents, IModelStore, IRunnerProcess, IScheduler
-from mrunner.scheduling.installer import Installer, InstallStatus
-from mrunner.scheduling.loader import Loader, LoadRequest, Runner, RunnerKey
+from mrunner.scheduling.installer import Installer
+from mrunner.scheduling.loader import Loader, LoadRequest, Runner
 from mrunner.scheduling.policy import Limits
-from mrunner.scheduling.snapshot import Preload, PreloadState, RunnerSnapshot
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
+from mrunner.values import InstallStatus, ModelSettings, Preload, PreloadState, RunnerKey, RunnerSnapshot
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
-
-
-@attrs.frozen
-class ModelSettings:
-    """What C{_configure} may change for one model; None keeps the default."""
-
-    context_size: int | None = None
-    flags: tuple[str, ...] | None = None
-    keep_alive: float | None = None
-    pinned: bool | None = None
-    #: The name of a model in the store that drafts for speculative decoding; "" for none.
-    draft_model: str | None = None
-
-    def over(self, base: ModelSettings) -> ModelSettings:
-        """C{base} with what these settings set."""
-        return attrs.evolve(
-            base, **{k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None}
-        )
 
 
 @implementer(IScheduler)
