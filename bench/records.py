@@ -17,7 +17,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
-from mrunner.api.records import Records, record_key
+from mrunner.api.observe.records import Records, record_key
 
 EVENTS = 20
 ROUNDS = 5000

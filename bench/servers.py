@@ -31,7 +31,7 @@ STOP_TIMEOUT = 30.0
 POLL_INTERVAL = 0.002
 TAIL_LINES = 15
 #: The stand-in runner of the tests: streams N events, one every so often, as asked in the request.
-TRICKLE_PROGRAM = Path(__file__).parents[1] / "tests" / "runner_program.py"
+TRICKLE_PROGRAM = Path(__file__).parents[1] / "tests" / "support" / "runner_program.py"
 
 
 class ServerFailed(Exception):

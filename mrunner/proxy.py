@@ -49,7 +49,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-# The daemon answers browsers' CORS itself (mrunner/api/gate.py): a runner's own say is dropped.
+# The daemon answers browsers' CORS itself (mrunner/api/door/site.py): a runner's own say is dropped.
 RUNNER_CORS = frozenset(
     {
         b"access-control-allow-origin",
@@ -61,7 +61,7 @@ RUNNER_CORS = frozenset(
         b"access-control-max-age",
     }
 )
-# The client's key is for mrunner (mrunner/api/trust.py): a runner never sees it, nor logs it.
+# The client's key is for mrunner (mrunner/api/door/trust.py): a runner never sees it, nor logs it.
 DAEMON_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 NOT_RELAYED = HOP_BY_HOP | RUNNER_CORS | DAEMON_CREDENTIALS
 

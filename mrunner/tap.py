@@ -16,23 +16,24 @@ from twisted.python import usage
 from twisted.web.client import Agent
 
 from mrunner import config as configuration
-from mrunner.api.admin import AdminAPI
-from mrunner.api.anthropic import AnthropicAPI
-from mrunner.api.app import Routes, ServiceAPI
-from mrunner.api.follow import Followers
-from mrunner.api.gate import GatedSite, private_listen
-from mrunner.api.gateway import Gateway
-from mrunner.api.history import RecordsAPI
-from mrunner.api.inference import InferenceAPI
-from mrunner.api.logs import LogsAPI
-from mrunner.api.models import ModelsAPI
-from mrunner.api.ollama import OllamaAPI
-from mrunner.api.openapi import OpenAPI
-from mrunner.api.records import Records
-from mrunner.api.response_store import ResponseStore
-from mrunner.api.responses import ResponsesAPI
+from mrunner.api.compat.anthropic.routes import AnthropicAPI
+from mrunner.api.compat.ollama.routes import OllamaAPI
+from mrunner.api.compat.responses.response_store import ResponseStore
+from mrunner.api.compat.responses.routes import ResponsesAPI
+from mrunner.api.door.routing import Routes
+from mrunner.api.door.site import GatedSite, private_listen
+from mrunner.api.observe.follow import Followers
+from mrunner.api.observe.logs import LogsAPI
+from mrunner.api.observe.page import PageAPI
+from mrunner.api.observe.records import Records
+from mrunner.api.observe.records_api import RecordsAPI
+from mrunner.api.openai.gateway import Gateway
+from mrunner.api.openai.routes import InferenceAPI
 from mrunner.api.runner_answers import RunnerClient
-from mrunner.api.ui import PageAPI
+from mrunner.api.service.admin import AdminAPI
+from mrunner.api.service.models import ModelsAPI
+from mrunner.api.service.openapi import OpenAPI
+from mrunner.api.service.status import StatusAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.clientpool import QuietPool
@@ -181,7 +182,7 @@ def make_parts(
             store,
         ),
         OllamaAPI(gateway, runners, store, puller, pusher),
-        ServiceAPI(models, metrics.registry, scheduler, scraper),
+        StatusAPI(models, metrics.registry, scheduler, scraper),
         logs,
         history,
         PageAPI(scheduler, reactor),

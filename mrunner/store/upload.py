@@ -3,7 +3,7 @@
 twisted.web spools a request body to a temporary file before the route runs,
 and an import then read that file back to hash and copy it into the store:
 every byte read twice and written twice. An L{Upload} takes the body's place
-instead (the request's C{content}, see L{mrunner.api.gate.GatedSite}): each
+instead (the request's C{content}, see L{mrunner.api.door.site.GatedSite}): each
 piece is hashed and written to a staged blob as it comes off the socket, and
 the import only seals the files, reads their GGUF headers (small) and renames
 them into place.

@@ -1,1 +1,1 @@
-"""The web page's files (package data), served by L{mrunner.api.ui}."""
+"""The web page's files (package data), served by L{mrunner.api.observe.page}."""

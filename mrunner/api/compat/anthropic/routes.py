@@ -1,0 +1,122 @@
+"""Anthropic's Messages API, served by llama-server's own C{/v1/messages} and C{count_tokens}.
+
+Requests are checked (the fields llama-server answers a 500 for) and forwarded
+as they came, and a successful answer (JSON or events) is relayed byte for
+byte; what mrunner changes is the errors: its own and the
+runner's (which llama-server writes in OpenAI's shape) reach the client in
+Anthropic's, with Anthropic's status codes, before or during a stream.
+C{x-api-key} and C{anthropic-version} are accepted and not needed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from klein import Klein
+from twisted.logger import Logger
+from twisted.web.server import Request
+
+from mrunner.api.compat.openapi import ANTHROPIC_ERROR, describe
+from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_errors
+from mrunner.api.openai.gateway import Gateway
+from mrunner.api.openai.routes import routes
+from mrunner.api.reading import validate
+from mrunner.api.reading.bodies import check_vision, target, wants_images
+from mrunner.api.runner_answers import RunnerClient
+from mrunner.api.service.openapi import Piece
+from mrunner.backends.base import COMPLETION
+from mrunner.errors import MrunnerError, NotFound
+from mrunner.interfaces import IModelStore
+
+# Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
+SERVED = ("/v1/messages", "/v1/messages/count_tokens")
+PREFIXES = ("/anthropic", "", "/engines", "/engines/<backend>")
+
+
+# What llama-server reads of a request and answers a 500 for when it is of another type
+# (a text block's text a number, say); it checks the rest.
+_BLOCK = validate.obj({"type": validate.text, "text": validate.string}, required=("type",), nulls=False)
+_CONTENT = validate.by_type(
+    "a string or an array of content blocks", {str: None, list: validate.array(_BLOCK)}
+)
+MESSAGES = validate.Shape(
+    {
+        **validate.COMMON,
+        "messages": validate.array(
+            validate.obj(
+                {"role": validate.enum("user", "assistant"), "content": _CONTENT},
+                required=("role", "content"),
+                nulls=False,
+            )
+        ),
+        "system": _CONTENT,
+        "max_tokens": validate.TOKENS,
+        "temperature": validate.SAMPLING["temperature"],
+        "top_p": validate.SAMPLING["top_p"],
+        "top_k": validate.integer(0, 2**31 - 1),
+        "stream": validate.boolean,
+        "stop_sequences": validate.array(validate.string),
+    },
+    required=("model",),
+)
+
+
+def _paths(path: str) -> list[str]:
+    return [prefix + path for prefix in PREFIXES]
+
+
+class AnthropicAPI:
+    """C{/v1/messages} and C{/v1/messages/count_tokens}, under C{/anthropic} and C{/engines[/{backend}]}."""
+
+    app = Klein()
+    handle_json_errors(app, anthropic_shape)
+    log = Logger()
+
+    def __init__(self, gateway: Gateway, runners: RunnerClient, store: IModelStore):
+        self._gateway = gateway
+        self._runners = runners
+        self._store = store
+
+    async def _forward(self, request: Request, backend: str | None, path: bytes) -> bytes:
+        self._gateway.measure(request, COMPLETION)
+        self._gateway.scheduler.backend_name(backend)
+        body = self._gateway.body(request)
+        model, keep_alive = target(body, MESSAGES)
+        if wants_images(body):
+            check_vision(self._store, model)
+        record = self._gateway.record_answer(request, model, COMPLETION, body)
+        async with self._gateway.lease(request, backend, model, COMPLETION, keep_alive, record) as lease:
+            answer = await self._runners.post(lease.socket, path, body)
+            try:
+                await answer.relay(request)
+            except MrunnerError as e:
+                self.log.warn("runner stopped mid-answer: {message}", message=e.message)
+                _, error = anthropic_shape(e)
+                request.write(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
+        return b""
+
+    def openapi(self) -> Piece:
+        return describe(
+            self.app,
+            {
+                "messages": "Anthropic Messages (llama-server's own), streamed with stream: true",
+                "count_tokens": "Count a message's input tokens",
+                "unserved": "Other Anthropic routes: a 404 naming them",
+            },
+            ANTHROPIC_ERROR,
+        )
+
+    @app.route("/anthropic/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
+    def unserved(self, request: Request, rest: str) -> bytes:
+        if f"/{rest}" in SERVED:
+            raise MethodNotAllowed(f"{request.method.decode()} /anthropic/{rest}: method not allowed")
+        raise NotFound(f"Anthropic's /{rest} is not served by mrunner; served: {', '.join(SERVED)}")
+
+    @routes(app, _paths(SERVED[0]), methods=["POST"])
+    def messages(self, request: Request, backend: str | None = None) -> Any:
+        return self._forward(request, backend, b"/v1/messages")
+
+    @routes(app, _paths(SERVED[1]), methods=["POST"])
+    def count_tokens(self, request: Request, backend: str | None = None) -> Any:
+        return self._forward(request, backend, b"/v1/messages/count_tokens")

@@ -1,0 +1,1 @@
+"""Ollama's API under C{/api}: its inference and its model management."""

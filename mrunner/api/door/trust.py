@@ -1,0 +1,219 @@
+"""Who may call the daemon: the Host, Origin, API key and body-size rules of the front door.
+
+Pure decisions over a request's line and headers, made before its body is
+read; L{mrunner.api.door.site} applies them to connections. Each check raises the
+refusal the client is told about, in the order DESIGN.md gives: Host, Origin,
+key, then size. A L{Trust} is built once per configuration, so the checks on
+the proxy path are set lookups and one cached Host parse.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from urllib.parse import unquote_to_bytes
+
+from twisted.web.http_headers import Headers
+
+from mrunner.api.door.callers import OPEN, Caller, key_caller
+from mrunner.api.service.models import MAX_CREATE_BODY
+from mrunner.config import Config
+from mrunner.errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
+
+LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
+# Routes that manage models or control runners: with admin_api_keys set, only those keys reach
+# them. Ollama's model-management names are listed for the compat routes.
+ADMIN_FIRST = frozenset({b"models", b"logs"})
+ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"requests"})  # records hold prompts
+ADMIN_OLLAMA = frozenset({b"pull", b"push", b"delete", b"copy", b"create"})
+# A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
+# and the page asks for a key when the API answers 401.
+OPEN_PATHS = frozenset({b"/health", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
+_LISTEN_FIELDS = re.compile(r"(?<!\\):")
+
+
+class Trust:
+    """The front-door rules of one configuration; a new configuration builds a new one."""
+
+    def __init__(self, config: Config):
+        http = config.http
+        self.http = http
+        hosts = {host_name(_lower_ascii(host)) for host in http.allowed_hosts}
+        listening = listen_host(config.listen)
+        if listening is not None:
+            hosts.add(listening)
+        self._hosts = LOOPBACK_NAMES | hosts
+        self.host_allowed = lru_cache(maxsize=256)(self._host_allowed)
+        self._any_origin = "*" in http.cors_origins
+        self._origins = frozenset(_lower_ascii(o) for o in http.cors_origins if not o.endswith(":*"))
+        self._origin_hosts = frozenset(_lower_ascii(o[:-2]) for o in http.cors_origins if o.endswith(":*"))
+        # With api_keys alone, they reach every route; admin_api_keys alone guard only the admin
+        # routes; with both, an admin key reaches every route too.
+        keys = tuple(key.encode() for key in http.api_keys)
+        admin = tuple(key.encode() for key in http.admin_api_keys)
+        self._keys = keys + admin if keys else ()
+        self._admin_keys = admin or keys
+        self._limits = {b"/models/load": http.max_load_bytes, b"/models/create": MAX_CREATE_BODY}
+        self._default_limit = config.max_request_bytes
+        self._smallest_limit = min(self._default_limit, *self._limits.values())
+
+    def origin(self, headers: Headers, via_socket: bool) -> bytes | None:
+        """The request's allowed C{Origin}, None when it sends none; raises a refused Host or Origin.
+
+        A UNIX socket is no browser's target, so its requests skip the Host check.
+        """
+        if not via_socket:
+            self._check_host(headers.getRawHeaders(b"host"))
+        return self._check_origin(headers.getRawHeaders(b"origin"))
+
+    def check_key(self, method: bytes, target: bytes, headers: Headers, origin: bytes | None) -> Caller:
+        """Who sent the request; raise unless it carries a key that reaches C{target}, if keys are on.
+
+        A browser's preflight never carries a key, so it needs none.
+        """
+        if not self._admin_keys:
+            return OPEN
+        presented = presented_key(headers)
+        if not (origin is not None and method == b"OPTIONS"):
+            self._check_key(route_path(target), presented)
+        return key_caller(presented, presented is not None and _matches(presented, self._admin_keys))
+
+    def body_limit(self, target: bytes, length: int | None) -> int:
+        """The most bytes the body of a request to C{target} may carry; raises when C{length} is over it."""
+        if length is not None and length <= self._smallest_limit:
+            return self._smallest_limit
+        path = route_path(target)
+        limit = self._limits.get(path.rstrip(b"/"), self._default_limit)
+        if length is not None and length > limit:
+            where = path.decode(errors="replace")
+            raise PayloadTooLarge(f"request body is {length} bytes; {where} takes at most {limit}")
+        return limit
+
+    def _check_host(self, hosts: Sequence[bytes] | None) -> None:
+        if hosts is None or len(hosts) != 1:
+            raise BadRequest("the request must carry exactly one Host header", code="bad_host")
+        if not self.host_allowed(hosts[0]):
+            raise Forbidden(
+                f"Host {hosts[0].decode(errors='replace')!r} is not served here: mrunner answers loopback"
+                " names and its listen address (a guard against DNS rebinding); add the name to"
+                " [http] allowed_hosts to serve it",
+                code="host_not_allowed",
+            )
+
+    def _host_allowed(self, host: bytes) -> bool:
+        name = host_name(host.lower())
+        if name in self._hosts:
+            return True
+        try:
+            return ipaddress.ip_address(name.strip(b"[]").decode()).is_loopback
+        except (ValueError, UnicodeDecodeError):
+            return False
+
+    def _check_origin(self, origins: Sequence[bytes] | None) -> bytes | None:
+        if origins is None:
+            return None
+        origin = origins[0]
+        if len(origins) == 1 and (self._any_origin or self._origin_allowed(origin.lower())):
+            return origin
+        raise Forbidden(
+            f"Origin {origin.decode(errors='replace')!r} may not use mrunner; add it to"
+            " [http] cors_origins or MRUNNER_ORIGINS to allow its pages",
+            code="origin_not_allowed",
+        )
+
+    def _origin_allowed(self, origin: bytes) -> bool:
+        if origin in self._origins:
+            return True
+        host, colon, port = origin.rpartition(b":")
+        return bool(colon) and port.isdigit() and host in self._origin_hosts
+
+    def _check_key(self, path: bytes, presented: bytes | None) -> None:
+        if path.rstrip(b"/") in OPEN_PATHS:
+            return
+        admin = is_admin(path)
+        keys = self._admin_keys if admin else self._keys
+        if not keys:
+            return
+        if presented is None:
+            raise Unauthorized(
+                "this mrunner requires an API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+            )
+        if not _matches(presented, keys):
+            if admin and _matches(presented, self._keys):
+                raise Forbidden(
+                    "this route manages models or runners: it takes only a key from [http] admin_api_keys",
+                    code="admin_key_required",
+                )
+            raise Unauthorized("the API key is not valid for this mrunner")
+
+
+def presented_key(headers: Headers) -> bytes | None:
+    """The key a client sends the way OpenAI's (C{Bearer}) or Anthropic's (C{x-api-key}) clients do."""
+    authorization = headers.getRawHeaders(b"authorization")
+    if authorization:
+        scheme, _, credentials = authorization[0].partition(b" ")
+        if scheme.lower() == b"bearer" and credentials.strip():
+            return credentials.strip()
+    api_key = headers.getRawHeaders(b"x-api-key")
+    return api_key[0].strip() if api_key else None
+
+
+def _matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Compare against every key, each in constant time, so timing tells nothing about which matched."""
+    return any([hmac.compare_digest(presented, key) for key in keys])
+
+
+def host_name(host: bytes) -> bytes:
+    """C{host} without its port: C{localhost:80} is C{localhost}, C{[::1]:80} is C{[::1]}."""
+    if host.startswith(b"["):
+        return host[: host.index(b"]") + 1] if b"]" in host else host
+    name, colon, _ = host.rpartition(b":")
+    return name if colon and b":" not in name else host
+
+
+def route_path(target: bytes) -> bytes:
+    """The path the router sees for a request target: no query, percent-decoded."""
+    return unquote_to_bytes(target.partition(b"?")[0])
+
+
+def is_admin(path: bytes) -> bool:
+    """Whether C{path} manages models or controls runners (C{/models/*}, C{/logs}, unload, configure)."""
+    segments = path.strip(b"/").split(b"/")
+    first = segments[0]
+    if first in ADMIN_FIRST:
+        return True
+    if first == b"engines":
+        return not ADMIN_ENGINES.isdisjoint(segments[1:3])
+    return first == b"api" and len(segments) > 1 and segments[1] in ADMIN_OLLAMA
+
+
+def listen_host(listen: str) -> bytes | None:
+    """The C{Host} a client names the daemon by when it listens on one address, as C{interface=}."""
+    for field in _LISTEN_FIELDS.split(listen):
+        if field.startswith("interface="):
+            address = field.removeprefix("interface=").replace("\\:", ":")
+            if address in ("", "0.0.0.0", "::"):
+                return None
+            return (f"[{address}]" if ":" in address else address).lower().encode()
+    return None
+
+
+def beyond_loopback(listen: str) -> bool:
+    """Whether C{listen} is a TCP or TLS port that other machines may reach."""
+    kind = listen.partition(":")[0]
+    if kind not in ("tcp", "tcp6", "ssl"):
+        return False
+    host = listen_host(listen)
+    if host is None:
+        return True  # all interfaces
+    try:
+        return not ipaddress.ip_address(host.strip(b"[]").decode()).is_loopback
+    except ValueError:
+        return host != b"localhost"
+
+
+def _lower_ascii(text: str) -> bytes:
+    return text.lower().encode("ascii", errors="replace")

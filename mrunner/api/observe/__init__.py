@@ -1,0 +1,1 @@
+"""What people watch: request records, logs, follow streams and the web page."""

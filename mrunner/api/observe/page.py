@@ -1,0 +1,102 @@
+"""The web page at C{/ui}, and C{GET /engines/overview}, the one JSON document it polls.
+
+The page is three files shipped as package data (L{mrunner.ui}), read once
+and served from memory. Its Content-Security-Policy lets it reach this
+daemon alone: nothing it shows is fetched from anywhere else.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from klein import Klein
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IRequest
+
+from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
+from mrunner.api.service.scheduler_json import runner_json
+from mrunner.errors import NotFound
+from mrunner.interfaces import IScheduler
+
+TYPES = {
+    "index.html": b"text/html; charset=utf-8",
+    "app.js": b"text/javascript; charset=utf-8",
+    "style.css": b"text/css; charset=utf-8",
+}
+POLICY = (
+    b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self';"
+    b" img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def page_files() -> dict[str, bytes]:
+    """The page's files, by name."""
+    folder = files("mrunner.ui")
+    return {name: folder.joinpath(name).read_bytes() for name in TYPES}
+
+
+def wants_html(request: IRequest) -> bool:
+    """Whether the client is a browser navigating (C{Accept: text/html}), not an API client."""
+    return b"text/html" in (request.getHeader(b"accept") or b"")
+
+
+class PageAPI:
+    """C{/ui}, its files, and C{/engines/overview}: runners, queue and budget in one answer."""
+
+    app = Klein()
+    handle_json_errors(app)
+
+    def __init__(self, scheduler: IScheduler, clock: IReactorTime) -> None:
+        self._scheduler = scheduler
+        self._clock = clock
+        self._files = page_files()
+
+    def openapi(self) -> Piece:
+        html = {"text/html": {"schema": {"type": "string"}}}
+        name = parameter("name", "path", {"type": "string", "enum": sorted(TYPES)}, "one of the page's files")
+        overview = {"type": "object", "required": ["now", "runners", "queue", "memory_budget"]}
+        return {
+            "paths": {
+                "/ui": {"get": operation("The web page", {"200": answer("the page", html)})},
+                "/ui/{name}": {
+                    "get": operation("A file of the page", {"200": answer("the file")}, parameters=[name])
+                },
+                "/engines/overview": {
+                    "get": operation(
+                        "Runners, queue and memory budget, as the page shows them",
+                        {"200": answer("the overview", json_content(overview))},
+                    )
+                },
+            }
+        }
+
+    @app.route("/ui", methods=["GET"])
+    def page(self, request: IRequest) -> bytes:
+        return self._file(request, "index.html")
+
+    @app.route("/ui/<name>", methods=["GET"])
+    def file(self, request: IRequest, name: str) -> bytes:
+        if name not in self._files:
+            raise NotFound(f"the page has no file {name!r}")
+        return self._file(request, name)
+
+    def _file(self, request: IRequest, name: str) -> bytes:
+        request.setHeader(b"content-type", TYPES[name])
+        request.setHeader(b"cache-control", b"no-cache")
+        request.setHeader(b"content-security-policy", POLICY)
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        return self._files[name]
+
+    @app.route("/engines/overview", methods=["GET"])
+    def overview(self, request: IRequest) -> bytes:
+        """What the page's runners view shows; C{now} is the daemon's clock, for keep-alive countdowns."""
+        return json_body(
+            request,
+            {
+                "now": self._clock.seconds(),
+                "runners": [runner_json(runner) for runner in self._scheduler.snapshot()],
+                "queue": self._scheduler.queued(),
+                "memory_budget": self._scheduler.memory_budget(),
+            },
+        )

@@ -1,0 +1,214 @@
+"""The OpenAI-compatible inference routes and the model list, under C{/engines} and C{/v1}."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from klein import Klein
+from twisted.web.server import Request
+
+from mrunner.api.door.direct import Handler
+from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.openai.gateway import Gateway
+from mrunner.api.reading import validate
+from mrunner.api.reading.bodies import check_vision, target, wants_images
+from mrunner.api.service.openapi import (
+    NAME,
+    Piece,
+    answer,
+    errors,
+    json_content,
+    operation,
+    template,
+    with_backend,
+)
+from mrunner.api.service.scheduler_json import failed_preload_statuses, install_text
+from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
+from mrunner.interfaces import IModelStore
+from mrunner.proxy import Forwarder
+from mrunner.store.model import Model
+
+Check = Callable[[Mapping[str, Any]], None]
+
+# Every OpenAI-style route is served with and without a backend, and under /v1.
+PREFIXES = ("/engines", "/engines/<backend>", "/v1")
+
+
+def _v1(path: str) -> list[str]:
+    """C{path} under each prefix; C{/v1} is itself an alias of C{/engines/v1}."""
+    return [prefix + path.removeprefix("/v1") if prefix == "/v1" else prefix + path for prefix in PREFIXES]
+
+
+CHAT = _v1("/v1/chat/completions")
+COMPLETIONS = _v1("/v1/completions")
+EMBEDDINGS = _v1("/v1/embeddings")
+RERANK = [
+    *_v1("/v1/rerank"),
+    *("/rerank", "/score", "/engines/rerank", "/engines/<backend>/rerank"),
+    *("/engines/score", "/engines/<backend>/score"),
+]
+MODELS = _v1("/v1/models")
+MODEL_PATHS = _v1("/v1/models/<path:name>")
+
+MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+}
+LIST = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {"data": {"type": "array", "items": MODEL}},
+}
+# One server-sent event: its data is a JSON chunk, or [DONE] at the end.
+EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+INFERENCE_ANSWERS = {
+    "200": answer(
+        "the runner's answer, as JSON or (stream: true) as server-sent events",
+        {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": EVENT},
+        },
+    ),
+    **errors(
+        **{
+            "422": "the model needs more memory than the whole budget",
+            "500": "the runner failed to start; the message has the tail of its log",
+            "502": "the runner died or could not be reached before it answered",
+        }
+    ),
+}
+
+
+def routes(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
+    """Route every one of C{paths} to the decorated method."""
+
+    def decorate(f: Any) -> Any:
+        for i, path in enumerate(paths):
+            app.route(path, endpoint=f"{f.__name__}_{i}", **kwargs)(f)
+        return f
+
+    return decorate
+
+
+class InferenceAPI:
+    """Checks a request, leases a runner from the scheduler and forwards to it."""
+
+    app = Klein()
+    handle_json_errors(app)
+
+    def __init__(self, gateway: Gateway, store: IModelStore, forwarder: Forwarder):
+        self._gateway = gateway
+        self._scheduler = gateway.scheduler
+        self._store = store
+        self._forwarder = forwarder
+
+    async def _infer(
+        self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
+    ) -> Any:
+        """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
+        self._gateway.measure(request, mode)
+        self._scheduler.backend_name(backend)
+        body = self._gateway.body(request)
+        preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
+        model, keep_alive = target(body, None if preload else check)
+        if wants_images(body):
+            check_vision(self._store, model)
+        # The body is checked JSON, whatever the client called it: a runner reading the
+        # Content-Type (multipart/form-data, say) must not take it for something else.
+        request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
+        record = self._gateway.record(request, model, mode, body)
+        async with self._gateway.lease(request, backend, model, mode, keep_alive, record) as lease:
+            if preload:
+                return json_body(request, {"status": "loaded", "model": lease.model})
+            await self._forwarder.forward(request, lease.socket, path, body, record)
+        return None
+
+    def openapi(self) -> Piece:
+        paths: dict[str, Any] = {}
+        for route_paths, summary, shape in [
+            (CHAT, "Chat completion (OpenAI), streamed with stream: true", validate.chat),
+            (COMPLETIONS, "Text completion (OpenAI)", validate.completions),
+            (EMBEDDINGS, "Embeddings (OpenAI)", validate.embeddings),
+            (RERANK, "Rerank documents against a query (Jina/Cohere style)", validate.rerank),
+        ]:
+            op = operation(summary, INFERENCE_ANSWERS, body=json_content(shape.schema))
+            paths.update({template(path): {"post": with_backend(template(path), op)} for path in route_paths})
+        models = operation(
+            "Local models as OpenAI model objects", {"200": answer("a list", json_content(LIST))}
+        )
+        model = operation(
+            "One local model as an OpenAI model object",
+            {"200": answer("a model", json_content(MODEL))},
+            parameters=[NAME],
+        )
+        paths.update({template(path): {"get": with_backend(template(path), models)} for path in MODELS})
+        paths.update({template(path): {"get": with_backend(template(path), model)} for path in MODEL_PATHS})
+        statuses = {"type": "object", "additionalProperties": {"type": "string"}}
+        paths["/engines/status"] = {
+            "get": operation(
+                "Each backend's state", {"200": answer("backend: state", json_content(statuses))}
+            )
+        }
+        return {"paths": paths}
+
+    def direct(self) -> dict[tuple[bytes, bytes], Handler]:
+        """The inference routes whose paths name no backend, to be called without Klein (L{Direct})."""
+        handlers = [
+            (CHAT, self.chat),
+            (COMPLETIONS, self.completions),
+            (EMBEDDINGS, self.embeddings),
+            (RERANK, self.rerank),
+        ]
+        return {
+            (b"POST", path.lstrip("/").encode()): handler
+            for paths, handler in handlers
+            for path in paths
+            if "<" not in path
+        }
+
+    @routes(app, CHAT, methods=["POST"])
+    def chat(self, request: Request, backend: str | None = None) -> Any:
+        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions", validate.chat)
+
+    @routes(app, COMPLETIONS, methods=["POST"])
+    def completions(self, request: Request, backend: str | None = None) -> Any:
+        return self._infer(request, backend, COMPLETION, b"/v1/completions", validate.completions)
+
+    @routes(app, EMBEDDINGS, methods=["POST"])
+    def embeddings(self, request: Request, backend: str | None = None) -> Any:
+        return self._infer(request, backend, EMBEDDING, b"/v1/embeddings", validate.embeddings)
+
+    @routes(app, RERANK, methods=["POST"])
+    def rerank(self, request: Request, backend: str | None = None) -> Any:
+        return self._infer(request, backend, RERANKING, b"/v1/rerank", validate.rerank)
+
+    @routes(app, MODELS, methods=["GET"])
+    def models(self, request: Request, backend: str | None = None) -> bytes:
+        self._scheduler.backend_name(backend)
+        data = [entry for model in self._store.list() for entry in openai_models(model)]
+        return json_body(request, {"object": "list", "data": data})
+
+    @routes(app, MODEL_PATHS, methods=["GET"])
+    def model(self, request: Request, name: str, backend: str | None = None) -> bytes:
+        self._scheduler.backend_name(backend)
+        return json_body(request, openai_models(self._store.resolve(name))[0])
+
+    @app.route("/engines/status", methods=["GET"])
+    def status(self, request: Request) -> bytes:
+        statuses = {name: install_text(status) for name, status in self._scheduler.backend_statuses().items()}
+        return json_body(request, statuses | failed_preload_statuses(self._scheduler.preloads()))
+
+
+def openai_models(model: Model) -> list[dict[str, Any]]:
+    """OpenAI's model objects for C{model}: one per tag (or its id when untagged)."""
+    return [
+        {"id": name, "object": "model", "created": model.created, "owned_by": "mrunner"}
+        for name in model.tags or (model.id,)
+    ]

@@ -1,0 +1,354 @@
+"""The ``/models`` routes: list, inspect, import, pull, tag, push, verify and delete models.
+
+Shapes follow Docker Model Runner's, so ``docker model`` style clients work.
+Pull and push stream NDJSON progress; an error that happens before the first
+line is an ordinary JSON error response with its status, one after it is a
+final ``{"type": "error"}`` line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.web.iweb import IRequest
+from twisted.web.server import Request
+
+from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
+from mrunner.api.service.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
+from mrunner.errors import BadRequest, Conflict, MrunnerError
+from mrunner.interfaces import IScheduler
+from mrunner.store.model import Model
+from mrunner.store.names import parse
+from mrunner.store.package import TAR
+from mrunner.store.progress import Progress
+from mrunner.store.pull import Puller
+from mrunner.store.push import Pusher
+from mrunner.store.store import Deletion, ModelStore
+from mrunner.store.upload import Upload
+from mrunner.values import State
+
+MAX_CREATE_BODY = 64 * 1024
+
+MODEL = {
+    "type": "object",
+    "required": ["id", "tags", "created", "config"],
+    "properties": {
+        "id": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "created": {"type": "integer"},
+        "config": {"type": "object"},
+        "corrupt": {"type": "string"},
+    },
+}
+VERIFIED = {
+    "type": "object",
+    "required": ["id", "status"],
+    "properties": {
+        "id": {"type": "string"},
+        "status": {"enum": ["ok", "corrupt"]},
+        "blobs": {"type": "array"},
+    },
+}
+# Docker's answer to a delete: [{"Untagged": name}, ..., {"Deleted": digest}]
+REMOVED = {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "string"}}}
+PROGRESS = {"application/x-ndjson": {"schema": {"type": "string"}}}
+REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with an error"})
+
+
+async def remove(store: ModelStore, scheduler: IScheduler, name: str, force: bool) -> Deletion:
+    """Remove the name C{name} (L{ModelStore.delete}); the last name takes the model, after its runners stop.
+
+    @raise Conflict: a runner serves the model (or is loading it) and C{force} is false; with it,
+        the runner finishes its answers, then stops.
+    """
+    digest, whole_model = store.deletion(name, force)
+    if whole_model:
+        busy = sum(
+            r.in_use + (r.state is State.LOADING) for r in scheduler.snapshot() if r.model_id == digest
+        )
+        if busy and not force:
+            raise Conflict(
+                f"model {name} is in use: a runner is serving it ({busy} request(s) or a load); delete with"
+                " force=true to remove it once they end",
+                code="model_in_use",
+            )
+        await scheduler.unload(backend=None, models=[digest], all=False)
+    return store.delete(name, force)
+
+
+def _query(name: str, schema: dict[str, Any], description: str, required: bool = False) -> Piece:
+    return parameter(name, "query", schema, description, required)
+
+
+def model_json(model: Model) -> dict[str, Any]:
+    """Docker Model Runner's model object; C{"corrupt"} says why a broken model cannot be loaded."""
+    value = {
+        "id": model.id,
+        "tags": list(model.tags),
+        "created": model.created,
+        "config": model.config,
+    }
+    if model.problem:
+        value["corrupt"] = model.problem
+    return value
+
+
+class NDJSONStream:
+    """Writes one JSON object per line; headers go out with the first line."""
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self.started = False
+        self._gone = False
+        request.notifyFinish().addBoth(self._finished)
+
+    def _finished(self, _: object) -> None:
+        self._gone = True
+
+    def emit(self, message: dict[str, Any]) -> None:
+        if self._gone:
+            return
+        if not self.started:
+            self.started = True
+            self._request.setHeader(b"content-type", b"application/x-ndjson")
+        self._request.write(json.dumps(message).encode() + b"\n")
+
+
+class ModelsAPI:
+    """Routes relative to ``/models``; mount C{app.resource()} there."""
+
+    app = Klein()
+    handle_json_errors(app)
+    log = Logger()
+
+    def __init__(
+        self,
+        store: ModelStore,
+        scheduler: IScheduler,
+        puller: Puller,
+        pusher: Pusher,
+        clock: IReactorTime,
+        moved: Callable[[str, int], None] = lambda mode, count: None,
+    ) -> None:
+        """C{moved(mode, bytes)} is told what each pull or push moved over the network."""
+        self._store = store
+        self._moved = moved
+        self._scheduler = scheduler
+        self._puller = puller
+        self._pusher = pusher
+        self._clock = clock
+
+    def openapi(self) -> Piece:
+        model = {"200": answer("the model", json_content(MODEL))}
+        create = {"type": "object", "required": ["from"], "properties": {"from": {"type": "string"}}}
+        binary = {"schema": {"type": "string", "format": "binary"}}
+        verified = {"200": answer("a report per model", json_content({"type": "array", "items": VERIFIED}))}
+        tagged = {
+            "type": "object",
+            "properties": {key: {"type": "string"} for key in ("message", "target", "id")},
+        }
+        return {
+            "paths": {
+                "/models": {
+                    "get": operation(
+                        "Local models",
+                        {"200": answer("models", json_content({"type": "array", "items": MODEL}))},
+                    )
+                },
+                "/models/create": {
+                    "post": operation(
+                        "Pull a model from its registry, with NDJSON progress",
+                        {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
+                        body=json_content(create),
+                    )
+                },
+                "/models/load": {
+                    "post": operation(
+                        "Import a GGUF file, or a package as mrunner package sends it (application/x-tar)",
+                        {"201": answer("the imported model", json_content(MODEL))},
+                        body={"application/octet-stream": binary, "application/x-tar": binary},
+                        parameters=[
+                            _query("name", {"type": "string"}, "the new model's name", required=True),
+                            _query(
+                                "context_size",
+                                {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_SIZE},
+                                "its default context size",
+                            ),
+                        ],
+                    )
+                },
+                "/models/{name}": {
+                    "get": operation("One local model", model, parameters=[NAME]),
+                    "delete": operation(
+                        "Remove a name: only that tag while another names the model, else the model,"
+                        " stopping its runners",
+                        {
+                            "200": answer("what was removed", json_content(REMOVED)),
+                            **errors(
+                                **{
+                                    "409": "an id of a model with several tags, or a model a runner is"
+                                    " serving: give force=true"
+                                }
+                            ),
+                        },
+                        parameters=[
+                            NAME,
+                            _query(
+                                "force",
+                                {"type": "boolean"},
+                                "remove it while a runner serves it (once its answers end), or by id under"
+                                " every tag",
+                            ),
+                        ],
+                    ),
+                },
+                "/models/{name}/tag": {
+                    "post": operation(
+                        "Give a model another name",
+                        {"201": answer("the new name", json_content(tagged))},
+                        parameters=[
+                            NAME,
+                            _query("repo", {"type": "string"}, "the new repository", required=True),
+                            _query("tag", {"type": "string"}, "the new tag", required=True),
+                        ],
+                    )
+                },
+                "/models/verify": {
+                    "post": operation("Re-hash every model's blobs; corrupt ones are quarantined", verified)
+                },
+                "/models/{name}/verify": {
+                    "post": operation("Re-hash one model's blobs", verified, parameters=[NAME])
+                },
+                "/models/{name}/push": {
+                    "post": operation(
+                        "Push a model to the registry its name points at, with NDJSON progress",
+                        {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
+                        parameters=[NAME],
+                    )
+                },
+            }
+        }
+
+    # Mounted at /models, this route sees an empty path; without strict slashes it matches.
+    @app.route("/", methods=["GET"], strict_slashes=False)
+    def list_models(self, request: IRequest) -> bytes:
+        return json_body(request, [model_json(model) for model in self._store.list()])
+
+    @app.route("/create", methods=["POST"])
+    async def create(self, request: Request) -> bytes:
+        """Pull ``{"from": ref}`` from its registry (Hugging Face for ``hf.co/...``), streaming progress."""
+        ref = parse(json_object(read_body(request, MAX_CREATE_BODY)).get("from"), "'from'")
+        return await self._stream(
+            request, "pull", f"Model pulled successfully: {ref}", partial(self._puller.pull, ref)
+        )
+
+    @app.route("/load", methods=["POST"])
+    async def load(self, request: IRequest) -> bytes:
+        """Import the request body as ``?name=`` (``&context_size=N`` sets its default context).
+
+        The body is a GGUF file, or (``Content-Type: application/x-tar``) a package
+        as ``mrunner package`` sends it: the weights (one ``*.gguf`` or its shards),
+        ``licenses/``, ``mmproj/`` and ``chat-template/`` (see L{mrunner.store.package}).
+        """
+        name = query(request, "name")
+        if name is None:
+            raise BadRequest("give the model a name: POST /models/load?name=NAME")
+        context_size = _positive(query(request, "context_size"), "context_size")
+        body = request.content
+        if isinstance(body, Upload):  # came through the front door: staged as it arrived
+            model = await self._store.import_upload(name, body, context_size)
+        elif _packaged(request):  # a request that did not (a test's): staged from its file
+            body.seek(0)
+            model = await self._store.import_package(name, body, context_size)
+        else:
+            body.seek(0)
+            model = await self._store.import_gguf(name, body, (), context_size)
+        return json_body(request, model_json(model), 201)
+
+    def upload(self, request: IRequest) -> Upload:
+        """Where the front door writes the body of ``POST /models/load`` as it arrives: its sink."""
+        return self._store.upload(_packaged(request))
+
+    @app.route("/verify", methods=["POST"])
+    async def verify_all(self, request: IRequest) -> bytes:
+        """Re-hash every model's blobs; corrupt ones are quarantined. 200 with a report per model."""
+        return json_body(request, await self._store.verify())
+
+    @app.route("/<path:name>/verify", methods=["POST"])
+    async def verify(self, request: IRequest, name: str) -> bytes:
+        """Re-hash the blobs of the model C{name}: a one-element list of L{verify_all}'s reports."""
+        return json_body(request, await self._store.verify(name))
+
+    @app.route("/<path:name>", methods=["GET"])
+    def inspect(self, request: IRequest, name: str) -> bytes:
+        return json_body(request, model_json(self._store.resolve(name)))
+
+    @app.route("/<path:name>", methods=["DELETE"])
+    async def delete(self, request: IRequest, name: str) -> bytes:
+        return json_body(request, await remove(self._store, self._scheduler, name, flag(request, "force")))
+
+    @app.route("/<path:name>/tag", methods=["POST"])
+    def tag(self, request: IRequest, name: str) -> bytes:
+        repo, tag = query(request, "repo"), query(request, "tag")
+        if not repo or not tag:
+            raise BadRequest("give the new name as ?repo=REPOSITORY&tag=TAG")
+        target = f"{repo}:{tag}"
+        model = self._store.tag(name, target)
+        message = f"Model tagged successfully with {target!r}"
+        return json_body(request, {"message": message, "target": target, "id": model.id}, 201)
+
+    @app.route("/<path:name>/push", methods=["POST"])
+    async def push(self, request: Request, name: str) -> bytes:
+        """Push the model C{name} to the registry its name points at, streaming progress."""
+        ref = parse(name)
+        self._store.resolve(name)
+        return await self._stream(
+            request, "push", f"Model pushed successfully: {ref}", partial(self._pusher.push, ref)
+        )
+
+    async def _stream(
+        self,
+        request: Request,
+        mode: str,
+        done: str,
+        work: Callable[[Progress], Deferred[Any]],
+    ) -> bytes:
+        stream = NDJSONStream(request)
+        progress = Progress(stream.emit, self._clock, mode)
+        try:
+            await work(progress)
+        except MrunnerError as e:
+            if not stream.started:
+                raise
+            self.log.warn("{mode} failed: {message}", mode=mode, message=e.message)
+            progress.error(e.message)
+        else:
+            progress.success(done)
+        finally:
+            self._moved(mode, progress.bytes)
+        return b""
+
+
+def _packaged(request: IRequest) -> bool:
+    """Whether the body is a package tar as ``mrunner package`` sends it, rather than a GGUF file."""
+    return (request.getHeader(b"content-type") or b"").split(b";")[0].strip() == TAR
+
+
+def _positive(value: str | None, key: str) -> int | None:
+    """A positive C{int} a runner's flag can hold."""
+    if value is None:
+        return None
+    number = whole(value, MAX_CONTEXT_SIZE)
+    if number is None:
+        raise BadRequest(
+            f"?{key}= must be an integer from 1 to {MAX_CONTEXT_SIZE}, not {value!r:.40}", param=key
+        )
+    return number

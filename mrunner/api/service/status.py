@@ -1,0 +1,117 @@
+"""The daemon's own routes: C{/}, C{/health}, C{/ready}, C{/version}, C{/metrics}; C{/models} mounted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klein import Klein
+from prometheus_client import CollectorRegistry, generate_latest
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
+
+import mrunner
+from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.observe.page import wants_html
+from mrunner.api.service.openapi import TEXT, Piece, answer, json_content, operation
+from mrunner.api.service.scheduler_json import failed_preloads, install_ready, preload_json
+from mrunner.interfaces import IScheduler
+from mrunner.runner_metrics import RunnerScraper
+
+READY = {
+    "type": "object",
+    "required": ["ready", "preloads", "failed"],
+    "properties": {
+        "ready": {"type": "boolean"},
+        "preloads": {"type": "array", "items": {"type": "object"}},
+        "failed": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
+class StatusAPI:
+    """C{/}, C{/health}, C{/ready}, C{/version}, C{/metrics}, and the C{/models} routes."""
+
+    app = Klein()
+    handle_json_errors(app)
+
+    def __init__(
+        self, models: Any, metrics: CollectorRegistry, scheduler: IScheduler, scraper: RunnerScraper
+    ):
+        self._models = models
+        self._metrics = metrics
+        self._scheduler = scheduler
+        self._scraper = scraper
+        self.mounts = {"/models": models}
+
+    def openapi(self) -> Piece:
+        def get(summary: str, content: dict[str, Any]) -> dict[str, Any]:
+            return {"get": operation(summary, {"200": answer(summary, content)})}
+
+        def strings(*keys: str) -> dict[str, Any]:
+            properties = {key: {"type": "string"} for key in keys}
+            return json_content({"type": "object", "required": list(keys), "properties": properties})
+
+        return {
+            "paths": {
+                "/": get("mrunner is running", TEXT),
+                "/health": get("The daemon answers", strings("status")),
+                "/ready": {
+                    "get": operation(
+                        "Whether the default backend is installed and every preload has loaded or failed",
+                        {
+                            "200": answer("ready", json_content(READY)),
+                            "503": answer("not yet", json_content(READY)),
+                        },
+                    )
+                },
+                "/version": get("mrunner's version", strings("version")),
+                "/metrics": get("Prometheus metrics", TEXT),
+                **self._models.openapi()["paths"],
+            }
+        }
+
+    @app.route("/", methods=["GET"])
+    def root(self, request: IRequest) -> bytes:
+        """API clients are told the daemon runs; a browser is sent to the page."""
+        if wants_html(request):
+            request.redirect(b"/ui")
+            return b""
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        return b"mrunner is running"
+
+    @app.route("/health", methods=["GET"])
+    def health(self, request: IRequest) -> bytes:
+        return json_body(request, {"status": "ok"})
+
+    @app.route("/ready", methods=["GET"])
+    def ready(self, request: IRequest) -> bytes:
+        """200 once the default backend is installed and every preload has loaded or failed, else 503.
+
+        C{/health} answers 200 all along: the daemon is up. This is for
+        orchestrators that should send work only once the models are in. A preload
+        that failed does not hold the node back for ever, but C{failed} names it.
+        """
+        backend = self._scheduler.backend_statuses()[self._scheduler.backend_name(None)]
+        preloads = self._scheduler.preloads()
+        ready = install_ready(backend) and all(preload.done for preload in preloads)
+        body = {
+            "ready": ready,
+            "preloads": [preload_json(preload) for preload in preloads],
+            "failed": [preload.model for preload in failed_preloads(preloads)],
+        }
+        return json_body(request, body, 200 if ready else 503)
+
+    @app.route("/version", methods=["GET"])
+    def version(self, request: IRequest) -> bytes:
+        return json_body(request, {"version": mrunner.__version__})
+
+    @app.route("/metrics", methods=["GET"])
+    async def metrics(self, request: IRequest) -> bytes:
+        """The daemon's metrics, then those of every ready runner that answers in time."""
+        runners = await self._scraper.scrape(self._scheduler.snapshot())
+        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        return generate_latest(self._metrics) + generate_latest(runners)
+
+    @app.route("/models", branch=True)
+    def models(self, request: IRequest) -> IResource:
+        return self._models.app.resource()

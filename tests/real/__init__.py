@@ -1,0 +1,1 @@
+"""Tests with real processes: llama-server, the daemon, a registry, a browser."""

@@ -1,0 +1,146 @@
+"""The memory budget with real llama-server processes: the estimate, eviction, draining, swapping.
+
+Two tiny models of about 24 MiB each share a 40 MiB budget, so only one can
+be loaded at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
+from twisted.internet.task import LoopingCall
+
+from mrunner.tinymodel import write_tiny_llama
+from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
+from tests.support.daemon import http
+
+A, B = "ai/tiny-a", "ai/tiny-b"
+ONE_TINY_MODEL = 'memory_budget = "40MiB"'
+
+
+def live_children() -> set[int]:
+    """Processes this one started that are still running (not yet exited)."""
+    me = os.getpid()
+    children = Path(f"/proc/{me}/task/{me}/children").read_text().split()
+    alive = set()
+    for pid in children:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in "ZX":
+            alive.add(int(pid))
+    return alive
+
+
+class BudgetTestCase(LlamaCppTestCase):
+    async def two_models(self) -> None:
+        await self.start(ONE_TINY_MODEL, parallel=2)
+        for name, seed in ((A, 1), (B, 2)):
+            path = self.home / f"{seed}.gguf"
+            write_tiny_llama(path, seed=seed)
+            await self.daemon.import_model(name, path)
+
+    async def chat(self, model: str, max_tokens: int = 4, **extra: Any) -> tuple[int, Any]:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+        return await self.post("/v1/chat/completions", {**body, **extra})
+
+    def loaded(self) -> list[str]:
+        return [runner.model_name for runner in self.daemon.scheduler.snapshot()]
+
+
+class EstimateTests(LlamaCppTestCase):
+    async def test_estimate_is_within_a_quarter_of_measured_memory(self) -> None:
+        await self.start()
+        await self.tiny()
+        await self.daemon.import_model("ai/smollm2", smollm2())
+        for name in ("ai/tiny", "ai/smollm2"):
+            code, answer = await self.post(
+                "/v1/chat/completions",
+                {"model": name, "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 8},
+            )
+            self.assertEqual(code, 200, answer)
+            code, (runner,) = await self.get("/engines/ps")
+            estimate, measured = runner["memory_estimate"], runner["memory_measured"]
+            self.assertLess(abs(measured - estimate), estimate / 4, f"{name}: {estimate=} {measured=}")
+            self.assertGreaterEqual(runner["memory"], estimate, "the budget counts at least the estimate")
+            await self.post("/engines/unload", {"all": True})
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        response = await http.get(self.daemon.url + path)
+        return response.code, json.loads(await response.text())
+
+
+class EvictionTests(BudgetTestCase):
+    async def test_the_second_model_evicts_the_idle_first(self) -> None:
+        await self.two_models()
+        self.assertEqual((await self.chat(A))[0], 200)
+        (first,) = self.daemon.scheduler.snapshot()
+        self.assertEqual((await self.chat(B))[0], 200)
+        self.assertEqual(self.loaded(), [f"{B}:latest"])
+        self.assertNotIn(first.pid, live_children(), "the first runner has exited")
+
+    async def test_the_second_model_waits_for_a_stream_to_finish(self) -> None:
+        await self.two_models()
+        body = {
+            "model": A,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2000,
+            "stream": True,
+        }
+        response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
+        self.assertEqual(response.code, 200)
+        received: list[bytes] = []
+        first: Deferred[None] = Deferred()
+
+        def collect(data: bytes) -> None:
+            received.append(data)
+            if not first.called:
+                first.callback(None)
+
+        order: list[str] = []
+        stream_end = treq.collect(response, collect).addCallback(lambda _: order.append("a"))
+        await first
+        second = ensureDeferred(self.chat(B)).addCallback(lambda result: order.append("b") or result)
+        await stream_end
+        code, answer = await second
+        self.assertEqual(code, 200, answer)
+        self.assertEqual(order, ["a", "b"], "b waited for a's stream")
+        events = [line[6:] for line in b"".join(received).split(b"\n") if line.startswith(b"data: ")]
+        self.assertEqual(events[-1], b"[DONE]")
+        chunks = [json.loads(event)["choices"] for event in events[:-1]]
+        tokens = [c[0]["delta"].get("content") for c in chunks if c and c[0]["delta"].get("content")]
+        self.assertEqual(len(tokens), 2000, "the stream was not cut")
+        self.assertEqual(self.loaded(), [f"{B}:latest"])
+
+
+class SwapTests(BudgetTestCase):
+    timeout = 300
+
+    async def test_alternating_clients_never_have_both_runners_alive(self) -> None:
+        await self.two_models()
+        samples: list[int] = []
+        sampler = LoopingCall(lambda: samples.append(len(live_children())))
+        sampler.clock = reactor
+        sampler.start(0.005)
+        self.addCleanup(lambda: sampler.running and sampler.stop())
+
+        async def client(first: int) -> list[int]:
+            codes = []
+            for i in range(25):
+                code, _ = await self.chat((A, B)[(first + i) % 2])
+                codes.append(code)
+            return codes
+
+        results = await DeferredList([ensureDeferred(client(n)) for n in range(4)], consumeErrors=True)
+        sampler.stop()
+        codes = [code for ok, result in results for code in (result if ok else [result])]
+        self.assertEqual(codes, [200] * 100)
+        self.assertGreater(len(samples), 100)
+        self.assertEqual(max(samples), 1, "two runners were alive at once")

@@ -1,0 +1,33 @@
+"""Each implementation provides the interface it claims."""
+
+from pathlib import Path
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from mrunner.backends.command import CommandBackend
+from mrunner.config import Config
+from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess, IScheduler
+from mrunner.scheduling.scheduler import Scheduler
+from tests.support.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
+
+
+class InterfaceTests(SynchronousTestCase):
+    def test_scheduler(self) -> None:
+        scheduler = Scheduler(
+            Clock(),
+            Config(home=Path(self.mktemp())),
+            {"llama.cpp": FakeBackend()},
+            FakeStore(),
+            FakeSpawner().start_runner,
+        )
+        self.assertTrue(verifyObject(IScheduler, scheduler))
+
+    def test_command_backend(self) -> None:
+        self.assertTrue(verifyObject(IBackend, CommandBackend("custom", ["python3", "server.py"])))
+
+    def test_fakes_keep_to_the_interfaces(self) -> None:
+        self.assertTrue(verifyObject(IBackend, FakeBackend()))
+        self.assertTrue(verifyObject(IModelStore, FakeStore()))
+        self.assertTrue(verifyObject(IRunnerProcess, FakeProcess("/run/r.sock")))

@@ -1,0 +1,171 @@
+"""Daemon metrics from the loader's events, and the scrape of runners' own metrics, without processes."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from treq.testing import RequestTraversalAgent
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+from zope.interface.verify import verifyObject
+
+from mrunner.interfaces import ILoaderEvents
+from mrunner.metrics import Metrics
+from mrunner.runner_metrics import RunnerScraper, metric_name
+from mrunner.scheduling.loader import Loader, NoEvents
+from mrunner.scheduling.policy import Limits
+from mrunner.values import RunnerSnapshot, State
+from tests.support.fakes import FakeSpawner
+from tests.unit.test_loader import request
+
+LLAMA_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 12
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+"""
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = generate_latest(metrics.registry).decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def labels(model: str = "ai/a:latest", **more: str) -> frozenset[tuple[str, str]]:
+    return frozenset({"backend": "llama.cpp", "model": model, "mode": "completion", **more}.items())
+
+
+class EventTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.spawn = FakeSpawner()
+        self.metrics = Metrics()
+        self.loader = Loader(self.clock, self.spawn, Limits(1), max_queue=4, events=self.metrics)
+
+    def test_interfaces(self) -> None:
+        self.assertTrue(verifyObject(ILoaderEvents, self.metrics))
+        self.assertTrue(verifyObject(ILoaderEvents, NoEvents()))
+
+    def test_load_idle_expiry_and_exit(self) -> None:
+        d = self.loader.acquire(request("a", keep_alive=10))
+        self.clock.advance(2.5)
+        self.spawn.processes[0].ready.callback(None)
+        self.successResultOf(d).release()
+        self.clock.advance(10)
+        seen = self.samples()
+        self.assertEqual(seen[("mrunner_load_seconds_count", frozenset({("model", "ai/a:latest")}))], 1)
+        self.assertEqual(seen[("mrunner_load_seconds_sum", frozenset({("model", "ai/a:latest")}))], 2.5)
+        self.assertEqual(seen[("mrunner_evictions_total", labels(reason="idle"))], 1)
+        self.assertEqual(seen[("mrunner_runner_exits_total", labels(cause="stopped"))], 1)
+
+    def test_eviction_for_room_crash_and_unload(self) -> None:
+        self.successResultOf(self.ready_lease("a")).release()
+        b = self.ready_lease("b")  # one slot: a goes for b
+        self.successResultOf(b)
+        self.spawn.processes[1].exit()  # b crashes while serving
+        self.successResultOf(self.ready_lease("c")).release()
+        self.successResultOf(self.loader.unload(lambda key: True))
+        seen = self.samples()
+        self.assertEqual(seen[("mrunner_evictions_total", labels("ai/a:latest", reason="memory"))], 1)
+        self.assertEqual(seen[("mrunner_evictions_total", labels("ai/b:latest", reason="crash"))], 1)
+        self.assertEqual(seen[("mrunner_runner_exits_total", labels("ai/b:latest", cause="crashed"))], 1)
+        self.assertEqual(seen[("mrunner_evictions_total", labels("ai/c:latest", reason="unload"))], 1)
+
+    def test_load_failure(self) -> None:
+        d = self.loader.acquire(request("a"))
+        self.spawn.processes[0].exit()
+        self.failureResultOf(d)
+        seen = self.samples()
+        self.assertEqual(seen[("mrunner_load_failures_total", labels())], 1)
+        self.assertEqual(seen[("mrunner_runner_exits_total", labels(cause="failed"))], 1)
+
+    def test_bytes_moved(self) -> None:
+        self.metrics.moved("pull", 100)
+        self.metrics.moved("push", 7)
+        seen = self.samples()
+        self.assertEqual(seen[("mrunner_pulled_bytes_total", frozenset())], 100)
+        self.assertEqual(seen[("mrunner_pushed_bytes_total", frozenset())], 7)
+
+    def ready_lease(self, name: str):
+        d = self.loader.acquire(request(name))
+        self.spawn.processes[-1].ready.callback(None)
+        return d
+
+    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        return samples(self.metrics)
+
+
+class Runners(Resource):
+    """Runner sockets by name: C{slow} never answers, C{bare} has no metrics, the others llama-server's."""
+
+    isLeaf = True
+
+    def render_GET(self, request):  # type: ignore[no-untyped-def]
+        host = request.getRequestHostname()
+        if host == b"slow":
+            return NOT_DONE_YET
+        if host == b"bare":
+            request.setResponseCode(404)
+            return b"no metrics here"
+        return LLAMA_METRICS
+
+
+def snapshot(name: str, state: State = State.READY) -> RunnerSnapshot:
+    return RunnerSnapshot(
+        backend="llama.cpp",
+        model_name=f"ai/{name}:latest",
+        model_id="sha256:" + "a" * 64,
+        mode="completion",
+        state=state,
+        in_use=0,
+        parallel=1,
+        last_used=0,
+        keep_alive=300,
+        expires_at=None,
+        memory=1,
+        memory_estimate=1,
+        memory_measured=None,
+        pid=1,
+        socket=f"/run/{name}.sock",
+        pinned=False,
+        stale=False,
+    )
+
+
+class ScrapeTests(SynchronousTestCase):
+    def test_names(self) -> None:
+        self.assertEqual(metric_name("llamacpp:prompt_tokens_total"), "llamacpp_prompt_tokens_total")
+        self.assertEqual(metric_name("1st-metric.x"), "_1st_metric_x")
+
+    def test_ready_runners_answering_in_time(self) -> None:
+        clock = Clock()
+        agent = RequestTraversalAgent(Runners())
+        scraper = RunnerScraper(agent, clock, seconds=1)
+        runners = [
+            snapshot("r0"),
+            snapshot("r1"),
+            snapshot("slow"),
+            snapshot("bare"),
+            snapshot("r2", State.LOADING),
+        ]
+        d = scraper.scrape(runners)
+        agent.flush()
+        self.assertNoResult(d)  # the slow one holds it, for one second at most
+        clock.advance(1)
+        text = generate_latest(self.successResultOf(d)).decode()  # type: ignore[arg-type]
+        families = {family.name: family for family in text_string_to_metric_families(text)}
+        self.assertEqual(set(families), {"llamacpp_prompt_tokens", "llamacpp_requests_processing"})
+        self.assertEqual(text.count("# TYPE llamacpp_prompt_tokens_total counter"), 1)
+        models = {sample.labels["model"] for sample in families["llamacpp_prompt_tokens"].samples}
+        self.assertEqual(models, {"ai/r0:latest", "ai/r1:latest"})
+        (sample, _) = families["llamacpp_requests_processing"].samples
+        self.assertEqual(
+            sample.labels, {"backend": "llama.cpp", "model": "ai/r0:latest", "mode": "completion"}
+        )

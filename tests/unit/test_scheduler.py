@@ -1,0 +1,171 @@
+"""The scheduler with a Clock and fakes: preloads, pins, reload, snapshots, failures through Deferreds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from mrunner.backends.base import COMPLETION
+from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
+from mrunner.errors import NotFound
+from mrunner.interfaces import ILease, IScheduler
+from mrunner.scheduling.scheduler import Scheduler
+from mrunner.values import ModelSettings, Preload, PreloadState, State
+from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
+
+A, B, C = "ai/a:latest", "ai/b:latest", "ai/c:latest"
+
+
+class SchedulerTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.backend = FakeBackend()
+        self.store = FakeStore({name: model(name, name[3] * 64) for name in (A, B, C)})
+        self.spawn = FakeSpawner()
+
+    def make(self, **models: object) -> Scheduler:
+        config = Config(
+            home=Path(self.mktemp()),
+            scheduler=SchedulerConfig(max_runners=4, memory_budget=10, keep_alive=300),
+            models=ModelsConfig(**models),  # type: ignore[arg-type]
+        )
+        self.config = config
+        self.scheduler = Scheduler(
+            self.clock, config, {"llama.cpp": self.backend}, self.store, self.spawn.start_runner
+        )
+        return self.scheduler
+
+    def install(self) -> None:
+        self.backend.installs[-1].callback("llama.cpp test")
+
+    def ready(self) -> None:
+        self.spawn.processes[-1].ready.callback(None)
+
+    def load_a(self) -> None:
+        """Start, install, and load model a (then idle)."""
+        self.scheduler.start()
+        self.install()
+        d = self.scheduler.acquire(None, "a", COMPLETION)
+        self.ready()
+        self.successResultOf(d).release()
+
+    def states(self) -> dict[str, PreloadState]:
+        return {preload.model: preload.state for preload in self.scheduler.preloads()}
+
+    def test_provides_its_interfaces(self) -> None:
+        scheduler = self.make()
+        self.assertTrue(verifyObject(IScheduler, scheduler))
+        scheduler.start()
+        self.install()
+        d = scheduler.acquire(None, "a", COMPLETION)
+        self.ready()
+        lease = self.successResultOf(d)
+        self.assertTrue(verifyObject(ILease, lease))
+        self.assertEqual((lease.model, lease.socket), (A, self.spawn.processes[0].socket))
+
+    def test_a_models_files_are_checked_before_a_load_not_on_every_request(self) -> None:
+        self.make()
+        self.load_a()
+        self.successResultOf(self.scheduler.acquire(None, "a", COMPLETION)).release()
+        self.assertEqual(self.store.checked, ["a"])
+        self.store.models[A] = attrs.evolve(self.store.models[A], problem="a blob was corrupt")
+        self.successResultOf(self.scheduler.acquire(None, "a", COMPLETION)).release()
+        self.assertEqual(self.store.checked, ["a", "a"])
+
+    def test_failures_come_through_the_deferred(self) -> None:
+        scheduler = self.make()
+        self.failureResultOf(scheduler.acquire("vllm", "a", COMPLETION), NotFound)
+        self.failureResultOf(scheduler.acquire(None, "nothing", COMPLETION), NotFound)
+        self.failureResultOf(scheduler.configure("vllm", "a", ModelSettings(keep_alive=1)), NotFound)
+        self.failureResultOf(scheduler.configure(None, "nothing", ModelSettings(keep_alive=1)), NotFound)
+
+    def test_preloads_in_order_once_installed(self) -> None:
+        scheduler = self.make(preload=(A, B))
+        scheduler.start()
+        self.assertEqual(self.spawn.processes, [], "nothing loads before the backend is installed")
+        self.assertEqual(self.states(), {A: PreloadState.LOADING, B: PreloadState.WAITING})
+        self.clock.advance(3600)  # a long build: preloads wait for it, whatever install_wait says
+        self.install()
+        self.assertEqual(len(self.spawn.processes), 1, "one at a time")
+        self.ready()
+        self.assertEqual(len(self.spawn.processes), 2)
+        self.ready()
+        self.assertEqual(self.states(), {A: PreloadState.LOADED, B: PreloadState.LOADED})
+        self.assertEqual([r.state for r in scheduler.snapshot()], [State.READY, State.READY])
+        self.assertEqual([r.in_use for r in scheduler.snapshot()], [0, 0])
+
+    def test_a_failed_preload_is_reported_not_fatal(self) -> None:
+        self.backend.need = 6
+        scheduler = self.make(preload=("ai/missing:latest", A, B))
+        scheduler.start()
+        self.install()
+        self.ready()
+        preloads = {preload.model: preload for preload in scheduler.preloads()}
+        self.assertEqual(preloads["ai/missing:latest"].state, PreloadState.FAILED)
+        self.assertIn("not found", preloads["ai/missing:latest"].error or "")
+        self.assertEqual(preloads[A].state, PreloadState.LOADED)
+        self.assertEqual(preloads[B].state, PreloadState.FAILED, "6 + 6 > 10: b does not evict a preload")
+        self.assertIn("does not fit", preloads[B].error or "")
+        self.assertEqual(len(self.spawn.processes), 1)
+
+    def test_pinned_from_the_file(self) -> None:
+        scheduler = self.make(settings={A: ModelConfig(pinned=True)})
+        self.load_a()
+        self.clock.advance(10**6)
+        (runner,) = scheduler.snapshot()
+        self.assertTrue(runner.pinned)
+        self.assertEqual(self.spawn.processes[0].stops, 0, "a pinned runner does not expire")
+        self.assertTrue(scheduler.configuration(None, "a")["pinned"])
+
+    def test_pin_and_unpin_with_configure(self) -> None:
+        scheduler = self.make()
+        self.load_a()
+        self.assertTrue(self.successResultOf(scheduler.configure(None, "a", ModelSettings(pinned=True))))
+        self.clock.advance(10**6)
+        self.assertTrue(scheduler.snapshot()[0].pinned)
+        self.assertTrue(self.successResultOf(scheduler.configure(None, "a", ModelSettings(pinned=False))))
+        self.clock.advance(300)
+        self.assertEqual(scheduler.snapshot(), [], "unpinned, it expires after its keep-alive")
+
+    def test_reload(self) -> None:
+        scheduler = self.make()
+        self.load_a()
+        self.assertFalse(scheduler.snapshot()[0].stale)
+        new = attrs.evolve(
+            self.config,
+            scheduler=SchedulerConfig(max_runners=2, memory_budget=10, keep_alive=60),
+            models=ModelsConfig(preload=(B,), settings={A: ModelConfig(context_size=512)}),
+        )
+        scheduler.reconfigure(new)
+        runner = scheduler.snapshot()[0]
+        self.assertTrue(runner.stale, "a's settings changed: its runner is stale, not restarted")
+        self.assertEqual(runner.keep_alive, 60, "the new default keep-alive applies at once")
+        self.ready()
+        self.assertEqual(self.states(), {B: PreloadState.LOADED}, "the new preload loads beside a")
+        self.assertEqual(self.spawn.processes[0].stops, 0, "no runner is dropped by a reload")
+        self.successResultOf(scheduler.unload(None, ["a"], False))
+        d = scheduler.acquire(None, "a", COMPLETION)
+        self.ready()
+        self.successResultOf(d).release()
+        self.assertEqual(scheduler.configuration(None, "a")["context_size"], 512)
+        self.assertEqual([(r.model_name, r.stale) for r in scheduler.snapshot()], [(B, False), (A, False)])
+        self.assertFalse(self.scheduler.loader.fits(0), "max_runners 2 applies at once")
+
+    def test_reload_pins_at_once(self) -> None:
+        scheduler = self.make()
+        self.load_a()
+        scheduler.reconfigure(
+            attrs.evolve(self.config, models=ModelsConfig(settings={A: ModelConfig(pinned=True)}))
+        )
+        self.clock.advance(10**6)
+        self.assertTrue(scheduler.snapshot()[0].pinned)
+        self.assertEqual(scheduler.preloads(), [])
+        self.assertEqual(Preload("x").state, PreloadState.WAITING)
+
+    def test_unload_of_a_name_that_is_no_model_unloads_nothing(self) -> None:
+        scheduler = self.make()
+        self.assertEqual(self.successResultOf(scheduler.unload(None, ["Not A Name!", "ai/gone"], False)), 0)
