@@ -33,7 +33,7 @@ from bench.client import BadResponse
 from bench.report import Row
 from bench.servers import Target
 from bench.settings import Settings
-from mrunner.tinymodel import write_tiny_llama
+from mrunner.testing.tinymodel import write_tiny_llama
 
 OUTPUT = Path(__file__).with_name("results-latest.json")
 #: The two tiny models mrunner serves (two, so the swap has something to swap).

@@ -24,7 +24,7 @@ from bench import daemon, http, inputs
 from bench.__main__ import raise_fd_limit
 from bench.servers import LOOPBACK
 from bench.settings import chat
-from mrunner.tinymodel import write_tiny_llama
+from mrunner.testing.tinymodel import write_tiny_llama
 
 MODEL = "bench/door"
 IDLE = 500

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench import client, daemon, inputs, wrk
 from bench.settings import CHAT, Settings, chat
-from mrunner.tinymodel import write_tiny_llama
+from mrunner.testing.tinymodel import write_tiny_llama
 
 MODEL = "bench/tiny"
 TOP = 25

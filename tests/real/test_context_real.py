@@ -14,7 +14,7 @@ import anthropic
 import ollama
 import openai
 
-from mrunner.tinymodel import CONTEXT
+from mrunner.testing.tinymodel import CONTEXT
 from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.tinymodel import write_tiny_llama
+from mrunner.testing.tinymodel import write_tiny_llama
 
 CHECK = """
 import sys

@@ -20,7 +20,7 @@ from pathlib import Path
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.tinymodel import write_tiny_llama
+from mrunner.testing.tinymodel import write_tiny_llama
 from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
 from tests.support.registry_server import SKIP, RealRegistry

@@ -47,7 +47,7 @@ from mrunner.store.pull import Puller
 from mrunner.store.registry import RegistryClient, Repository
 from mrunner.store.stall import Stalled
 from mrunner.store.store import ModelStore
-from mrunner.tinymodel import write_tiny_llama, write_tiny_mmproj
+from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_mmproj
 from tests.real.test_cli import MRUNNER, CLITestCase
 from tests.real.test_daemon import MODEL, DaemonTestCase
 from tests.real.test_huggingface import HubTestCase

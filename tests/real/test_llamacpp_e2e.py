@@ -16,7 +16,7 @@ from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from mrunner.tinymodel import write_tiny_llama, write_tiny_reranker
+from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_reranker
 from tests.real.test_llamacpp_real import cached_llama_server
 from tests.support.daemon import InProcessDaemon, http, short_home, sleep
 

@@ -23,7 +23,7 @@ from mrunner.backends.llamacpp import LlamaCppBackend, cached_executable
 from mrunner.config import Config
 from mrunner.store import gguf_meta
 from mrunner.store.model import Model
-from mrunner.tinymodel import write_tiny_llama, write_tiny_reranker
+from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_reranker
 from tests.support.daemon import short_home, unix_client
 
 MODEL = "ai/tiny:latest"

@@ -16,7 +16,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.task import LoopingCall
 
-from mrunner.tinymodel import write_tiny_llama
+from mrunner.testing.tinymodel import write_tiny_llama
 from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 from tests.support.daemon import http
 

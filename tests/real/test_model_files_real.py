@@ -14,7 +14,7 @@ from typing import Any
 from twisted.internet.defer import ensureDeferred
 
 from mrunner.cli.package import TarStream, members
-from mrunner.tinymodel import IMAGE_SIZE, write_tiny_llama, write_tiny_mmproj
+from mrunner.testing.tinymodel import IMAGE_SIZE, write_tiny_llama, write_tiny_mmproj
 from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 from tests.support.daemon import http, unix_client
 from tests.support.hub_server import Repo, StandInHub

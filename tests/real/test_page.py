@@ -17,7 +17,7 @@ from typing import Any
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
-from mrunner.tinymodel import write_tiny_llama
+from mrunner.testing.tinymodel import write_tiny_llama
 from tests.real.test_browser import CHROMIUM, FLAGS
 from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mrunner.tinymodel import write_tiny_reranker
+from mrunner.testing.tinymodel import write_tiny_reranker
 from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
 
