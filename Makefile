@@ -41,6 +41,7 @@ run: backend
 lint: install
 	$(VENV)/bin/ruff check mrunner tests bench
 	$(VENV)/bin/mypy mrunner bench
+	$(VENV)/bin/lint-imports --no-cache
 
 test: system-deps backend lint
 	$(PY) -m twisted.trial tests
