@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import treq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
-from twisted.internet.task import LoopingCall
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.task import LoopingCall, deferLater
+from twisted.python.failure import Failure
 
 from mrunner.testing.tinymodel import write_tiny_llama
 from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
@@ -87,37 +88,61 @@ class EvictionTests(BudgetTestCase):
         self.assertNotIn(first.pid, live_children(), "the first runner has exited")
 
     async def test_the_second_model_waits_for_a_stream_to_finish(self) -> None:
+        """B is queued while A streams, and loads only once A's stream has ended, whole.
+
+        The client reads nothing of A's stream until B is seen waiting: with the
+        20 most likely tokens beside each one, the answer is more than the sockets
+        hold, so A is still busy then, however fast this machine generates.
+        """
         await self.two_models()
         body = {
             "model": A,
             "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 2000,
             "stream": True,
+            "logprobs": True,
+            "top_logprobs": 20,
         }
         response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
         self.assertEqual(response.code, 200)
-        received: list[bytes] = []
-        first: Deferred[None] = Deferred()
-
-        def collect(data: bytes) -> None:
-            received.append(data)
-            if not first.called:
-                first.callback(None)
-
+        stream = _Held()
+        response.deliverBody(stream)
         order: list[str] = []
-        stream_end = treq.collect(response, collect).addCallback(lambda _: order.append("a"))
-        await first
+        stream.done.addCallback(lambda _: order.append("a"))
         second = ensureDeferred(self.chat(B)).addCallback(lambda result: order.append("b") or result)
-        await stream_end
+        while self.daemon.scheduler.queued() == 0 and not second.called:
+            await deferLater(reactor, 0.01)
+        (runner,) = self.daemon.scheduler.snapshot()
+        self.assertEqual((runner.model_name, runner.in_use), (f"{A}:latest", 1), "A is busy while B waits")
+        self.assertEqual(order, [])
+        stream.transport.resumeProducing()
+        await stream.done
         code, answer = await second
         self.assertEqual(code, 200, answer)
         self.assertEqual(order, ["a", "b"], "b waited for a's stream")
-        events = [line[6:] for line in b"".join(received).split(b"\n") if line.startswith(b"data: ")]
+        events = [line[6:] for line in stream.data.split(b"\n") if line.startswith(b"data: ")]
         self.assertEqual(events[-1], b"[DONE]")
         chunks = [json.loads(event)["choices"] for event in events[:-1]]
         tokens = [c[0]["delta"].get("content") for c in chunks if c and c[0]["delta"].get("content")]
         self.assertEqual(len(tokens), 2000, "the stream was not cut")
         self.assertEqual(self.loaded(), [f"{B}:latest"])
+
+
+class _Held(Protocol):
+    """An answer's body, not read until the test resumes it."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.done: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        self.transport.pauseProducing()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.done.callback(None)
 
 
 class SwapTests(BudgetTestCase):
