@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
@@ -115,3 +116,27 @@ class Feed:
             self._closed(self)
             if getattr(self._request, "channel", None) is not None:  # None once the client is gone
                 self._request.unregisterProducer()  # type: ignore[attr-defined]
+
+
+class OpenFollows:
+    """A route group's open follows: each ends when its client leaves, or all when the daemon stops."""
+
+    def __init__(self) -> None:
+        self._stops: dict[Deferred[bytes], Callable[[], None]] = {}
+
+    def hold(self, stop: Callable[[], None]) -> Deferred[bytes]:
+        """The route's answer for a follow that C{stop} ends; Klein cancels it when the client leaves."""
+
+        def hung_up(done: Deferred[bytes]) -> None:
+            self._stops.pop(done)()
+
+        done: Deferred[bytes] = Deferred(canceller=hung_up)
+        self._stops[done] = stop
+        return done
+
+    def end(self) -> None:
+        """Stop every follow and end its answer."""
+        stops, self._stops = self._stops, {}
+        for done, stop in stops.items():
+            stop()
+            done.callback(b"")

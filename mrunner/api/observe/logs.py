@@ -21,7 +21,7 @@ from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors
-from mrunner.api.observe.follow import Feed, Followers
+from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import record_key
 from mrunner.api.reading.bodies import flag, query
 from mrunner.api.service.openapi import TEXT, Piece, answer, operation, parameter
@@ -43,7 +43,7 @@ class LogsAPI(Service):
         self._directory = directory
         self._clock = clock
         self._followers = Followers(Config()) if followers is None else followers
-        self._follows: dict[Deferred[bytes], Callable[[], None]] = {}
+        self._follows = OpenFollows()
 
     def openapi(self) -> Piece:
         follow = parameter("follow", "query", {"type": "boolean"}, "keep sending lines as they are written")
@@ -94,21 +94,14 @@ class LogsAPI(Service):
             loop.stop()
             feed.close()
 
-        def hung_up(done: Deferred[bytes]) -> None:
-            self._follows.pop(done)()
-
-        done: Deferred[bytes] = Deferred(canceller=hung_up)  # Klein cancels it when the client leaves
-        self._follows[done] = stop
+        done = self._follows.hold(stop)
         request.write(b"")  # headers now: the client knows it is following
         loop.start(POLL_SECONDS)
         return done
 
     def stopService(self) -> None:
         super().stopService()
-        follows, self._follows = self._follows, {}
-        for done, stop in follows.items():
-            stop()
-            done.callback(b"")
+        self._follows.end()
 
 
 def _lines(tail: LogTail) -> bytes:

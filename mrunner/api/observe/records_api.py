@@ -11,7 +11,6 @@ client hangs up or the daemon stops, as fast as the client reads
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from functools import partial
 
 from klein import Klein
@@ -20,7 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.observe.follow import Feed, Followers
+from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import Record, Records, record_key
 from mrunner.api.reading.bodies import flag, query, whole
 from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
@@ -42,7 +41,7 @@ class RecordsAPI(Service):
     def __init__(self, records: Records | None, followers: Followers | None = None) -> None:
         self._records = records
         self._followers = Followers(Config()) if followers is None else followers
-        self._follows: dict[Deferred[bytes], Callable[[], None]] = {}
+        self._follows = OpenFollows()
 
     def openapi(self) -> Piece:
         records = {"type": "array", "items": {"type": "object"}}
@@ -105,19 +104,11 @@ class RecordsAPI(Service):
             unfollow()
             feed.close()
 
-        def hung_up(done: Deferred[bytes]) -> None:
-            self._follows.pop(done)()
-
-        done: Deferred[bytes] = Deferred(canceller=hung_up)  # Klein cancels it when the client leaves
-        self._follows[done] = stop
-        return done
+        return self._follows.hold(stop)
 
     def stopService(self) -> None:
         super().stopService()
-        follows, self._follows = self._follows, {}
-        for done, stop in follows.items():
-            stop()
-            done.callback(b"")
+        self._follows.end()
 
 
 def _event(record: Record) -> bytes:
