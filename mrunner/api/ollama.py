@@ -33,12 +33,10 @@ from mrunner.api.requests import json_object, keep_alive, model_name, read_body,
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.backends.base import COMPLETION, EMBEDDING
 from mrunner.errors import BadRequest, MrunnerError, NotFound
+from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
-from mrunner.store.pull import Puller
-from mrunner.store.push import Pusher
-from mrunner.store.store import ModelStore
 from mrunner.values import ModelSettings
 
 #: The Ollama API version these routes follow; clients check it to enable features.
@@ -75,7 +73,12 @@ class OllamaAPI:
     log = Logger()
 
     def __init__(
-        self, gateway: Gateway, runners: RunnerClient, store: ModelStore, puller: Puller, pusher: Pusher
+        self,
+        gateway: Gateway,
+        runners: RunnerClient,
+        store: IModelStoreAdmin,
+        puller: IModelPuller,
+        pusher: IModelPusher,
     ):
         self._gateway = gateway
         self._runners = runners

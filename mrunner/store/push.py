@@ -13,6 +13,7 @@ from twisted.web.client import FileBodyProducer
 from zope.interface import implementer
 
 from mrunner.errors import BadRequest
+from mrunner.interfaces import IModelPusher
 from mrunner.store.artifact import Descriptor
 from mrunner.store.huggingface import is_hub
 from mrunner.store.names import Reference
@@ -21,6 +22,7 @@ from mrunner.store.registry import RegistryClient, Repository
 from mrunner.store.store import ModelStore
 
 
+@implementer(IModelPusher)
 class Pusher:
     """Uploads models; blobs are streamed from disk, never read whole into memory."""
 
