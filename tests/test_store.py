@@ -205,9 +205,9 @@ class TagDeleteTests(StoreTestCase):
         error = self.assertRaises(NotFound, self.store.resolve, "qwen3")
         self.assertNotIn("did you mean", error.message)
 
-    def test_pinned_blobs_survive_collection(self) -> None:
+    def test_blobs_a_pull_keeps_survive_collection(self) -> None:
         model = self.import_model("x")
-        with self.store.pinned(["sha256:" + Path(model.gguf).name]):
+        with self.store.keeping(["sha256:" + Path(model.gguf).name]):
             self.store.delete("x")
             self.assertTrue(Path(model.gguf).exists())
         self.import_model("other", seed=3)

@@ -38,7 +38,8 @@ class Imports:
         self._add = add
 
     def upload(self, packaged: bool) -> Upload:
-        """Where a GGUF file or (C{packaged}) a package tar is written as it arrives, for L{staged}."""
+        """Where a GGUF file or (C{packaged}) a package tar is written as it arrives, to be committed by
+        L{staged}."""
         return Upload(self._blobs, packaged)
 
     def gguf(

@@ -102,7 +102,7 @@ class Puller:
                 f" ({big.media_type}); at most {MAX_SIZES[big.media_type]} are accepted"
             )
         progress.total = sum(blob.size for blob in manifest.blobs)
-        with self._store.pinned(blob.digest for blob in manifest.blobs):
+        with self._store.keeping(blob.digest for blob in manifest.blobs):
             for blob in manifest.blobs:
                 await self._fetch(repo, blob, progress)
             model = self._store.add(ref, data)

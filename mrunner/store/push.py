@@ -51,7 +51,7 @@ class Pusher:
         manifest = self._store.manifest(digest)
         repo = self._client.repositories(ref, pull=False)[0]
         progress.total = sum(blob.size for blob in manifest.blobs)
-        with self._store.pinned([digest, *(blob.digest for blob in manifest.blobs)]):
+        with self._store.keeping([digest, *(blob.digest for blob in manifest.blobs)]):
             for blob in manifest.blobs:
                 if not await self._client.has_blob(repo, blob.digest):
                     await self._upload(repo, blob, progress)

@@ -60,7 +60,11 @@ class _Stored:
 
 @implementer(IModelStoreAdmin)
 class ModelStore:
-    """Models on disk in Docker Model Runner's OCI layout, found by their normalised names."""
+    """Models on disk in Docker Model Runner's OCI layout, found by their normalised names.
+
+    It holds the L{Index}, the L{Blobs}, the split models' L{Bundles} and the L{Imports}
+    together: a change that touches more than one of them is made here.
+    """
 
     log = Logger()
 
@@ -73,24 +77,24 @@ class ModelStore:
         self.reactor = reactor
         self._partial_max_age = partial_max_age
         self.remove_old_partials()
-        self.index = Index(self.root)
+        self._index = Index(self.root)
         self._bundles = Bundles(self.root / "bundles")
         self._artifacts: dict[str, _Stored] = {}
-        self._pins: Counter[str] = Counter()
+        self._kept: Counter[str] = Counter()
         self.integrity = Integrity(self.blobs, self.in_thread)
         self._imports = Imports(self.blobs, reactor, self.in_thread, self.add)
-        self._bundles.remove_stale(self.index)
+        self._bundles.remove_stale(self._index)
 
     # IModelStore: reading
 
     def resolve(self, name: str) -> Model:
-        return self._model(self.index.lookup(name))
+        return self._model(self._index.lookup(name))
 
     def list(self) -> list[Model]:
-        return [self._model(digest) for digest in self.index]
+        return [self._model(digest) for digest in self._index]
 
     def disk_usage(self) -> int:
-        return self.blobs.usage() + self.index.size()
+        return self.blobs.usage() + self._index.size()
 
     def partials_usage(self) -> int:
         return self.blobs.partials_usage()
@@ -138,24 +142,24 @@ class ModelStore:
     # IModelStoreAdmin: names and removal
 
     def tag(self, source: str, target: str) -> Model:
-        digest = self.index.lookup(source)
+        digest = self._index.lookup(source)
         ref = parse(target, "target")
         if ref.digest:
             raise BadRequest(f"cannot tag with a digest reference {target!r}: give a tag")
-        self.index.retag(digest, str(ref))
+        self._index.retag(digest, str(ref))
         return self._model(digest)
 
     def deletion(self, name: str, force: bool = False) -> tuple[str, bool]:
-        return self.index.deletion(name, force)
+        return self._index.deletion(name, force)
 
     def delete(self, name: str, force: bool = False) -> Deletion:
-        digest, whole = self.index.deletion(name, force)
+        digest, whole = self._index.deletion(name, force)
         if not whole:
             tag = str(parse(name))
-            self.index.untag(tag)
+            self._index.untag(tag)
             self.log.info("untagged {tag} of model {digest}", tag=tag, digest=digest)
             return [{"Untagged": tag}]
-        tags = self.index.remove(digest)
+        tags = self._index.remove(digest)
         self.collect()
         self.log.info("deleted model {digest} ({tags})", digest=digest, tags=tags)
         return [{"Untagged": tag} for tag in tags] + [{"Deleted": digest}]
@@ -163,7 +167,7 @@ class ModelStore:
     # IModelStoreAdmin: verification
 
     def verify(self, name: str | None = None) -> Deferred[Reports]:
-        digests = [self.index.lookup(name)] if name is not None else list(self.index)
+        digests = [self._index.lookup(name)] if name is not None else list(self._index)
         return Deferred.fromCoroutine(self._verify(digests))
 
     async def _verify(self, digests: Sequence[str]) -> Reports:
@@ -178,7 +182,7 @@ class ModelStore:
             for blob in described:
                 status = "ok" if await self.integrity.intact(blob, rehash=True) else "corrupt"
                 blobs.append({"digest": blob.digest, "mediaType": blob.media_type, "status": status})
-            if digest not in self.index:  # deleted while its blobs were hashed
+            if digest not in self._index:  # deleted while its blobs were hashed
                 continue
             model = self._model(digest)
             report = {"id": digest, "tags": list(model.tags), "blobs": blobs}
@@ -190,13 +194,13 @@ class ModelStore:
 
     def lookup(self, name: str) -> str:
         """The manifest digest of the model C{name} (a tag, a digest, or a short id)."""
-        return self.index.lookup(name)
+        return self._index.lookup(name)
 
     def manifest(self, digest: str) -> Manifest:
         return self._artifact(digest).manifest
 
     def manifest_bytes(self, digest: str) -> bytes:
-        return self.blobs.read(self.index.known(digest, digest))
+        return self.blobs.read(self._index.known(digest, digest))
 
     def add(self, ref: Reference | None, manifest: bytes) -> Model:
         """Record the model whose blobs are all present, tagged C{ref} when it has a tag."""
@@ -205,26 +209,27 @@ class ModelStore:
         if missing:
             raise StoreCorrupt(f"cannot add a model whose blobs are missing: {missing}")
         digest = self.blobs.put(manifest)
-        self.index.retag(digest, ref.tag and str(ref) if ref else None)
+        self._index.retag(digest, ref.tag and str(ref) if ref else None)
         self._link_shards(digest)
         self.log.info("stored model {digest} as {ref}", digest=digest, ref=ref)
         return self._model(digest)
 
     @contextmanager
-    def pinned(self, digests: Iterable[str]) -> Iterator[None]:
-        """Keep blobs that no manifest names yet (a pull in progress) from being collected."""
+    def keeping(self, digests: Iterable[str]) -> Iterator[None]:
+        """Keep the blobs C{digests}, which no manifest may name yet (a pull or push in progress), from
+        being collected."""
         held = list(digests)
-        self._pins.update(held)
+        self._kept.update(held)
         try:
             yield
         finally:
-            self._pins.subtract(held)
-            self._pins += Counter()  # drop zero counts
+            self._kept.subtract(held)
+            self._kept += Counter()  # drop zero counts
 
     def collect(self) -> None:
         """Delete blobs no stored manifest refers to and no pull holds (a refused pull's files)."""
-        used = set(self._pins)
-        for digest in self.index:
+        used = set(self._kept)
+        for digest in self._index:
             used.add(digest)
             try:
                 used.update(blob.digest for blob in self.manifest(digest).blobs)
@@ -234,7 +239,7 @@ class ModelStore:
             if digest not in used:
                 self.blobs.remove(digest)
                 self._artifacts.pop(digest, None)
-        self._bundles.remove_stale(self.index)
+        self._bundles.remove_stale(self._index)
 
     def remove_old_partials(self) -> None:
         """Remove partial downloads nobody resumed for C{partial_max_age} seconds."""
@@ -253,7 +258,7 @@ class ModelStore:
             self._bundles.link(digest, [os.path.abspath(self.blobs.path(shard.digest)) for shard in shards])
 
     def _model(self, digest: str) -> Model:
-        tags = tuple(self.index.tags(digest))
+        tags = tuple(self._index.tags(digest))
         try:
             stored = self._artifact(digest)
         except StoreCorrupt as e:
