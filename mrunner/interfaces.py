@@ -1,4 +1,7 @@
-"""The seams of mrunner: the api calls an IScheduler, which uses IBackends and an IModelStore."""
+"""The seams of mrunner: the api calls an IScheduler, which uses IBackends and an IModelStore.
+
+The model routes change the store through IModelStoreAdmin, IModelPuller and IModelPusher.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +13,19 @@ from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
     from mrunner.backends.base import Command, RunnerSettings
-    from mrunner.store.model import Model
+    from mrunner.store.model import Deletion, Model, Reports
+    from mrunner.store.names import Reference
+    from mrunner.store.progress import Progress
+    from mrunner.store.upload import Upload
     from mrunner.values import ContextSize, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
 
 
 class IModelStore(Interface):
-    """Models on local disk, found by Docker Model Runner's names."""
+    """Models on local disk, found by Docker Model Runner's names: what running them needs.
+
+    The scheduler and the inference APIs reach the store through this alone, and so
+    cannot change what it holds; that is L{IModelStoreAdmin}'s.
+    """
 
     def resolve(name: str) -> Model:
         """The L{Model} named C{name} (normalised, tag, digest or short id).
@@ -26,16 +36,6 @@ class IModelStore(Interface):
 
     def list() -> list[Model]:
         """Every stored L{Model}."""
-
-    def import_gguf(
-        name: str, source: BinaryIO, licenses: Sequence[bytes] = (), context_size: int | None = None
-    ) -> Deferred[Model]:
-        """Store the GGUF read from the binary file C{source} as C{name}, with C{licenses} as license layers.
-
-        C{context_size}, when given, is recorded in the model's config as its default context size.
-
-        @return: Deferred firing with the L{Model}; nothing is left behind on failure.
-        """
 
     def disk_usage() -> int:
         """Bytes the store occupies, partial downloads aside."""
@@ -49,6 +49,74 @@ class IModelStore(Interface):
 
         @raise ModelCorrupt: (in the Deferred) a blob is missing or corrupt; it is quarantined.
         """
+
+
+class IModelStoreAdmin(IModelStore):
+    """What the model routes (C{/models}, Ollama's model routes) do to the store: import, tag,
+    delete, verify.
+
+    Apart from L{IModelStore} because its callers are apart: these change what is stored
+    (and sit behind C{admin_api_keys}), while the inference path only reads, so its fakes
+    stay small and its types say it cannot change the store.
+    """
+
+    def import_gguf(
+        name: str, source: BinaryIO, licenses: Sequence[bytes] = (), context_size: int | None = None
+    ) -> Deferred[Model]:
+        """Store the GGUF read from the binary file C{source} as C{name}, with C{licenses} as license layers.
+
+        C{context_size}, when given, is recorded in the model's config as its default context size.
+
+        @return: Deferred firing with the L{Model}; nothing is left behind on failure.
+        """
+
+    def import_package(name: str, source: BinaryIO, context_size: int | None = None) -> Deferred[Model]:
+        """Store the package tar read from C{source} (see L{mrunner.store.package}), read in a thread."""
+
+    def upload(packaged: bool) -> Upload:
+        """Where a GGUF file or (C{packaged}) a package tar is written as it arrives, for L{import_upload}."""
+
+    def import_upload(name: str, upload: Upload, context_size: int | None = None) -> Deferred[Model]:
+        """Store as C{name} the model whose bytes were all written to C{upload}, without reading them again.
+
+        The store takes the staged files over: it commits them, or removes them when the import fails.
+        """
+
+    def tag(source: str, target: str) -> Model:
+        """Give the model C{source} the name C{target} (moving that tag if it was elsewhere)."""
+
+    def deletion(name: str, force: bool = False) -> tuple[str, bool]:
+        """The digest L{delete} would act on, and whether it would remove the whole model; or why it
+        would refuse."""
+
+    def delete(name: str, force: bool = False) -> Deletion:
+        """Remove the name C{name}, as C{docker rmi} does: only that tag while another name holds the
+        model, else the model and the blobs nothing else uses.
+
+        @raise Conflict: C{name} is the id of a model with several tags and C{force} is false.
+        @return: Docker's shape: C{[{"Untagged": tag}, ..., {"Deleted": digest}]}.
+        """
+
+    def verify(name: str | None = None) -> Deferred[Reports]:
+        """Hash every blob of the model C{name} (of every model, without one) and report; a corrupt
+        blob is quarantined.
+
+        @return: per model C{{"id", "tags", "status": "ok"|"corrupt", "problem"?, "blobs": [...]}}.
+        """
+
+
+class IModelPuller(Interface):
+    """Brings models into the store from where their names point (a registry, Hugging Face)."""
+
+    def pull(ref: Reference, progress: Progress) -> Deferred[Model]:
+        """Fetch C{ref} and store it under its tag, telling C{progress} as bytes arrive."""
+
+
+class IModelPusher(Interface):
+    """Sends stored models to the registry their names point at."""
+
+    def push(ref: Reference, progress: Progress) -> Deferred[str]:
+        """Push the model named C{ref} to C{ref}'s registry; fires with the manifest digest."""
 
 
 class IBackend(Interface):

@@ -56,7 +56,7 @@ class HubPuller:
         layers = [Descriptor(media_type, _digest(repo, f), f.size) for media_type, f in files]
         progress.total = sum(layer.size for layer in layers)
         try:
-            with self._store.pinned(layer.digest for layer in layers):
+            with self._store.keeping(layer.digest for layer in layers):
                 for layer, (_, f) in zip(layers, files, strict=True):
                     await self._fetch(
                         layer, progress, self._client.host, partial(self._client.open, repo, revision, f)

@@ -1,4 +1,5 @@
-"""What the rest of mrunner knows of a stored model."""
+"""What the rest of mrunner knows of a stored model: the values the store's interfaces speak in, and
+the store's own failures."""
 
 from __future__ import annotations
 
@@ -6,6 +7,25 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+
+from mrunner.errors import Conflict, MrunnerError
+
+#: Docker's answer to a delete: C{[{"Untagged": tag}, ..., {"Deleted": digest}]}.
+Deletion = list[dict[str, str]]
+#: A verification's report per model: C{{"id", "tags", "status": "ok"|"corrupt", "problem"?, "blobs"}}.
+Reports = list[dict[str, Any]]
+
+
+class StoreCorrupt(MrunnerError):
+    """A stored manifest or config (or the index) cannot be read; the message names the model."""
+
+    code = "store_corrupt"
+
+
+class ModelCorrupt(Conflict):
+    """A model whose blob is missing or failed its check: it must be pulled or imported again."""
+
+    code = "model_corrupt"
 
 
 @attrs.frozen

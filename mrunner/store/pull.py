@@ -27,8 +27,10 @@ from typing import Any
 from twisted.internet.defer import Deferred, DeferredSemaphore
 from twisted.logger import Logger
 from twisted.web.client import ResponseFailed
+from zope.interface import implementer
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
+from mrunner.interfaces import IModelPuller
 from mrunner.sizes import format_size
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
@@ -48,6 +50,7 @@ from mrunner.store.upload import StoreWriteFailed
 PullOne = Callable[[Reference, Progress], Coroutine[Any, Any, Model]]
 
 
+@implementer(IModelPuller)
 class Puller:
     """Pulls models; one instance per daemon, so the pull limit and per-blob locks are shared."""
 
@@ -99,7 +102,7 @@ class Puller:
                 f" ({big.media_type}); at most {MAX_SIZES[big.media_type]} are accepted"
             )
         progress.total = sum(blob.size for blob in manifest.blobs)
-        with self._store.pinned(blob.digest for blob in manifest.blobs):
+        with self._store.keeping(blob.digest for blob in manifest.blobs):
             for blob in manifest.blobs:
                 await self._fetch(repo, blob, progress)
             model = self._store.add(ref, data)

@@ -13,6 +13,7 @@ from twisted.web.client import FileBodyProducer
 from zope.interface import implementer
 
 from mrunner.errors import BadRequest
+from mrunner.interfaces import IModelPusher
 from mrunner.store.artifact import Descriptor
 from mrunner.store.huggingface import is_hub
 from mrunner.store.names import Reference
@@ -21,6 +22,7 @@ from mrunner.store.registry import RegistryClient, Repository
 from mrunner.store.store import ModelStore
 
 
+@implementer(IModelPusher)
 class Pusher:
     """Uploads models; blobs are streamed from disk, never read whole into memory."""
 
@@ -49,7 +51,7 @@ class Pusher:
         manifest = self._store.manifest(digest)
         repo = self._client.repositories(ref, pull=False)[0]
         progress.total = sum(blob.size for blob in manifest.blobs)
-        with self._store.pinned([digest, *(blob.digest for blob in manifest.blobs)]):
+        with self._store.keeping([digest, *(blob.digest for blob in manifest.blobs)]):
             for blob in manifest.blobs:
                 if not await self._client.has_blob(repo, blob.digest):
                     await self._upload(repo, blob, progress)

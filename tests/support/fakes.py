@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
@@ -87,11 +86,6 @@ class FakeStore:
 
     def list(self) -> list[Model]:
         return list(self.models.values())
-
-    def import_gguf(
-        self, name: str, source: BinaryIO, licenses: Sequence[bytes] = (), context_size: int | None = None
-    ) -> Deferred[Model]:
-        raise NotImplementedError("the API tests import through test_models_api's real store")
 
     def disk_usage(self) -> int:
         return 0

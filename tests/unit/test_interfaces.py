@@ -4,13 +4,19 @@ from pathlib import Path
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface.verify import verifyObject
+from zope.interface.verify import verifyClass, verifyObject
 
 from mrunner.backends.command import CommandBackend
 from mrunner.config import Config
-from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess, IScheduler
+from mrunner.interfaces import IBackend, IModelPuller, IModelPusher, IModelStore, IRunnerProcess, IScheduler
 from mrunner.scheduling.scheduler import Scheduler
+<<<<<<< HEAD:tests/unit/test_interfaces.py
 from tests.support.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
+=======
+from mrunner.store.pull import Puller
+from mrunner.store.push import Pusher
+from tests.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
+>>>>>>> i23store:tests/test_interfaces.py
 
 
 class InterfaceTests(SynchronousTestCase):
@@ -26,6 +32,11 @@ class InterfaceTests(SynchronousTestCase):
 
     def test_command_backend(self) -> None:
         self.assertTrue(verifyObject(IBackend, CommandBackend("custom", ["python3", "server.py"])))
+
+    def test_pull_and_push(self) -> None:
+        """The model routes take the puller and the pusher as these interfaces (the store: test_store)."""
+        self.assertTrue(verifyClass(IModelPuller, Puller))
+        self.assertTrue(verifyClass(IModelPusher, Pusher))
 
     def test_fakes_keep_to_the_interfaces(self) -> None:
         self.assertTrue(verifyObject(IBackend, FakeBackend()))

@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface.verify import verifyObject
+from zope.interface.verify import verifyClass, verifyObject
 
 from mrunner.errors import BadRequest, Conflict, NotFound
-from mrunner.interfaces import IModelStore
+from mrunner.interfaces import IModelStore, IModelStoreAdmin
 from mrunner.store import artifact
-from mrunner.store.model import Model
-from mrunner.store.store import ModelStore, StoreCorrupt
+from mrunner.store.model import Model, StoreCorrupt
+from mrunner.store.store import ModelStore
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.sync_reactor import SyncThreadsClock
 
@@ -41,8 +41,11 @@ class StoreTestCase(SynchronousTestCase):
 
 
 class ImportTests(StoreTestCase):
-    def test_interface(self) -> None:
-        self.assertTrue(verifyObject(IModelStore, self.store))
+    def test_interfaces(self) -> None:
+        """The API takes the store as these interfaces: the store has each of their methods."""
+        for interface in (IModelStore, IModelStoreAdmin):
+            self.assertTrue(verifyClass(interface, ModelStore))
+            self.assertTrue(verifyObject(interface, self.store))
 
     def test_import_then_resolve(self) -> None:
         model = self.import_model("smollm2")
@@ -202,9 +205,9 @@ class TagDeleteTests(StoreTestCase):
         error = self.assertRaises(NotFound, self.store.resolve, "qwen3")
         self.assertNotIn("did you mean", error.message)
 
-    def test_pinned_blobs_survive_collection(self) -> None:
+    def test_blobs_a_pull_keeps_survive_collection(self) -> None:
         model = self.import_model("x")
-        with self.store.pinned(["sha256:" + Path(model.gguf).name]):
+        with self.store.keeping(["sha256:" + Path(model.gguf).name]):
             self.store.delete("x")
             self.assertTrue(Path(model.gguf).exists())
         self.import_model("other", seed=3)

@@ -24,14 +24,11 @@ from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.api.service.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
 from mrunner.errors import BadRequest, Conflict, MrunnerError
-from mrunner.interfaces import IScheduler
-from mrunner.store.model import Model
+from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin, IScheduler
+from mrunner.store.model import Deletion, Model
 from mrunner.store.names import parse
 from mrunner.store.package import TAR
 from mrunner.store.progress import Progress
-from mrunner.store.pull import Puller
-from mrunner.store.push import Pusher
-from mrunner.store.store import Deletion, ModelStore
 from mrunner.store.upload import Upload
 from mrunner.values import State
 
@@ -63,8 +60,8 @@ PROGRESS = {"application/x-ndjson": {"schema": {"type": "string"}}}
 REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with an error"})
 
 
-async def remove(store: ModelStore, scheduler: IScheduler, name: str, force: bool) -> Deletion:
-    """Remove the name C{name} (L{ModelStore.delete}); the last name takes the model, after its runners stop.
+async def remove(store: IModelStoreAdmin, scheduler: IScheduler, name: str, force: bool) -> Deletion:
+    """Remove the name C{name} (the store's C{delete}); the last name takes the model, after its runners stop.
 
     @raise Conflict: a runner serves the model (or is loading it) and C{force} is false; with it,
         the runner finishes its answers, then stops.
@@ -131,10 +128,10 @@ class ModelsAPI:
 
     def __init__(
         self,
-        store: ModelStore,
+        store: IModelStoreAdmin,
         scheduler: IScheduler,
-        puller: Puller,
-        pusher: Pusher,
+        puller: IModelPuller,
+        pusher: IModelPusher,
         clock: IReactorTime,
         moved: Callable[[str, int], None] = lambda mode, count: None,
     ) -> None:

@@ -33,12 +33,10 @@ from mrunner.api.service.models import MAX_CREATE_BODY, NDJSONStream, remove
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION, EMBEDDING
 from mrunner.errors import BadRequest, MrunnerError, NotFound
+from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
-from mrunner.store.pull import Puller
-from mrunner.store.push import Pusher
-from mrunner.store.store import ModelStore
 from mrunner.values import ModelSettings
 
 #: The Ollama API version these routes follow; clients check it to enable features.
@@ -75,7 +73,12 @@ class OllamaAPI:
     log = Logger()
 
     def __init__(
-        self, gateway: Gateway, runners: RunnerClient, store: ModelStore, puller: Puller, pusher: Pusher
+        self,
+        gateway: Gateway,
+        runners: RunnerClient,
+        store: IModelStoreAdmin,
+        puller: IModelPuller,
+        pusher: IModelPusher,
     ):
         self._gateway = gateway
         self._runners = runners

@@ -1,0 +1,161 @@
+"""The index of tags (``index.json``: manifest digest → tags), and the names that resolve through it.
+
+The index is the store's only mutable file: rewritten whole (temp file,
+fsync, rename) and owned by the reactor thread, so a reader never sees half
+of it. A name is a tag (normalised as Docker Model Runner does), a manifest
+digest, or a short id (a digest's first hex digits); a mistyped tag is
+answered with the stored tag closest to it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from mrunner.errors import BadRequest, Conflict, NotFound
+from mrunner.store.blobs import fsync_dir
+from mrunner.store.model import StoreCorrupt
+from mrunner.store.names import DIGEST, SHORT_ID, parse
+
+NEAR = 0.8  # how alike a missing name and a stored tag must be to suggest it (difflib's ratio)
+
+Tags = dict[str, list[str]]  # manifest digest -> tags
+
+
+class Index:
+    """The stored models' manifest digests and their tags, in C{root}/index.json."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self.path = root / "index.json"
+        for temp in root.glob("index.*.tmp"):  # a crash between write and rename
+            temp.unlink()
+        self._tags = self._read()
+        self._digests = self._by_tag()
+
+    def __iter__(self) -> Iterator[str]:
+        """The stored models' manifest digests."""
+        return iter(self._tags)
+
+    def __contains__(self, digest: object) -> bool:
+        return digest in self._tags
+
+    def tags(self, digest: str) -> list[str]:
+        return self._tags[digest]
+
+    def size(self) -> int:
+        """Bytes the index file occupies."""
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    # Names
+
+    def lookup(self, name: str) -> str:
+        """The manifest digest of the model C{name} (a tag, a digest, or a short id)."""
+        if isinstance(name, str) and DIGEST.fullmatch(name):
+            return self.known(name, name)
+        if isinstance(name, str) and SHORT_ID.fullmatch(name):
+            matches = [d for d in self._tags if d.removeprefix("sha256:").startswith(name)]
+            if len(matches) > 1:
+                raise BadRequest(f"model id {name} is ambiguous: give more digits")
+            if matches:
+                return matches[0]
+        ref = parse(name)
+        if ref.digest:
+            return self.known(ref.digest, name)
+        return self.known(self._digests.get(str(ref), ""), str(ref))
+
+    def known(self, digest: str, name: str) -> str:
+        """C{digest}, when it is a stored model's.
+
+        @raise NotFound: it is not, said of C{name}.
+        """
+        if digest not in self._tags:
+            raise NotFound(
+                f"model {name} not found locally{self._nearest(name)}; pull it first (POST /models/create)",
+                code="model_not_found",
+            )
+        return digest
+
+    def _nearest(self, name: str) -> str:
+        """C{" (did you mean TAG?)"} for the stored tag closest to a mistyped C{name}, else nothing."""
+        close = difflib.get_close_matches(name, list(self._digests), n=1, cutoff=NEAR)
+        return f" (did you mean {close[0]}?)" if close else ""
+
+    def deletion(self, name: str, force: bool = False) -> tuple[str, bool]:
+        """The digest a delete of C{name} acts on, and whether it removes the whole model (not just
+        the tag C{name}, as C{docker rmi} does while another name holds the model).
+
+        @raise Conflict: C{name} is the id of a model with several tags and C{force} is false.
+        """
+        digest = self.lookup(name)
+        tags = self._tags[digest]
+        if len(tags) < 2:
+            return digest, True
+        if _is_tag(name) and str(parse(name)) in tags:
+            return digest, False
+        if not force:
+            raise Conflict(
+                f"model {name} is tagged {', '.join(tags)}; remove one of those names, or delete with"
+                " force=true to remove all of them",
+                code="model_has_several_tags",
+            )
+        return digest, True
+
+    # Changes, each saved before it returns
+
+    def retag(self, digest: str, tag: str | None) -> None:
+        """Store the model C{digest}, named C{tag} when one is given (moving it if it was elsewhere)."""
+        tags = {d: [t for t in names if t != tag] for d, names in self._tags.items()}
+        tags.setdefault(digest, [])
+        if tag:
+            tags[digest].append(tag)
+        self._save(tags)
+
+    def untag(self, tag: str) -> None:
+        self._save({d: [t for t in names if t != tag] for d, names in self._tags.items()})
+
+    def remove(self, digest: str) -> list[str]:
+        """Forget the model C{digest}; its tags, which went with it."""
+        tags = dict(self._tags)
+        removed = tags.pop(digest)
+        self._save(tags)
+        return removed
+
+    # The file
+
+    def _by_tag(self) -> dict[str, str]:
+        return {tag: digest for digest, tags in self._tags.items() for tag in tags}
+
+    def _read(self) -> Tags:
+        try:
+            value = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except ValueError:
+            raise StoreCorrupt(f"{self.path} is not valid JSON") from None
+        models = value.get("models") if isinstance(value, dict) else None
+        if not isinstance(models, dict):
+            raise StoreCorrupt(f"{self.path} is not a model index")
+        return {str(d): [str(t) for t in tags] for d, tags in models.items()}
+
+    def _save(self, tags: Tags) -> None:
+        temp = self.path.with_name(f"index.{uuid.uuid4().hex}.tmp")
+        with open(temp, "wb") as f:
+            f.write(json.dumps({"version": 1, "models": tags}, indent=1).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, self.path)
+        fsync_dir(self._root)
+        self._tags = tags
+        self._digests = self._by_tag()
+
+
+def _is_tag(name: str) -> bool:
+    """Whether C{name} is a tag, not a digest or a short id."""
+    if DIGEST.fullmatch(name) or SHORT_ID.fullmatch(name):
+        return False
+    return not parse(name).digest
