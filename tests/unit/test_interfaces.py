@@ -10,13 +10,9 @@ from mrunner.backends.command import CommandBackend
 from mrunner.config import Config
 from mrunner.interfaces import IBackend, IModelPuller, IModelPusher, IModelStore, IRunnerProcess, IScheduler
 from mrunner.scheduling.scheduler import Scheduler
-<<<<<<< HEAD:tests/unit/test_interfaces.py
-from tests.support.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
-=======
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
-from tests.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
->>>>>>> i23store:tests/test_interfaces.py
+from tests.support.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
 
 
 class InterfaceTests(SynchronousTestCase):
