@@ -20,7 +20,7 @@ from mrunner.backends.childprocess import SETPRIV
 from mrunner.errors import RunnerFailed
 from mrunner.home import Home
 from mrunner.interfaces import IRunnerProcess
-from mrunner.scheduling.runner import POLL_FIRST, RunnerOptions, RunnerProcess, runner_environment
+from mrunner.scheduling.process import POLL_FIRST, RunnerOptions, RunnerProcess, runner_environment
 
 
 @attrs.define

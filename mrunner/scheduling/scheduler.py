@@ -19,8 +19,9 @@ from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unproce
 from mrunner.home import Home
 from mrunner.interfaces import IBackend, ILease, ILoaderEvents, IModelStore, IRunnerProcess, IScheduler
 from mrunner.scheduling.installer import Installer
-from mrunner.scheduling.loader import Loader, LoadRequest, Runner
+from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
+from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
 from mrunner.values import InstallStatus, ModelSettings, Preload, PreloadState, RunnerKey, RunnerSnapshot
@@ -268,7 +269,7 @@ class Scheduler:
             parallel=runner.parallel,
             last_used=runner.finished_at,
             keep_alive=runner.keep_alive,
-            expires_at=runner.expiry.getTime() if runner.expiry else None,
+            expires_at=runner.expiry.expires_at,
             memory=runner.memory,
             memory_estimate=runner.request.memory,
             memory_measured=runner.process.rss(),
