@@ -13,8 +13,8 @@ from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling import policy
 from mrunner.scheduling.loader import Lease, Loader
-from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
 from mrunner.scheduling.policy import Limits, State
+from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
 from mrunner.values import RunnerKey
 from tests.fakes import FakeSpawner, model
 

@@ -12,7 +12,8 @@ L{IllegalMove} and changes nothing. The outputs are the runner's own side
 effects, run in the order listed, after the state has changed (an output
 may cause another input at once: stopping a process that has already gone
 ends it), each by the method of the same name on the machine's core, the
-loader's L{Runner} record (L{Effects} lists them).
+loader's record of the runner (L{mrunner.scheduling.roster.Runner};
+L{Effects} lists them).
 
 Why a table and not automat's C{TypeMachineBuilder}, which Twisted's
 C{ClientService} uses: the policy, the snapshots and C{/engines/ps} read the
@@ -34,7 +35,7 @@ import attrs
 from mrunner.scheduling.moves import IllegalMove
 from mrunner.values import State
 
-__all__ = ["MACHINE", "Effects", "IllegalMove", "Input", "Move", "Output", "move"]
+__all__ = ["MACHINE", "Effects", "IllegalMove", "Input", "Move", "Output", "step"]
 
 
 class Input(Enum):
@@ -67,7 +68,9 @@ class Output(Enum):
 
 
 class Effects(Protocol):
-    """The machine's core: one method per L{Output}."""
+    """The machine's core: its state, and one method per L{Output}."""
+
+    state: State
 
     def opened(self) -> None: ...
     def take_slot(self) -> None: ...
@@ -117,9 +120,14 @@ MACHINE: Mapping[tuple[State, Input], Move] = {
 del L, R, D, S, E, In, Out, _STOP, _GONE  # the table's shorthand only
 
 
-def move(state: State, input: Input) -> Move:
-    """Where C{input} takes a runner in C{state}, and what it does on the way; else L{IllegalMove}."""
-    found = MACHINE.get((state, input))
-    if found is None:
-        raise IllegalMove(f"a runner cannot {input.value} when {state.value}")
-    return found
+def step(core: Effects, input: Input) -> None:
+    """Move C{core} by C{input}: its new state first, then each output of the move, in order.
+
+    @raise IllegalMove: C{input} has no move from C{core}'s state; nothing changes.
+    """
+    move = MACHINE.get((core.state, input))
+    if move is None:
+        raise IllegalMove(f"a runner cannot {input.value} when {core.state.value}")
+    core.state = move.to
+    for output in move.outputs:
+        getattr(core, output.value)()

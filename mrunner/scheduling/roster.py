@@ -99,10 +99,7 @@ class Runner:
         self._move(Input.END)
 
     def _move(self, input: Input) -> None:
-        move = lifecycle.move(self.state, input)
-        self.state = move.to
-        for output in move.outputs:
-            getattr(self, output.value)()
+        lifecycle.step(self, input)
 
     # Outputs (L{lifecycle.Effects})
 
