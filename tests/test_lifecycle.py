@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -9,10 +11,25 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import RunnerFailed
 from mrunner.scheduling.lifecycle import MACHINE, Effects, IllegalMove, Input, Output, step
+from mrunner.scheduling.moves import Moves
 from mrunner.scheduling.roster import Roster, Runner
 from mrunner.values import State
 from tests.fakes import FakeProcess, RecordingEvents
 from tests.test_loader import request
+
+
+def pairs(moves: Moves[Any]) -> set[tuple[Any, Any]]:
+    """Every (from, to) a small lifecycle's table allows."""
+    return {(now, to) for now, targets in moves.table.items() for to in targets}
+
+
+class MovesTests(SynchronousTestCase):
+    def test_check(self) -> None:
+        moves = Moves("runner", {State.LOADING: frozenset({State.READY}), State.READY: frozenset()})
+        self.assertIs(moves.check(State.LOADING, State.READY), State.READY)
+        error = self.assertRaises(IllegalMove, moves.check, State.READY, State.LOADING)
+        self.assertEqual(str(error), "a runner cannot go from ready to loading")
+        self.assertEqual(pairs(moves), {(State.LOADING, State.READY)})
 
 
 @attrs.define
