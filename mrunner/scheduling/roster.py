@@ -71,7 +71,7 @@ class Runner:
         self.measured = 0
         self.measured_at = -MEASURE_EVERY
         self.expiry = KeepAlive(roster.clock, request.keep_alive, request.pinned)
-        self._exit_cause = "failed"  # what its end is reported as; each move into STOPPING says
+        self._exit_cause = "failed"  # how its end is told: set by L{opened} and L{asked_to_stop}
         self._failure: Failure | None = None
 
     # Inputs
