@@ -107,6 +107,7 @@ class Loader:
         self._limits = limits
         self._max_queue = max_queue
         self.roster = Roster(clock, events or NoEvents(), self)
+        #: The runner each key's requests go to (the roster's; stopping ones are not in it).
         self.runners = self.roster.by_key
         self._queue: deque[_Waiter] = deque()
         self._backoff: dict[RunnerKey, _Backoff] = {}
