@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
@@ -444,6 +445,11 @@ class LifecyclePropertyTests(SynchronousTestCase):
             for key, runner in loader.runners.items():
                 self.assertEqual(runner.key, key)
                 self.assertIn(runner.state, (State.LOADING, State.READY, State.DRAINING))
+            for p in spawn.processes:
+                # Each runner's machine took what its process told it: a move it refused would
+                # have left its IllegalMove in the Deferred.
+                for d in (p.ready, p.ended):
+                    self.assertFalse(d.called and isinstance(d.result, Failure), d)
             stopping = loader.roster.stopping()
             self.assertLessEqual(len(loader.runners) + len(stopping), 2)
             # Nothing is left undone: no waiter could take a free slot or start a load now.
