@@ -148,7 +148,7 @@ class IBackend(Interface):
 
 
 class IRunnerProcess(Interface):
-    """One started runner process, as the loader sees it (see L{mrunner.scheduling.runner})."""
+    """One started runner process, as the loader sees it (see L{mrunner.scheduling.process})."""
 
     socket = Attribute("The UNIX socket path it serves on.")
     pid = Attribute("Its process id, or None once it has ended.")

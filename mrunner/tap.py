@@ -45,7 +45,7 @@ from mrunner.metrics import Metrics
 from mrunner.proxy import Forwarder, health_agent
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.runner_metrics import RunnerScraper
-from mrunner.scheduling.runner import RunnerOptions, health_probe, start_runner
+from mrunner.scheduling.process import RunnerOptions, health_probe, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors

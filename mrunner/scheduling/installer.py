@@ -12,18 +12,35 @@ from twisted.python.failure import Failure
 
 from mrunner.errors import NotFound, Unavailable
 from mrunner.interfaces import IBackend
+from mrunner.scheduling.moves import Moves
 from mrunner.values import InstallState, InstallStatus
 
 INSTALL_RETRY_AFTER = 5.0
 
+#: NOT_INSTALLED → INSTALLING (with progress) → RUNNING | ERROR; an ERROR is tried again.
+INSTALL_MOVES = Moves(
+    "backend install",
+    {
+        InstallState.NOT_INSTALLED: frozenset({InstallState.INSTALLING}),
+        InstallState.INSTALLING: frozenset(
+            {InstallState.INSTALLING, InstallState.RUNNING, InstallState.ERROR}
+        ),
+        InstallState.RUNNING: frozenset(),
+        InstallState.ERROR: frozenset({InstallState.INSTALLING}),
+    },
+)
+
 
 @attrs.define
 class _Install:
-    """One backend's lifecycle: NOT_INSTALLED → INSTALLING → RUNNING | ERROR (→ INSTALLING)."""
+    """One backend's install; its status changes only by the moves of L{INSTALL_MOVES}."""
 
     backend: IBackend
     status: InstallStatus = attrs.Factory(InstallStatus)
     waiters: list[Deferred[None]] = attrs.field(factory=list)
+
+    def move(self, state: InstallState, detail: str = "") -> None:
+        self.status = InstallStatus(INSTALL_MOVES.check(self.status.state, state), detail)
 
     @property
     def running(self) -> bool:
@@ -90,21 +107,21 @@ class Installer:
         install = self._installs[name]
         if install.installing or install.running:
             return
-        install.status = InstallStatus(InstallState.INSTALLING)
+        install.move(InstallState.INSTALLING)
         self.log.info("installing backend {backend}", backend=name)
 
         def report(message: str) -> None:
             if install.installing:
-                install.status = InstallStatus(InstallState.INSTALLING, message)
+                install.move(InstallState.INSTALLING, message)
 
         def installed(version: str) -> None:
-            install.status = InstallStatus(InstallState.RUNNING, version)
+            install.move(InstallState.RUNNING, version)
             self.log.info("backend {backend} ready: {version}", backend=name, version=version)
             self._wake(install, None)
 
         def failed(reason: Failure) -> None:
             message = reason.getErrorMessage() or f"{type(reason.value).__name__} without a message"
-            install.status = InstallStatus(InstallState.ERROR, message)
+            install.move(InstallState.ERROR, message)
             self.log.error("backend {backend} failed to install: {error}", backend=name, error=message)
             self._wake(
                 install,

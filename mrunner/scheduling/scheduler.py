@@ -19,11 +19,13 @@ from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unproce
 from mrunner.home import Home
 from mrunner.interfaces import IBackend, ILease, ILoaderEvents, IModelStore, IRunnerProcess, IScheduler
 from mrunner.scheduling.installer import Installer
-from mrunner.scheduling.loader import Loader, LoadRequest, Runner
+from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
+from mrunner.scheduling.preloads import Preloads
+from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
-from mrunner.values import InstallStatus, ModelSettings, Preload, PreloadState, RunnerKey, RunnerSnapshot
+from mrunner.values import InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 
@@ -53,7 +55,7 @@ class Scheduler:
         self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue, events)
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
-        self._preloads: dict[str, Preload] = {}
+        self._preloads = Preloads()
 
     def backend_name(self, backend: str | None) -> str:
         """C{backend}, or the default one; L{NotFound} for a backend mrunner does not have."""
@@ -138,36 +140,30 @@ class Scheduler:
     # Preloads
 
     def preloads(self) -> list[Preload]:
-        return list(self._preloads.values())
+        return self._preloads.all()
 
     def _preload(self, names: Sequence[str]) -> None:
         """Load C{names} in order once the backend is installed; one that fails is reported, not fatal."""
-        new = [
-            name
-            for name in names
-            if name not in self._preloads or self._preloads[name].state is PreloadState.FAILED
-        ]
-        self._preloads = {name: self._preloads.get(name, Preload(name)) for name in names}
-        self._preloads.update({name: Preload(name) for name in new})
+        new = self._preloads.configure(names)
         if new:
             ensureDeferred(self._preload_each(new))
 
     async def _preload_each(self, names: Sequence[str]) -> None:
         for name in names:
-            if name not in self._preloads:
-                continue  # dropped by a reload meanwhile
-            self._preloads[name] = Preload(name, PreloadState.LOADING)
+            loading = self._preloads.take(name)
+            if loading is None:
+                continue  # dropped by a reload meanwhile, or another reload's loading it
             try:
                 await self._preload_one(name)
             except MrunnerError as e:
                 self.log.warn("preloading {model} failed: {error}", model=name, error=e.message)
-                self._preloads[name] = Preload(name, PreloadState.FAILED, e.message)
+                self._preloads.finish(loading, e.message)
             except Exception as e:
                 self.log.failure("preloading {model} failed", model=name)
-                self._preloads[name] = Preload(name, PreloadState.FAILED, f"preloading {name} failed: {e}")
+                self._preloads.finish(loading, f"preloading {name} failed: {e}")
             else:
                 self.log.info("preloaded {model}", model=name)
-                self._preloads[name] = Preload(name, PreloadState.LOADED)
+                self._preloads.finish(loading)
 
     async def _preload_one(self, name: str) -> None:
         request = await self._request(None, name, COMPLETION, None, install_wait=None)
@@ -268,7 +264,7 @@ class Scheduler:
             parallel=runner.parallel,
             last_used=runner.finished_at,
             keep_alive=runner.keep_alive,
-            expires_at=runner.expiry.getTime() if runner.expiry else None,
+            expires_at=runner.expiry.expires_at,
             memory=runner.memory,
             memory_estimate=runner.request.memory,
             memory_measured=runner.process.rss(),

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred
 
-from mrunner.scheduling.runner import clean_stale
+from mrunner.scheduling.process import clean_stale
 from mrunner.scheduling.scheduler import Scheduler
 
 

@@ -20,7 +20,16 @@ from mrunner.backends.childprocess import SETPRIV
 from mrunner.errors import RunnerFailed
 from mrunner.home import Home
 from mrunner.interfaces import IRunnerProcess
-from mrunner.scheduling.runner import POLL_FIRST, RunnerOptions, RunnerProcess, runner_environment
+from mrunner.scheduling.moves import IllegalMove
+from mrunner.scheduling.process import (
+    POLL_FIRST,
+    READINESS_MOVES,
+    Readiness,
+    RunnerOptions,
+    RunnerProcess,
+    runner_environment,
+)
+from tests.unit.test_lifecycle import pairs
 
 
 @attrs.define
@@ -96,6 +105,35 @@ class RunnerProcessTests(SynchronousTestCase):
     def test_provides_the_interface(self) -> None:
         self.assertTrue(verifyObject(IRunnerProcess, self.runner))
 
+    def test_readiness_moves(self) -> None:
+        R = Readiness
+        allowed = {
+            (R.NEW, R.STARTING),
+            (R.STARTING, R.READY),
+            (R.STARTING, R.FAILED),
+            (R.READY, R.ENDED),
+            (R.FAILED, R.ENDED),
+        }
+        self.assertEqual(pairs(READINESS_MOVES), allowed)
+        self.assertRaises(IllegalMove, READINESS_MOVES.check, R.STARTING, R.ENDED)
+
+    def test_a_late_health_answer_changes_nothing(self) -> None:
+        transport = self.start()
+        answers: list[Deferred[bool]] = []
+
+        def slow_probe(socket: str) -> Deferred[bool]:
+            answers.append(Deferred())
+            return answers[-1]
+
+        self.runner._probe = slow_probe
+        self.reactor.advance(POLL_FIRST)
+        self.runner.stop()
+        self.failureResultOf(self.runner.ready, RunnerFailed)
+        answers[0].callback(True)
+        self.assertIs(self.runner.readiness, Readiness.FAILED)
+        self.end(transport, ProcessTerminated(signal=15))
+        self.assertIs(self.runner.readiness, Readiness.ENDED)
+
     def test_the_constructor_starts_nothing(self) -> None:
         self.assertEqual(self.reactor.spawned, [])
         self.assertEqual(self.reactor.getDelayedCalls(), [])
@@ -116,6 +154,7 @@ class RunnerProcessTests(SynchronousTestCase):
         self.healthy = True
         self.reactor.advance(1)
         self.successResultOf(self.runner.ready)
+        self.assertIs(self.runner.readiness, Readiness.READY)
         self.assertEqual(self.reactor.getDelayedCalls(), [], "no poll and no deadline left")
         self.assertEqual(set(self.probes), {self.socket})
 
@@ -137,8 +176,10 @@ class RunnerProcessTests(SynchronousTestCase):
         self.assertIn("loading tensors", error.message)
         self.assertEqual(transport.signals, ["TERM"])
         self.assertNoResult(self.runner.ended)
+        self.assertIs(self.runner.readiness, Readiness.FAILED)
         self.end(transport, ProcessTerminated(signal=15))
         self.successResultOf(self.runner.ended)
+        self.assertIs(self.runner.readiness, Readiness.ENDED)
 
     def test_exit_while_loading(self) -> None:
         transport = self.start()

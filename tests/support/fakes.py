@@ -11,9 +11,9 @@ from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
 from mrunner.errors import NotFound, RunnerFailed
-from mrunner.interfaces import IBackend, IModelStore, IRunnerProcess
+from mrunner.interfaces import IBackend, ILoaderEvents, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
-from mrunner.values import ContextSize
+from mrunner.values import ContextSize, RunnerKey
 
 
 @implementer(IRunnerProcess)
@@ -66,6 +66,26 @@ class FakeSpawner:
         self.processes.append(process)
         self.commands.append(command)
         return process
+
+
+@implementer(ILoaderEvents)
+@attrs.define
+class RecordingEvents:
+    """The loader's events in order, without the key and model (one runner's test needs neither)."""
+
+    seen: list[tuple[object, ...]] = attrs.field(factory=list)
+
+    def loaded(self, key: RunnerKey, model: str, seconds: float) -> None:
+        self.seen.append(("loaded", seconds))
+
+    def load_failed(self, key: RunnerKey, model: str) -> None:
+        self.seen.append(("load_failed",))
+
+    def evicted(self, key: RunnerKey, model: str, reason: str) -> None:
+        self.seen.append(("evicted", reason))
+
+    def exited(self, key: RunnerKey, model: str, cause: str) -> None:
+        self.seen.append(("exited", cause))
 
 
 def model(name: str = "ai/smollm2:latest", digest: str = "a" * 64) -> Model:

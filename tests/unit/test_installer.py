@@ -4,9 +4,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import NotFound, Unavailable
-from mrunner.scheduling.installer import Installer
+from mrunner.scheduling.installer import INSTALL_MOVES, Installer, _Install
+from mrunner.scheduling.moves import IllegalMove
 from mrunner.values import InstallState, InstallStatus
 from tests.support.fakes import FakeBackend
+from tests.unit.test_lifecycle import pairs
 
 
 class InstallerTests(SynchronousTestCase):
@@ -65,3 +67,32 @@ class InstallerTests(SynchronousTestCase):
 
     def test_unknown_backend(self) -> None:
         self.failureResultOf(self.installer.wait("vllm", 1), NotFound)
+
+    def test_a_report_after_the_install_changes_nothing(self) -> None:
+        self.installer.start("llama.cpp")
+        self.backend.installs[0].callback("v1")
+        self.backend.reports[0]("compiling 2/2")
+        self.assertEqual(self.installer.statuses()["llama.cpp"], InstallStatus(InstallState.RUNNING, "v1"))
+
+
+class InstallMovesTests(SynchronousTestCase):
+    """An install's status moves only as its table says; every other move is refused and changes nothing."""
+
+    def test_every_move(self) -> None:
+        allowed = {
+            (InstallState.NOT_INSTALLED, InstallState.INSTALLING),
+            (InstallState.INSTALLING, InstallState.INSTALLING),
+            (InstallState.INSTALLING, InstallState.RUNNING),
+            (InstallState.INSTALLING, InstallState.ERROR),
+            (InstallState.ERROR, InstallState.INSTALLING),
+        }
+        for now in InstallState:
+            for to in InstallState:
+                install = _Install(FakeBackend(), InstallStatus(now, "before"))
+                if (now, to) in allowed:
+                    install.move(to, "after")
+                    self.assertEqual(install.status, InstallStatus(to, "after"))
+                else:
+                    self.assertRaises(IllegalMove, install.move, to, "after")
+                    self.assertEqual(install.status, InstallStatus(now, "before"), (now, to))
+        self.assertEqual(pairs(INSTALL_MOVES), allowed)

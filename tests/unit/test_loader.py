@@ -7,13 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling import policy
-from mrunner.scheduling.loader import MEASURE_EVERY, Lease, Loader, LoadRequest
+from mrunner.scheduling.loader import Lease, Loader
 from mrunner.scheduling.policy import Limits, State
+from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
 from mrunner.values import RunnerKey
 from tests.support.fakes import FakeSpawner, model
 
@@ -443,13 +445,19 @@ class LifecyclePropertyTests(SynchronousTestCase):
             for key, runner in loader.runners.items():
                 self.assertEqual(runner.key, key)
                 self.assertIn(runner.state, (State.LOADING, State.READY, State.DRAINING))
-            for runner in loader._stopping:
-                self.assertIs(runner.state, State.STOPPING)
-            self.assertLessEqual(len(loader.runners) + len(loader._stopping), 2)
+            for p in spawn.processes:
+                # Each runner's machine took what its process told it: a move it refused would
+                # have left its IllegalMove in the Deferred.
+                for d in (p.ready, p.ended):
+                    self.assertFalse(d.called and isinstance(d.result, Failure), d)
+            stopping = loader.roster.stopping()
+            self.assertLessEqual(len(loader.runners) + len(stopping), 2)
             # Nothing is left undone: no waiter could take a free slot or start a load now.
-            now = policy.plan(loader._queue, loader.runners, loader._stopping_memory(), loader._limits)
+            memory = [runner.memory for runner in stopping]
+            now = policy.plan(loader._queue, loader.runners, memory, loader._limits)
             self.assertEqual((now.assign, now.load), ((), ()))
         for lease in leases:
             lease.release()
         self.successResultOf(loader.close())
-        self.assertEqual((loader.runners, loader._stopping), ({}, set()))
+        self.assertEqual((loader.runners, loader.roster.stopping()), ({}, []))
+        self.successResultOf(loader.roster.when_empty())

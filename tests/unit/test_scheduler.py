@@ -13,9 +13,12 @@ from mrunner.backends.base import COMPLETION
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
+from mrunner.scheduling.moves import IllegalMove
+from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, Preload, PreloadState, State
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
+from tests.unit.test_lifecycle import pairs
 
 A, B, C = "ai/a:latest", "ai/b:latest", "ai/c:latest"
 
@@ -166,6 +169,56 @@ class SchedulerTests(SynchronousTestCase):
         self.assertEqual(scheduler.preloads(), [])
         self.assertEqual(Preload("x").state, PreloadState.WAITING)
 
+    def test_a_preload_dropped_while_it_loads_stays_dropped(self) -> None:
+        scheduler = self.make(preload=(A,))
+        scheduler.start()
+        self.install()
+        self.assertEqual(self.states(), {A: PreloadState.LOADING})
+        scheduler.reconfigure(attrs.evolve(self.config, models=ModelsConfig()))
+        self.ready()
+        self.assertEqual(scheduler.preloads(), [], "its load finished, but it is no preload any more")
+        self.assertEqual(len(scheduler.snapshot()), 1, "the runner it loaded stays, as any other")
+
     def test_unload_of_a_name_that_is_no_model_unloads_nothing(self) -> None:
         scheduler = self.make()
         self.assertEqual(self.successResultOf(scheduler.unload(None, ["Not A Name!", "ai/gone"], False)), 0)
+
+
+class PreloadsTests(SynchronousTestCase):
+    """The preloads' records: their moves, and what a reload keeps, retries and drops."""
+
+    def test_moves(self) -> None:
+        W, L, D, F = PreloadState.WAITING, PreloadState.LOADING, PreloadState.LOADED, PreloadState.FAILED
+        self.assertEqual(pairs(PRELOAD_MOVES), {(W, L), (L, D), (L, F), (F, W)})
+        self.assertRaises(IllegalMove, PRELOAD_MOVES.check, D, L)
+
+    def test_configure_take_and_finish(self) -> None:
+        preloads = Preloads()
+        self.assertEqual(preloads.configure([A, B]), [A, B])
+        a, b = preloads.take(A), preloads.take(B)
+        assert a is not None and b is not None
+        self.assertIsNone(preloads.take(A), "already loading")
+        preloads.finish(a)
+        preloads.finish(b, "no room")
+        self.assertEqual(
+            preloads.all(), [Preload(A, PreloadState.LOADED), Preload(B, PreloadState.FAILED, "no room")]
+        )
+        self.assertEqual(preloads.configure([C, B, A]), [C, B], "new ones, and failed ones again")
+        self.assertEqual(
+            [p.state for p in preloads.all()], [PreloadState.WAITING] * 2 + [PreloadState.LOADED]
+        )
+
+    def test_a_renewed_preload_is_not_finished_by_the_old_load(self) -> None:
+        preloads = Preloads()
+        preloads.configure([A])
+        old = preloads.take(A)
+        assert old is not None
+        preloads.configure([])
+        self.assertIsNone(preloads.take(A), "dropped")
+        preloads.configure([A])
+        new = preloads.take(A)
+        preloads.finish(old, "from before the reload")
+        self.assertEqual(preloads.all(), [Preload(A, PreloadState.LOADING)])
+        assert new is not None
+        preloads.finish(new)
+        self.assertEqual(preloads.all(), [Preload(A, PreloadState.LOADED)])

@@ -1,6 +1,8 @@
 """A runner: one inference server process on a UNIX socket, started by L{RunnerProcess.start}.
 
-It is ready when C{GET /health} says 200. The process itself is a
+It is ready when C{GET /health} says 200. Where it is, is its L{Readiness},
+moved only as L{READINESS_MOVES} allows: C{ready} fires (or fails) on the
+move out of STARTING, C{ended} on the move to ENDED. The process itself is a
 L{childprocess} child: stopping it is SIGTERM, then SIGKILL after a grace
 period, and the tail of its output goes into the error of a failed start.
 Its output is also written to a log that rotates by size. C{setpriv
@@ -14,6 +16,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from contextlib import suppress
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from mrunner.errors import RunnerFailed
 from mrunner.home import PRIVATE_FILE, Home, write_private
 from mrunner.interfaces import IRunnerProcess
 from mrunner.proxy import runner_url
+from mrunner.scheduling.moves import Moves
 
 POLL_FIRST = 0.02
 POLL_MAX = 0.25
@@ -65,6 +69,27 @@ def health_probe(agent: Agent) -> Probe:
         return bool(response.code == 200)
 
     return lambda socket: Deferred.fromCoroutine(probe(socket))
+
+
+class Readiness(Enum):
+    NEW = "new"  # not started, or its spawn failed
+    STARTING = "starting"  # spawned; its health is polled until the load timeout
+    READY = "ready"  # it answered its health check
+    FAILED = "failed"  # it will never be ready: it timed out, or was stopped first; not yet ended
+    ENDED = "ended"  # its process is gone
+
+
+#: Every move a runner process makes; a process that ends while starting fails its start on the way.
+READINESS_MOVES = Moves(
+    "runner process",
+    {
+        Readiness.NEW: frozenset({Readiness.STARTING}),
+        Readiness.STARTING: frozenset({Readiness.READY, Readiness.FAILED}),
+        Readiness.READY: frozenset({Readiness.ENDED}),
+        Readiness.FAILED: frozenset({Readiness.ENDED}),
+        Readiness.ENDED: frozenset(),
+    },
+)
 
 
 @attrs.frozen
@@ -103,6 +128,7 @@ class RunnerProcess:
         self.socket = socket
         self.log_path = log_path
         self.pid: int | None = None
+        self.readiness = Readiness.NEW
         self.ready: Deferred[None] = Deferred()
         self.ended: Deferred[None] = Deferred()
         self._child: childprocess.Child | None = None
@@ -137,6 +163,7 @@ class RunnerProcess:
             self._output = None
             raise
         self.pid = self._child.pid
+        self._move(Readiness.STARTING)
         try:
             write_private(Home.pid_file(self.socket), str(self.pid))
         except OSError as e:  # only the clean-up after a crash reads it, and pdeathsig does most of that
@@ -146,11 +173,11 @@ class RunnerProcess:
         self._child.ended().addCallback(self._ended)
 
     def rss(self) -> int | None:
-        return None if self.pid is None or self.ended.called else rss_bytes(self.pid)
+        return None if self.pid is None or self.readiness is Readiness.ENDED else rss_bytes(self.pid)
 
     def stop(self) -> None:
         """SIGTERM now, SIGKILL after the grace period; C{ended} fires when it is gone."""
-        if self._child is None or self.ended.called:
+        if self._child is None or self.readiness is Readiness.ENDED:
             return
         self._fail_start(f"runner {self._label} was stopped before it was ready")
         self._child.kill(self._options.stop_grace)
@@ -171,8 +198,8 @@ class RunnerProcess:
         self._probe(self.socket).addCallback(self._checked, delay)
 
     def _checked(self, healthy: bool, delay: float) -> None:
-        if self.ready.called or self.ended.called:
-            return
+        if self.readiness is not Readiness.STARTING:
+            return  # an answer to a probe sent before it failed or ended
         if not healthy:
             self._poll(min(delay * 1.5, POLL_MAX))
             return
@@ -185,6 +212,7 @@ class RunnerProcess:
             seconds=self._reactor.seconds() - self.started_at,
         )
         self._child.read_every(OUTPUT_EVERY)  # type: ignore[union-attr]  # it runs: it answered
+        self._move(Readiness.READY)
         self.ready.callback(None)
 
     def _timed_out(self) -> None:
@@ -196,10 +224,14 @@ class RunnerProcess:
         self.stop()
 
     def _fail_start(self, message: str) -> None:
-        if self.ready.called:
-            return
+        if self.readiness is not Readiness.STARTING:
+            return  # ready, or its start has failed already
         self._cancel_timers()
+        self._move(Readiness.FAILED)
         self.ready.errback(RunnerFailed(message + self._tail_text()))
+
+    def _move(self, to: Readiness) -> None:
+        self.readiness = READINESS_MOVES.check(self.readiness, to)
 
     def _cancel_timers(self) -> None:
         for call in (self._deadline, self._poll_call):
@@ -238,6 +270,7 @@ class RunnerProcess:
             self._output = None
         self._fail_start(f"runner {self._label} {how} before it was ready")
         self.log.info("runner {label} {how}", label=self._label, how=how)
+        self._move(Readiness.ENDED)
         self.ended.callback(None)
 
 
