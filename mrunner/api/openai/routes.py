@@ -12,7 +12,6 @@ from mrunner.api.door.direct import Handler
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.reading import validate
-from mrunner.api.reading.bodies import check_vision, target, wants_images
 from mrunner.api.service.openapi import (
     NAME,
     Piece,
@@ -97,6 +96,10 @@ def routes(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
     return decorate
 
 
+def _unchecked(payload: Mapping[str, Any]) -> None:
+    """A preload is not forwarded: only its model and keep-alive are read."""
+
+
 class InferenceAPI:
     """Checks a request, leases a runner from the scheduler and forwards to it."""
 
@@ -113,21 +116,15 @@ class InferenceAPI:
         self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
     ) -> Any:
         """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
-        self._gateway.measure(request, mode)
-        self._scheduler.backend_name(backend)
-        body = self._gateway.body(request)
         preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
-        model, keep_alive = target(body, None if preload else check)
-        if wants_images(body):
-            check_vision(self._store, model)
         # The body is checked JSON, whatever the client called it: a runner reading the
         # Content-Type (multipart/form-data, say) must not take it for something else.
         request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
-        record = self._gateway.record(request, model, mode, body)
-        async with self._gateway.lease(request, backend, model, mode, keep_alive, record) as lease:
+        asked = self._gateway.begin(request, mode, backend, _unchecked if preload else check, writes_answer=False)
+        async with self._gateway.lease(request, asked) as lease:
             if preload:
                 return json_body(request, {"status": "loaded", "model": lease.model})
-            await self._forwarder.forward(request, lease.socket, path, body, record)
+            await self._forwarder.forward(request, lease.socket, path, asked.body, asked.record)
         return None
 
     def openapi(self) -> Piece:

@@ -22,12 +22,10 @@ from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_er
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import routes
 from mrunner.api.reading import validate
-from mrunner.api.reading.bodies import check_vision, target, wants_images
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
 from mrunner.errors import MrunnerError, NotFound
-from mrunner.interfaces import IModelStore
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
 SERVED = ("/v1/messages", "/v1/messages/count_tokens")
@@ -73,20 +71,14 @@ class AnthropicAPI:
     handle_json_errors(app, anthropic_shape)
     log = Logger()
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient, store: IModelStore):
+    def __init__(self, gateway: Gateway, runners: RunnerClient):
         self._gateway = gateway
         self._runners = runners
-        self._store = store
 
     async def _forward(self, request: Request, backend: str | None, path: bytes) -> bytes:
-        self._gateway.measure(request, COMPLETION)
-        self._gateway.scheduler.backend_name(backend)
-        body = self._gateway.body(request)
-        model, keep_alive = target(body, MESSAGES)
-        if wants_images(body):
-            check_vision(self._store, model)
-        record = self._gateway.record_answer(request, model, COMPLETION, body)
-        async with self._gateway.lease(request, backend, model, COMPLETION, keep_alive, record) as lease:
+        asked = self._gateway.begin(request, COMPLETION, backend, MESSAGES, writes_answer=True)
+        body = asked.body
+        async with self._gateway.lease(request, asked) as lease:
             answer = await self._runners.post(lease.socket, path, body)
             try:
                 await answer.relay(request)
