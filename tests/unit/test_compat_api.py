@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -10,16 +11,12 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.api.compat.anthropic.routes import AnthropicAPI
-from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.door.routing import Routes
-from mrunner.api.openai.gateway import Gateway
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
-from mrunner.metrics import Metrics
 from mrunner.scheduling.scheduler import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
+from tests.support.route_groups import daemon_groups
 
 ANTHROPIC = "http://mrunner/anthropic/v1/messages"
 OLLAMA = "http://mrunner/api/chat"
@@ -36,9 +33,9 @@ class SchedulerErrorTests(SynchronousTestCase):
         self.scheduler = Scheduler(
             self.clock, config, {"llama.cpp": self.backend}, store, self.spawn.start_runner
         )
-        gateway = Gateway(self.scheduler, Metrics(), self.clock, 1000)
-        runners = RunnerClient(None)  # type: ignore[arg-type]  # no request reaches a runner here
-        groups = [AnthropicAPI(gateway, runners, store), OllamaAPI(gateway, runners, store, None, None)]  # type: ignore[arg-type]
+        groups = daemon_groups(
+            self.scheduler, store, self.clock, {"llama.cpp": self.backend}, Path(self.mktemp())
+        )
         self.http = StubTreq(Routes(groups))
 
     def request(self, url: str, body: dict[str, Any]) -> Any:

@@ -11,6 +11,7 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.errors import NotFound
 from mrunner.store.names import Reference
@@ -62,7 +63,8 @@ class ModelsAPITests(SynchronousTestCase):
         self.scheduler = FakeScheduler()
         self.puller = FakeTransfer()
         self.pusher = FakeTransfer()
-        api = ModelsAPI(self.store, self.scheduler, self.puller, self.pusher, self.clock)  # type: ignore[arg-type]
+        operations = ModelOperations(self.store, self.scheduler, self.puller, self.pusher)  # type: ignore[arg-type]
+        api = ModelsAPI(self.store, operations, self.clock)
         self.http = StubTreq(api.app.resource())
         self.gguf = self.home / "tiny.gguf"
         write_tiny_gguf(self.gguf)

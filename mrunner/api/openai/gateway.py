@@ -31,7 +31,6 @@ from mrunner.api.reading.bodies import (
 from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
 
-
 T = TypeVar("T")
 
 
@@ -85,9 +84,9 @@ class Gateway:
         decode it, read its model (C{named}; the C{model} field by default) and
         C{keep_alive}, run the route's C{check} on the payload (what it returns
         is kept as L{Asked.checked}), refuse images for a model without a
-        projector, then record it, with the bytes received. C{writes_answer}: the route writes the answer itself (a
-        translation or a relay), so its writes are what the record keeps; the
-        forwarder records what it forwards.
+        projector, then record it, with the bytes received. C{writes_answer}:
+        the route writes the answer itself (a translation or a relay), so its
+        writes are what the record keeps; the forwarder records what it forwards.
 
         The decoded payload is dropped here unless C{check} returns it: a stream
         can last minutes, and a forwarded request already holds its body as bytes.

@@ -20,7 +20,7 @@ from twisted.web.server import Request
 from mrunner.api.compat.openapi import ANTHROPIC_ERROR, describe
 from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_errors
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import routes
+from mrunner.api.openai.routes import route_every
 from mrunner.api.reading import validate
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.openapi import Piece
@@ -105,10 +105,10 @@ class AnthropicAPI:
             raise MethodNotAllowed(f"{request.method.decode()} /anthropic/{rest}: method not allowed")
         raise NotFound(f"Anthropic's /{rest} is not served by mrunner; served: {', '.join(SERVED)}")
 
-    @routes(app, _paths(SERVED[0]), methods=["POST"])
+    @route_every(app, _paths(SERVED[0]), methods=["POST"])
     def messages(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages")
 
-    @routes(app, _paths(SERVED[1]), methods=["POST"])
+    @route_every(app, _paths(SERVED[1]), methods=["POST"])
     def count_tokens(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages/count_tokens")

@@ -94,7 +94,9 @@ class OllamaModelsAPI:
 
     @app.route("/api/tags", methods=["GET"])
     def tags(self, request: IRequest) -> bytes:
-        return json_body(request, {"models": [entry for model in self._store.list() for entry in _entries(model)]})
+        return json_body(
+            request, {"models": [entry for model in self._store.list() for entry in _entries(model)]}
+        )
 
     @app.route("/api/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:

@@ -70,7 +70,9 @@ class OllamaAPI:
         The record is kept from the moment the model is named, so a request refused after that
         (a missing model, an unsupported option) is in C{/engines/requests} as OpenAI's are.
         """
-        return self._gateway.begin(request, mode, None, _payload, writes_answer=True, named=shapes.named_model)
+        return self._gateway.begin(
+            request, mode, None, _payload, writes_answer=True, named=shapes.named_model
+        )
 
     async def _context_size(self, request: IRequest, name: str, num_ctx: int | None) -> None:
         """C{options.num_ctx}: from an admin, the context size the model's runner starts with, as

@@ -28,7 +28,7 @@ from mrunner.api.compat.responses.response_store import ResponseStore, StoredRes
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import routes
+from mrunner.api.openai.routes import route_every
 from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import check_vision, count, model_name, query, typed
 from mrunner.api.runner_answers import RunnerClient
@@ -97,17 +97,17 @@ class ResponsesAPI:
             },
         )
 
-    @routes(app, _paths("/responses"), methods=["POST"])
+    @route_every(app, _paths("/responses"), methods=["POST"])
     def create(self, request: Request, backend: str | None = None) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._create(request, backend))
 
-    @routes(app, _paths("/responses/<response_id>"), methods=["GET"])
+    @route_every(app, _paths("/responses/<response_id>"), methods=["GET"])
     def retrieve(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         if query(request, "stream") in ("true", "1"):
             raise BadRequest("streaming a stored response again is not supported; GET it without stream")
         return json_body(request, self._responses.get(response_id, caller(request)).response)
 
-    @routes(app, _paths("/responses/<response_id>/input_items"), methods=["GET"])
+    @route_every(app, _paths("/responses/<response_id>/input_items"), methods=["GET"])
     def items(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         items = self._responses.get(response_id, caller(request)).input_items
         order = query(request, "order") or "desc"
@@ -131,7 +131,7 @@ class ResponsesAPI:
             },
         )
 
-    @routes(app, _paths("/responses/<response_id>"), methods=["DELETE"])
+    @route_every(app, _paths("/responses/<response_id>"), methods=["DELETE"])
     def delete(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         self._responses.delete(response_id, caller(request))
         return json_body(request, {"id": response_id, "object": "response", "deleted": True})
