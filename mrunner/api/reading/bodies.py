@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.web.iweb import IRequest
 
-from mrunner.api.reading.validate import parse_json
+from mrunner.api.reading.strict_json import parse_json
 from mrunner.config import ConfigError, parse_keep_alive
 from mrunner.errors import BadRequest, PayloadTooLarge
 from mrunner.interfaces import IModelStore

@@ -46,10 +46,10 @@ class OllamaAPI:
     handle_json_errors(app, ollama_shape)
     log = Logger()
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient, models: IModelStore):
+    def __init__(self, gateway: Gateway, runners: RunnerClient, store: IModelStore):
         self._gateway = gateway
         self._runners = runners
-        self._models = models
+        self._store = store
 
     def openapi(self) -> Piece:
         return describe(self.app, {name: f"Ollama's /api/{name}" for name in GENERATION}, OLLAMA_ERROR)
@@ -91,7 +91,7 @@ class OllamaAPI:
         payload, name = asked.checked, asked.model
         shapes.refuse_unsupported(payload)
         sampling, num_ctx = shapes.options(payload)
-        model = self._models.resolve(name)
+        model = self._store.resolve(name)
         path, body = self._upstream(kind, payload, model)
         body.update(sampling)
         body.update(shapes.response_format(payload.get("format")))

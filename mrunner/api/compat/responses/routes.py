@@ -78,13 +78,11 @@ class ResponsesAPI:
     handle_json_errors(app)
     log = Logger()
 
-    def __init__(
-        self, gateway: Gateway, runners: RunnerClient, responses: ResponseStore, models: IModelStore
-    ):
+    def __init__(self, gateway: Gateway, runners: RunnerClient, responses: ResponseStore, store: IModelStore):
         self._gateway = gateway
         self._runners = runners
         self._responses = responses
-        self._models = models
+        self._store = store
 
     def openapi(self) -> Piece:
         return describe(
@@ -147,7 +145,7 @@ class ResponsesAPI:
         conversation = history + shapes.chat_messages(items)
         model = model_name(payload)
         if shapes.has_images(conversation):
-            check_vision(self._models, model)
+            check_vision(self._store, model)
         instructions = typed(payload, "instructions", str, "a string")
         system = [{"role": "system", "content": instructions}] if instructions else []
         chat = {
