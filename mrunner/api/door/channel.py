@@ -58,7 +58,7 @@ MAX_CHUNK_SIZE = 2**63 - 1
 SINK_READ_SIZE = 1024 * 1024
 
 
-class Body(Protocol):
+class RequestBody(Protocol):
     """What twisted.web asks of a request's C{content}: the body is written to it as it arrives."""
 
     def write(self, data: bytes) -> object: ...
@@ -67,8 +67,8 @@ class Body(Protocol):
     def close(self) -> object: ...
 
 
-#: Makes the L{Body} a route's request body is written to, in place of twisted.web's temporary file.
-Sink = Callable[[IRequest], Body]
+#: Makes the L{RequestBody} a route's request body is written to, in place of twisted.web's temporary file.
+Sink = Callable[[IRequest], RequestBody]
 
 
 class GatedRequest(Request):
