@@ -54,8 +54,6 @@ class OllamaAPI:
     def openapi(self) -> Piece:
         return describe(self.app, {name: f"Ollama's /api/{name}" for name in GENERATION}, OLLAMA_ERROR)
 
-    # Generation
-
     @app.route("/api/chat", methods=["POST"])
     def chat(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._generate(request, CHAT))
@@ -71,7 +69,7 @@ class OllamaAPI:
         (a missing model, an unsupported option) is in C{/engines/requests} as OpenAI's are.
         """
         return self._gateway.begin(
-            request, mode, None, _payload, writes_answer=True, named=shapes.named_model
+            request, mode, None, _whole_payload, writes_answer=True, named=shapes.named_model
         )
 
     async def _context_size(self, request: IRequest, name: str, num_ctx: int | None) -> None:
@@ -235,6 +233,6 @@ class OllamaAPI:
         )
 
 
-def _payload(payload: dict[str, Any]) -> dict[str, Any]:
+def _whole_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """An Ollama route translates the whole payload: it is kept, and checked as it is read."""
     return payload
