@@ -149,9 +149,10 @@ def make_parts(
         scheduler,
         Puller(store, registry, config.registry.max_pulls, hub=hub, read_timeout=config.store.read_timeout),
         Pusher(store, registry, reactor),
+        reactor,
         metrics.moved,
     )
-    models = ModelsAPI(store, operations, reactor)
+    models = ModelsAPI(store, operations)
     followers = Followers(config)  # /logs and /engines/requests follows, under one cap
     reloadable.append(followers.configure)
     logs = LogsAPI(home.logs, reactor, followers)

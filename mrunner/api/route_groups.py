@@ -59,7 +59,7 @@ def route_groups(
         AnthropicAPI(gateway, runners),
         ResponsesAPI(gateway, runners, responses, store),
         OllamaAPI(gateway, runners, store),
-        OllamaModelsAPI(store, operations, scheduler, clock),
+        OllamaModelsAPI(store, operations, scheduler),
         StatusAPI(models, metrics, scheduler, scraper),
         logs,
         history,

@@ -210,8 +210,8 @@ class RealRegistryTests(RegistryTestCase):
         other.client = RegistryClient(self.config, reactor)  # type: ignore[arg-type]
         self.addCleanup(other.client.close)  # its own persistent connection pool
         other.puller = Puller(other.store, other.client)
-        operations = ModelOperations(other.store, None, other.puller, other.pusher)  # type: ignore[arg-type]
-        api = ModelsAPI(other.store, operations, reactor)
+        operations = ModelOperations(other.store, None, other.puller, other.pusher, reactor)  # type: ignore[arg-type]
+        api = ModelsAPI(other.store, operations)
         port = reactor.listenTCP(0, Site(api.app.resource()), interface="127.0.0.1")  # type: ignore[attr-defined]
         self.addCleanup(port.stopListening)
         url = f"http://127.0.0.1:{port.getHost().port}/create"

@@ -42,7 +42,7 @@ def daemon_groups(
     """Every route group, over C{scheduler} and C{store}; C{logs} is the runners' log directory."""
     metrics = Metrics() if metrics is None else metrics
     gateway = Gateway(scheduler, store, metrics, clock, max_request_bytes, records)
-    operations = ModelOperations(store, scheduler, None, None, metrics.moved)  # type: ignore[arg-type]
+    operations = ModelOperations(store, scheduler, None, None, clock, metrics.moved)  # type: ignore[arg-type]
     responses = Config().responses
     return route_groups(
         gateway=gateway,
@@ -50,7 +50,7 @@ def daemon_groups(
         forwarder=Forwarder(None),  # type: ignore[arg-type]
         runners=RunnerClient(None),  # type: ignore[arg-type]
         responses=ResponseStore(clock, responses.ttl, responses.max_count, responses.max_bytes),
-        models=ModelsAPI(store, operations, clock),
+        models=ModelsAPI(store, operations),
         operations=operations,
         metrics=metrics.registry,
         scraper=RunnerScraper(UnreachableRunners(), clock),

@@ -71,13 +71,12 @@ class ModelsAPITests(SynchronousTestCase):
             self.scheduler,  # type: ignore[arg-type]
             self.puller,  # type: ignore[arg-type]
             self.pusher,  # type: ignore[arg-type]
+            self.clock,
             lambda mode, count: self.moved.append((mode, count)),
         )
-        api = ModelsAPI(self.store, operations, self.clock)
+        api = ModelsAPI(self.store, operations)
         self.http = StubTreq(api.app.resource())
-        self.ollama = StubTreq(
-            OllamaModelsAPI(self.store, operations, self.scheduler, self.clock).app.resource()
-        )  # type: ignore[arg-type]
+        self.ollama = StubTreq(OllamaModelsAPI(self.store, operations, self.scheduler).app.resource())  # type: ignore[arg-type]
         self.gguf = self.home / "tiny.gguf"
         write_tiny_gguf(self.gguf)
 

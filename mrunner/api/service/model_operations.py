@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from twisted.internet.interfaces import IReactorTime
+
 from mrunner.errors import Conflict
 from mrunner.interfaces import IScheduler
 from mrunner.store.names import Reference, parse
-from mrunner.store.progress import Progress
+from mrunner.store.progress import Emit, Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.store import Deletion, ModelStore
@@ -31,6 +33,7 @@ class ModelOperations:
         scheduler: IScheduler,
         puller: Puller,
         pusher: Pusher,
+        clock: IReactorTime,
         moved: Moved = lambda mode, count: None,
     ) -> None:
         """C{moved(mode, bytes)} is told what each pull or push moved over the network."""
@@ -38,7 +41,12 @@ class ModelOperations:
         self._scheduler = scheduler
         self._puller = puller
         self._pusher = pusher
+        self._clock = clock
         self._moved = moved
+
+    def progress(self, emit: Emit, mode: str) -> Progress:
+        """The L{Progress} of a pull or push (C{mode}), as lines given to C{emit}."""
+        return Progress(emit, self._clock, mode)
 
     async def delete(self, name: str, force: bool) -> Deletion:
         """Remove the name C{name} (L{ModelStore.delete}); the last name takes the model, after its

@@ -14,7 +14,6 @@ from functools import partial
 from typing import Any
 
 from klein import Klein
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
@@ -104,10 +103,9 @@ class ModelsAPI:
     handle_json_errors(app)
     log = Logger()
 
-    def __init__(self, store: ModelStore, operations: ModelOperations, clock: IReactorTime) -> None:
+    def __init__(self, store: ModelStore, operations: ModelOperations) -> None:
         self._store = store
         self._operations = operations
-        self._clock = clock
 
     def openapi(self) -> Piece:
         model = {"200": answer("the model", json_content(MODEL))}
@@ -284,7 +282,7 @@ class ModelsAPI:
         work: Callable[[Progress], Awaitable[None]],
     ) -> bytes:
         stream = NDJSONStream(request)
-        progress = Progress(stream.emit, self._clock, mode)
+        progress = self._operations.progress(stream.emit, mode)
         try:
             await work(progress)
         except MrunnerError as e:

@@ -13,7 +13,6 @@ from typing import Any
 
 from klein import Klein
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
@@ -66,13 +65,10 @@ class OllamaModelsAPI:
     handle_json_errors(app, ollama_shape)
     log = Logger()
 
-    def __init__(
-        self, store: ModelStore, operations: ModelOperations, scheduler: IScheduler, clock: IReactorTime
-    ):
+    def __init__(self, store: ModelStore, operations: ModelOperations, scheduler: IScheduler):
         self._store = store
         self._operations = operations
         self._scheduler = scheduler
-        self._clock = clock
 
     def openapi(self) -> Piece:
         summaries = {name: f"Ollama's /api/{name}" for name in MANAGEMENT}
@@ -169,7 +165,7 @@ class OllamaModelsAPI:
         """The pull or push C{/models} does, reported as Ollama's status lines (or one at the end)."""
         verb = f"{mode}ing"
         if payload.get("stream") is False:
-            await work(Progress(lambda line: None, self._clock, mode))
+            await work(self._operations.progress(lambda line: None, mode))
             return json_body(request, {"status": "success"})
         lines = NDJSONStream(request)
         lines.emit({"status": f"{verb} manifest"})
@@ -188,7 +184,7 @@ class OllamaModelsAPI:
                 )
 
         try:
-            await work(Progress(emit, self._clock, mode))
+            await work(self._operations.progress(emit, mode))
         except MrunnerError as e:
             self.log.warn("ollama {verb} failed: {message}", verb=verb, message=e.message)
             lines.emit({"error": e.message})
