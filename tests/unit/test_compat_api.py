@@ -12,10 +12,14 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.door.routing import Routes
 from mrunner.api.observe.records import Records
+from mrunner.api.openai.gateway import Gateway
+from mrunner.api.runner_answers import RunnerClient
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
+from mrunner.metrics import Metrics
 from mrunner.scheduling.scheduler import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups
@@ -153,3 +157,19 @@ class GatewayTests(SynchronousTestCase):
             self.assertIn(self.post(path, body)[0], (503, 529), path)  # 529: Anthropic's overloaded
         kept = {record.route: record.body for record in self.records.recent(None, 10)}
         self.assertEqual(kept, sent)
+
+
+class FallbackTests(SynchronousTestCase):
+    def test_a_path_no_group_knows_gets_openais_404_whatever_the_last_group(self) -> None:
+        """Not the last group's shape (Ollama's here): the fallback group's, named in L{Routes}."""
+        clock, store = Clock(), FakeStore()
+        scheduler = Scheduler(
+            clock, Config(), {"llama.cpp": FakeBackend()}, store, FakeSpawner().start_runner
+        )
+        ollama = OllamaAPI(Gateway(scheduler, store, Metrics(), clock, 1000), RunnerClient(None), store)  # type: ignore[arg-type]
+        http = StubTreq(Routes([ollama]))
+        response = self.successResultOf(http.get("http://mrunner/nope"))
+        body = json.loads(self.successResultOf(response.content()))
+        self.assertEqual(response.code, 404)
+        self.assertIsInstance(body["error"], dict, "an Ollama-shaped error")
+        self.assertEqual(body["error"]["message"], "GET /nope: Not Found")
