@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from klein import Klein
@@ -150,7 +151,7 @@ class OllamaModelsAPI:
         payload = _payload(request)
         ref = parse(shapes.named_model(payload))
         return Deferred.fromCoroutine(
-            self._transfer(request, payload, "pull", lambda progress: self._operations.pull(ref, progress))
+            self._transfer(request, payload, "pull", partial(self._operations.pull, ref))
         )
 
     @app.route("/api/push", methods=["POST"])
@@ -158,7 +159,7 @@ class OllamaModelsAPI:
         payload = _payload(request)
         ref = self._operations.pushable(shapes.named_model(payload))
         return Deferred.fromCoroutine(
-            self._transfer(request, payload, "push", lambda progress: self._operations.push(ref, progress))
+            self._transfer(request, payload, "push", partial(self._operations.push, ref))
         )
 
     async def _transfer(self, request: Request, payload: dict[str, Any], mode: str, work: Transfer) -> bytes:
