@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 from twisted.internet.interfaces import IReactorTime
 
 from mrunner.errors import Conflict
@@ -24,25 +25,19 @@ from mrunner.values import State
 Moved = Callable[[str, int], None]
 
 
+@attrs.frozen
 class ModelOperations:
-    """What changes the models on disk for a request, with the scheduler and the metrics told."""
+    """What changes the models on disk for a request, with the scheduler and the metrics told.
 
-    def __init__(
-        self,
-        store: ModelStore,
-        scheduler: IScheduler,
-        puller: Puller,
-        pusher: Pusher,
-        clock: IReactorTime,
-        moved: Moved = lambda mode, count: None,
-    ) -> None:
-        """C{moved(mode, bytes)} is told what each pull or push moved over the network."""
-        self._store = store
-        self._scheduler = scheduler
-        self._puller = puller
-        self._pusher = pusher
-        self._clock = clock
-        self._moved = moved
+    C{moved(mode, bytes)} is told what each pull or push moved over the network.
+    """
+
+    _store: ModelStore
+    _scheduler: IScheduler
+    _puller: Puller
+    _pusher: Pusher
+    _clock: IReactorTime
+    _moved: Moved = lambda mode, count: None
 
     def progress(self, emit: Emit, mode: str) -> Progress:
         """The L{Progress} of a pull or push (C{mode}), as lines given to C{emit}."""
