@@ -16,24 +16,18 @@ from twisted.python import usage
 from twisted.web.client import Agent
 
 from mrunner import config as configuration
-from mrunner.api.compat.anthropic.routes import AnthropicAPI
-from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.compat.responses.response_store import ResponseStore
-from mrunner.api.compat.responses.routes import ResponsesAPI
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.observe.follow import Followers
 from mrunner.api.observe.logs import LogsAPI
-from mrunner.api.observe.page import PageAPI
 from mrunner.api.observe.records import Records
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import InferenceAPI
+from mrunner.api.route_groups import route_groups
 from mrunner.api.runner_answers import RunnerClient
-from mrunner.api.service.admin import AdminAPI
+from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
-from mrunner.api.service.openapi import OpenAPI
-from mrunner.api.service.status import StatusAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.clientpool import QuietPool
@@ -150,16 +144,15 @@ def make_parts(
     http = HTTPClient(Agent(reactor, pool=registry_pool))
     registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout)
     hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
-    models = ModelsAPI(
+    operations = ModelOperations(
         store,
         scheduler,
-        puller := Puller(
-            store, registry, config.registry.max_pulls, hub=hub, read_timeout=config.store.read_timeout
-        ),
-        pusher := Pusher(store, registry, reactor),
+        Puller(store, registry, config.registry.max_pulls, hub=hub, read_timeout=config.store.read_timeout),
+        Pusher(store, registry, reactor),
         reactor,
         metrics.moved,
     )
+    models = ModelsAPI(store, operations)
     followers = Followers(config)  # /logs and /engines/requests follows, under one cap
     reloadable.append(followers.configure)
     logs = LogsAPI(home.logs, reactor, followers)
@@ -169,26 +162,24 @@ def make_parts(
         else None
     )
     history = RecordsAPI(records, followers)
-    gateway = Gateway(scheduler, metrics, reactor, config.max_request_bytes, records)
-    runners = RunnerClient(runner_pool)
+    gateway = Gateway(scheduler, store, metrics, reactor, config.max_request_bytes, records)
     responses = config.responses
-    groups: list[Any] = [  # the inference routes first: every token's request is matched against them
-        InferenceAPI(gateway, store, Forwarder(runner_pool)),
-        AnthropicAPI(gateway, runners, store),
-        ResponsesAPI(
-            gateway,
-            runners,
-            ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
-            store,
-        ),
-        OllamaAPI(gateway, runners, store, puller, pusher),
-        StatusAPI(models, metrics.registry, scheduler, scraper),
-        logs,
-        history,
-        PageAPI(scheduler, reactor),
-        AdminAPI(scheduler, store, backends, config.max_request_bytes, reloader.reload),
-    ]
-    groups.append(OpenAPI(groups))  # last: it describes every group before it
+    groups = route_groups(
+        gateway=gateway,
+        store=store,
+        forwarder=Forwarder(runner_pool),
+        runners=RunnerClient(runner_pool),
+        responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
+        models=models,
+        operations=operations,
+        metrics=metrics.registry,
+        scraper=scraper,
+        logs=logs,
+        history=history,
+        backends=backends,
+        max_request_bytes=config.max_request_bytes,
+        reload=reloader.reload,
+    )
     site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)

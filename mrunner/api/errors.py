@@ -25,7 +25,7 @@ from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
 PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 #: An API's rendering of an error: (status, body).
-Shape = Callable[[MrunnerError], tuple[int, Any]]
+ErrorShape = Callable[[MrunnerError], tuple[int, Any]]
 
 
 def openai_shape(error: MrunnerError) -> tuple[int, Any]:
@@ -63,7 +63,7 @@ def ollama_shape(error: MrunnerError) -> tuple[int, Any]:
 ANTHROPIC_ENDS = (b"/v1/messages", b"/v1/messages/count_tokens")
 
 
-def shape_for(path: bytes) -> Shape:
+def shape_for(path: bytes) -> ErrorShape:
     """The shape of the API that C{path} belongs to: Anthropic's, Ollama's, else OpenAI's."""
     if path.startswith(b"/anthropic/") or path.rstrip(b"/").endswith(ANTHROPIC_ENDS):
         return anthropic_shape
@@ -79,7 +79,7 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
     return json.dumps(value).encode() + b"\n"
 
 
-def render_error(request: IRequest, error: MrunnerError, shape: Shape | None = None) -> bytes:
+def render_error(request: IRequest, error: MrunnerError, shape: ErrorShape | None = None) -> bytes:
     """The response for C{error} in C{shape} (by default the path's), with its headers.
 
     C{Retry-After} goes out when a retry can help, C{WWW-Authenticate} with a 401.
@@ -98,7 +98,7 @@ def routing_error(request: IRequest, error: HTTPException) -> MrunnerError:
     return NotFound(message) if error.code == 404 else MethodNotAllowed(message)
 
 
-def handle_json_errors(app: Klein, shape: Shape = openai_shape) -> None:
+def handle_json_errors(app: Klein, shape: ErrorShape = openai_shape) -> None:
     """Register handlers on C{app} that render its errors in C{shape}."""
 
     @app.handle_errors(MrunnerError)

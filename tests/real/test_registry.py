@@ -22,6 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import Agent
 from twisted.web.server import Site
 
+from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.cli.package import TarStream, members
 from mrunner.config import RegistryConfig
@@ -209,7 +210,8 @@ class RealRegistryTests(RegistryTestCase):
         other.client = RegistryClient(self.config, reactor)  # type: ignore[arg-type]
         self.addCleanup(other.client.close)  # its own persistent connection pool
         other.puller = Puller(other.store, other.client)
-        api = ModelsAPI(other.store, None, other.puller, other.pusher, reactor)  # type: ignore[arg-type]
+        operations = ModelOperations(other.store, None, other.puller, other.pusher, reactor)  # type: ignore[arg-type]
+        api = ModelsAPI(other.store, operations)
         port = reactor.listenTCP(0, Site(api.app.resource()), interface="127.0.0.1")  # type: ignore[attr-defined]
         self.addCleanup(port.stopListening)
         url = f"http://127.0.0.1:{port.getHost().port}/create"

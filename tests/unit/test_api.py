@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
-from klein import Klein
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
@@ -14,28 +14,17 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
 from mrunner.api.door.routing import Routes
-from mrunner.api.observe.page import PageAPI
-from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import InferenceAPI
-from mrunner.api.service.admin import AdminAPI
-from mrunner.api.service.status import StatusAPI
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, forwarded_headers
-from mrunner.runner_metrics import RunnerScraper
+from mrunner.proxy import forwarded_headers
 from mrunner.scheduling.scheduler import Scheduler
-from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, UnreachableRunners, model
+from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
+from tests.support.route_groups import daemon_groups
 
 BASE = "http://mrunner"
 CHAT = f"{BASE}/engines/v1/chat/completions"
 CHAT_BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
-
-
-class NoModelsAPI:
-    """The /models group is tested in test_models_api."""
-
-    app = Klein()
 
 
 class APITests(SynchronousTestCase):
@@ -58,14 +47,15 @@ class APITests(SynchronousTestCase):
             events=metrics,
         )
         metrics.watch(self.scheduler)
-        scraper = RunnerScraper(UnreachableRunners(), self.clock)
-        groups = [
-            StatusAPI(NoModelsAPI(), metrics.registry, self.scheduler, scraper),
-            InferenceAPI(
-                Gateway(self.scheduler, metrics, self.clock, max_request_bytes), self.store, Forwarder(None)
-            ),
-            AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
-        ]
+        groups = daemon_groups(
+            self.scheduler,
+            self.store,
+            self.clock,
+            {"llama.cpp": self.backend},
+            Path(self.mktemp()),
+            max_request_bytes,
+            metrics,
+        )
         self.http = StubTreq(Routes(groups))
 
     def install(self) -> None:
@@ -549,13 +539,9 @@ class PageRouteTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.clock.advance(1000)
-        self.scheduler = Scheduler(
-            self.clock, Config(), {"llama.cpp": FakeBackend()}, FakeStore(), FakeSpawner().start_runner
-        )
-        groups = [
-            StatusAPI(NoModelsAPI(), Metrics().registry, self.scheduler, None),
-            PageAPI(self.scheduler, self.clock),
-        ]  # type: ignore[arg-type]
+        backends, store = {"llama.cpp": FakeBackend()}, FakeStore()
+        self.scheduler = Scheduler(self.clock, Config(), backends, store, FakeSpawner().start_runner)
+        groups = daemon_groups(self.scheduler, store, self.clock, backends, Path(self.mktemp()))
         self.http = StubTreq(Routes(groups))
 
     def get(self, path: str, **headers: str) -> tuple[int, Headers, bytes]:

@@ -1,8 +1,10 @@
-"""The scheduler's errors on the Anthropic and Ollama routes, in their shapes, without processes."""
+"""The scheduler's errors on the Anthropic and Ollama routes, in their shapes, and the steps every
+inference API takes through the gateway, without processes."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -10,9 +12,9 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.api.compat.anthropic.routes import AnthropicAPI
 from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.door.routing import Routes
+from mrunner.api.observe.records import Records
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.config import Config, SchedulerConfig
@@ -20,6 +22,7 @@ from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
 from mrunner.scheduling.scheduler import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
+from tests.support.route_groups import daemon_groups
 
 ANTHROPIC = "http://mrunner/anthropic/v1/messages"
 OLLAMA = "http://mrunner/api/chat"
@@ -36,9 +39,9 @@ class SchedulerErrorTests(SynchronousTestCase):
         self.scheduler = Scheduler(
             self.clock, config, {"llama.cpp": self.backend}, store, self.spawn.start_runner
         )
-        gateway = Gateway(self.scheduler, Metrics(), self.clock, 1000)
-        runners = RunnerClient(None)  # type: ignore[arg-type]  # no request reaches a runner here
-        groups = [AnthropicAPI(gateway, runners, store), OllamaAPI(gateway, runners, store, None, None)]  # type: ignore[arg-type]
+        groups = daemon_groups(
+            self.scheduler, store, self.clock, {"llama.cpp": self.backend}, Path(self.mktemp())
+        )
         self.http = StubTreq(Routes(groups))
 
     def request(self, url: str, body: dict[str, Any]) -> Any:
@@ -96,3 +99,77 @@ class SchedulerErrorTests(SynchronousTestCase):
         code, body, _ = self.answer(self.anthropic())
         self.assertEqual((code, body["error"]["type"]), (400, "invalid_request_error"))
         self.assertIn("memory budget", body["error"]["message"])
+
+
+class GatewayTests(SynchronousTestCase):
+    """Every inference API begins a request the same way (L{Gateway.begin})."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.backend = FakeBackend()
+        store = FakeStore({"ai/smollm2:latest": model()})
+        self.records = Records(per_model=10, max_bytes=10**6, max_body=1000, now=self.clock.seconds)
+        self.make(Config(), store)
+
+    def make(self, config: Config, store: FakeStore) -> None:
+        config = attrs.evolve(config, scheduler=SchedulerConfig(install_wait=5))
+        backends = {"llama.cpp": self.backend}
+        self.scheduler = Scheduler(self.clock, config, backends, store, FakeSpawner().start_runner)
+        groups = daemon_groups(
+            self.scheduler, store, self.clock, backends, Path(self.mktemp()), records=self.records
+        )
+        self.http = StubTreq(Routes(groups))
+
+    def post(self, path: str, body: bytes) -> tuple[int, Any]:
+        d = self.http.request("POST", "http://mrunner" + path, data=body)
+        self.http.flush()
+        self.clock.advance(5)
+        self.http.flush()
+        response = self.successResultOf(d)
+        return response.code, json.loads(self.successResultOf(self.http.content(response)))
+
+    def test_an_unknown_backend_is_refused_first_in_each_apis_shape(self) -> None:
+        """Before the body is read: a malformed one is not what the client hears about."""
+        self.make(attrs.evolve(Config(), default_backend="vllm"), FakeStore())
+        for path, message in [
+            ("/v1/chat/completions", lambda body: body["error"]["message"]),
+            ("/anthropic/v1/messages", lambda body: body["error"]["message"]),
+            ("/v1/responses", lambda body: body["error"]["message"]),
+            ("/api/chat", lambda body: body["error"]),
+            ("/api/generate", lambda body: body["error"]),
+            ("/api/embed", lambda body: body["error"]),
+        ]:
+            code, body = self.post(path, b"{")
+            self.assertEqual(code, 404, (path, body))
+            self.assertIn("unknown backend 'vllm'", message(body), path)
+
+    def test_the_record_keeps_the_bytes_received(self) -> None:
+        """Not the payload encoded again: what the client sent, spacing and key order included."""
+        self.scheduler.start()  # the backend installs and never finishes: each request waits, then is busy
+        sent = {
+            "/v1/chat/completions": b'{"messages":[{"role":"user","content":"hi"}],  "model":"smollm2"}',
+            "/anthropic/v1/messages": b'{"max_tokens":5,"messages":[],"model":"smollm2"}',
+            "/v1/responses": b'{"input":"hi","model":"smollm2"}',
+            "/api/chat": b'{"messages":[{"role":"user","content":"hi"}],"model":"smollm2"}',
+            "/api/embed": b'{"input":"hi","model":"smollm2"}',
+        }
+        for path, body in sent.items():
+            self.assertIn(self.post(path, body)[0], (503, 529), path)  # 529: Anthropic's overloaded
+        kept = {record.route: record.body for record in self.records.recent(None, 10)}
+        self.assertEqual(kept, sent)
+
+
+class FallbackTests(SynchronousTestCase):
+    def test_a_path_no_group_knows_gets_openais_404_whatever_the_last_group(self) -> None:
+        """Not the last group's shape (Ollama's here): the fallback group's, named in L{Routes}."""
+        clock, store = Clock(), FakeStore()
+        scheduler = Scheduler(
+            clock, Config(), {"llama.cpp": FakeBackend()}, store, FakeSpawner().start_runner
+        )
+        ollama = OllamaAPI(Gateway(scheduler, store, Metrics(), clock, 1000), RunnerClient(None), store)  # type: ignore[arg-type]
+        http = StubTreq(Routes([ollama]))
+        response = self.successResultOf(http.get("http://mrunner/nope"))
+        body = json.loads(self.successResultOf(response.content()))
+        self.assertEqual(response.code, 404)
+        self.assertIsInstance(body["error"], dict, "an Ollama-shaped error")
+        self.assertEqual(body["error"]["message"], "GET /nope: Not Found")

@@ -12,15 +12,16 @@ from twisted.web.server import NOT_DONE_YET, Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from mrunner.api.door.direct import Direct
+from mrunner.api.errors import ErrorShape, ollama_shape, openai_shape
 from mrunner.errors import NotFound
 
 
 class DirectTests(SynchronousTestCase):
-    def render(self, handler) -> Request:
+    def render(self, handler, shape: ErrorShape = openai_shape) -> Request:
         self.channel = DummyChannel()
         request = Request(self.channel)
         request.method, request.clientproto = b"POST", b"HTTP/1.1"
-        self.assertIs(Direct(handler).render(request), NOT_DONE_YET)
+        self.assertIs(Direct(handler, shape).render(request), NOT_DONE_YET)
         return request
 
     def sent(self, request: Request) -> bytes:
@@ -46,6 +47,11 @@ class DirectTests(SynchronousTestCase):
         self.assertTrue(self.sent(request).startswith(b"HTTP/1.1 404 "))
         body = json.loads(self.sent(request).split(b"\r\n\r\n", 1)[1].split(b"\r\n")[1])
         self.assertEqual(body["error"]["code"], "model_not_found")
+
+    def test_errors_in_the_groups_own_shape(self) -> None:
+        request = self.render(lambda request: Deferred.fromCoroutine(_fails()), ollama_shape)
+        body = json.loads(self.sent(request).split(b"\r\n\r\n", 1)[1].split(b"\r\n")[1])
+        self.assertEqual(body, {"error": "model ai/x not found"})
 
     def test_a_client_that_goes_away_cancels_the_route(self) -> None:
         cancelled = []

@@ -18,7 +18,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from mrunner import config as configuration
-from mrunner.api.door.site import SINK_READ_SIZE, GatedSite, Sink, private_listen
+from mrunner.api.door.channel import SINK_READ_SIZE, Sink
+from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.door.trust import Trust, beyond_loopback, is_admin, listen_host
 from mrunner.config import Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge

@@ -11,6 +11,8 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.api.compat.ollama.models import OllamaModelsAPI
+from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.errors import NotFound
 from mrunner.store.names import Reference
@@ -47,6 +49,7 @@ class FakeTransfer:
         progress.total = 4 * 1024 * 1024
         for i in range(self.before):
             progress.update("sha256:" + "a" * 64, progress.total, (i + 1) * 2 * 1024 * 1024)
+            progress.moved(2 * 1024 * 1024)
         if self.error is not None:
             raise self.error
         return succeed(None)
@@ -62,8 +65,18 @@ class ModelsAPITests(SynchronousTestCase):
         self.scheduler = FakeScheduler()
         self.puller = FakeTransfer()
         self.pusher = FakeTransfer()
-        api = ModelsAPI(self.store, self.scheduler, self.puller, self.pusher, self.clock)  # type: ignore[arg-type]
+        self.moved: list[tuple[str, int]] = []
+        operations = ModelOperations(
+            self.store,
+            self.scheduler,  # type: ignore[arg-type]
+            self.puller,  # type: ignore[arg-type]
+            self.pusher,  # type: ignore[arg-type]
+            self.clock,
+            lambda mode, count: self.moved.append((mode, count)),
+        )
+        api = ModelsAPI(self.store, operations)
         self.http = StubTreq(api.app.resource())
+        self.ollama = StubTreq(OllamaModelsAPI(self.store, operations, self.scheduler).app.resource())  # type: ignore[arg-type]
         self.gguf = self.home / "tiny.gguf"
         write_tiny_gguf(self.gguf)
 
@@ -218,6 +231,30 @@ class ModelsAPITests(SynchronousTestCase):
         self.assertError(400, "POST", "/create", "'from'", json={})
         self.assertError(400, "POST", "/create", "not a valid", json={"from": "../../x"})
         self.assertEqual(self.puller.refs, [])
+
+    def test_every_pull_and_push_counts_its_bytes(self) -> None:
+        """/models and Ollama's /api pull and push alike, streamed or not, succeeded or failed."""
+        self.load()
+        mib4 = 4 * 1024 * 1024
+        self.assertEqual(self.call("POST", "/create", json={"from": "smollm2"})[0], 200)
+        self.assertEqual(self.call("POST", "/smollm2/push")[0], 200)
+        for path, stream in [
+            ("/api/pull", True),
+            ("/api/pull", False),
+            ("/api/push", True),
+            ("/api/push", False),
+        ]:
+            response = self.successResultOf(
+                self.ollama.post(f"http://x{path}", json={"model": "smollm2", "stream": stream})
+            )
+            self.assertEqual(response.code, 200)
+            self.assertIn(b"success", self.successResultOf(response.content()))
+        self.puller.error = NotFound("gone")
+        self.assertEqual(
+            self.successResultOf(self.ollama.post("http://x/api/pull", json={"model": "x"})).code, 200
+        )
+        pulls, pushes = [("pull", mib4)] * 3, [("push", mib4)] * 3
+        self.assertEqual(self.moved, [pulls[0], pushes[0], *pulls[1:], *pushes[1:], ("pull", mib4)])
 
     def test_push(self) -> None:
         self.load()

@@ -11,7 +11,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config as configuration
-from mrunner.api.service.openapi import OpenAPI, described, routes
+from mrunner.api.service.openapi import OpenAPI, described, routed
 from mrunner.tap import make_parts
 
 
@@ -23,7 +23,7 @@ class OpenAPITests(SynchronousTestCase):
         self.document = next(group for group in self.root.groups if isinstance(group, OpenAPI)).document
 
     def test_every_route_is_documented_and_nothing_else(self) -> None:
-        served = set().union(*(routes(group) for group in self.root.groups))
+        served = set().union(*(routed(group) for group in self.root.groups))
         documented = described(self.document)
         self.assertEqual(served - documented, set(), "routes the document lacks")
         self.assertEqual(documented - served, set(), "documented operations no route serves")

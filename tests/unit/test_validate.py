@@ -6,14 +6,14 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.api.reading import validate
+from mrunner.api.reading import strict_json, validate
 from mrunner.api.reading.bodies import json_object
 from mrunner.errors import BadRequest
 
 
 class ParseTests(SynchronousTestCase):
     def refused(self, body: bytes, words: str) -> BadRequest:
-        error = self.assertRaises(BadRequest, validate.parse_json, body)
+        error = self.assertRaises(BadRequest, strict_json.parse_json, body)
         self.assertIn(words, error.message)
         self.assertEqual(error.status, 400)
         return error
@@ -46,7 +46,7 @@ class ParseTests(SynchronousTestCase):
             b'{"n": [18446744073709551615, -9223372036854775808, 12345678901234567890123.5]}',
             b'{"x": "\\\\ud800"}',  # an escaped backslash, then text
         ]:
-            validate.parse_json(body)
+            strict_json.parse_json(body)
 
     def test_duplicate_keys(self) -> None:
         error = self.refused(
@@ -59,8 +59,8 @@ class ParseTests(SynchronousTestCase):
         def nested(depth: int) -> bytes:
             return b'{"x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
 
-        self.assertIsInstance(validate.parse_json(nested(validate.MAX_DEPTH)), dict)
-        for depth in [validate.MAX_DEPTH + 1, 1000, 100_000]:
+        self.assertIsInstance(strict_json.parse_json(nested(strict_json.MAX_DEPTH)), dict)
+        for depth in [strict_json.MAX_DEPTH + 1, 1000, 100_000]:
             self.refused(nested(depth), "nested more than")
 
     def test_json_object(self) -> None:

@@ -2,10 +2,10 @@
 
 Klein binds a werkzeug map and matches the path on every request: some 7% of
 the daemon's CPU on small chats (py-spy). The paths of the inference routes
-are fixed strings, so L{Routes} finds them in a dict and renders them with
-L{Direct}, which does what Klein does with a route's result: writes bytes,
-finishes the request, renders an L{MrunnerError} in the route group's error
-shape, and cancels the route when the client goes away.
+are fixed strings, so L{Routes} finds them in a dict and renders them with the
+group's L{Direct}s, which do what Klein does with a route's result: write
+bytes, finish the request, render an L{MrunnerError} in the route group's
+error shape, and cancel the route when the client goes away.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from mrunner.api.errors import Shape, openai_shape, render_error
+from mrunner.api.errors import ErrorShape, render_error
 from mrunner.errors import MrunnerError
 
 Handler = Callable[[Request], Any]
@@ -31,7 +31,7 @@ class Direct(Resource):
     isLeaf = True
     log = Logger()
 
-    def __init__(self, handler: Handler, shape: Shape = openai_shape):
+    def __init__(self, handler: Handler, shape: ErrorShape):
         super().__init__()
         self._handler = handler
         self._shape = shape

@@ -10,7 +10,7 @@ from twisted.web.resource import IResource, Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import RequestRedirect
 
-from mrunner.api.door.direct import Direct
+from mrunner.api.door.route_group import UNKNOWN, DirectGroup, RouteGroup
 from mrunner.api.errors import Refusal
 from mrunner.errors import BadRequest
 
@@ -18,12 +18,13 @@ from mrunner.errors import BadRequest
 class Routes(Resource):
     """Renders a request with the first route group whose URL map matches it.
 
-    Each group is a Klein app bound to its object, so every module keeps its
-    own routes and state; a path no group knows gets the last group's JSON 404.
-    The maps never change, so the choice for a method and path is remembered:
-    matching them took 6% of the daemon's CPU on small chats (py-spy). A group
-    may also offer C{direct()}: its hot routes by method and path, which are
-    rendered by L{Direct} without Klein matching them again.
+    Each group is a Klein app bound to its object (L{RouteGroup}), so every
+    module keeps its own routes and state; a path no group knows is answered by
+    the C{fallback} group (L{UNKNOWN}: OpenAI's JSON 404). The maps never
+    change, so the choice for a method and path is remembered: matching them
+    took 6% of the daemon's CPU on small chats (py-spy). A L{DirectGroup} also
+    offers its hot routes by method and path, rendered (by L{Direct}, in the
+    group's error shape) without Klein matching them again.
     """
 
     isLeaf = True
@@ -31,14 +32,16 @@ class Routes(Resource):
     #: Paths and methods whose group is remembered; past this many the memory starts afresh.
     REMEMBERED = 1024
 
-    def __init__(self, groups: Sequence[Any]):
+    def __init__(self, groups: Sequence[RouteGroup], fallback: RouteGroup = UNKNOWN):
         super().__init__()
         self.groups = tuple(groups)
         self._routes = [(group.app.url_map, group.app.resource()) for group in groups]
+        self._fallback: IResource = fallback.app.resource()
         self._direct: dict[tuple[bytes, bytes], IResource] = {
-            key: Direct(handler)
+            key: resource
             for group in groups
-            for key, handler in (group.direct() if hasattr(group, "direct") else {}).items()
+            if isinstance(group, DirectGroup)
+            for key, resource in group.direct().items()
         }
         self._chosen = dict(self._direct)
 
@@ -54,13 +57,14 @@ class Routes(Resource):
         return chosen.render(request)
 
     def _choose(self, postpath: bytes, method_bytes: bytes) -> IResource:
-        """The group whose URL map matches, else one that knows the path for another method, else the last."""
+        """The group whose URL map matches, else one that knows the path for another method, else the
+        fallback."""
         try:
             path = (b"/" + postpath).decode("utf-8")  # already unquoted
         except UnicodeDecodeError:  # Klein would answer in plain text, and log a traceback
             return Refusal(BadRequest("the path is not UTF-8 once percent-decoded"))
         method = method_bytes.decode("ascii", errors="replace")
-        chosen = self._routes[-1][1]
+        chosen = self._fallback
         for url_map, resource in self._routes:
             try:
                 url_map.bind("localhost").match(path, method)

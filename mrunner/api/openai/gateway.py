@@ -1,46 +1,110 @@
 """The one scheduler path every API's inference routes take, OpenAI's, Anthropic's, Responses' and Ollama's.
 
-Each route measures its request, reads the body under the same limit and
-holds a lease from C{IScheduler.acquire} while it talks to the runner, so
-the queue, the memory budget, keep-alive, cancellation on disconnect and the
+Each route begins with L{Gateway.begin}, which measures, reads and checks the
+request and records it in one order, and holds a lease from
+C{IScheduler.acquire} while it talks to the runner, so the checks, the queue,
+the memory budget, keep-alive, cancellation on disconnect, the records and the
 C{/metrics} counts are the same whichever API a client speaks.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.door.callers import caller
 from mrunner.api.observe.records import Record, Records, record_key
-from mrunner.api.reading.bodies import read_body
-from mrunner.interfaces import IScheduler
+from mrunner.api.reading.bodies import (
+    check_vision,
+    has_image_parts,
+    json_object,
+    keep_alive,
+    model_name,
+    read_body,
+)
+from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Asked(Generic[T]):
+    """What an inference request asks for, once L{Gateway.begin} has read and checked it."""
+
+    backend: str | None
+    mode: str
+    model: str
+    keep_alive: float | None
+    #: The body as it was received.
+    body: bytes
+    record: Record | None
+    #: What the route's check returned of the payload (None for a body forwarded as it came).
+    checked: T
 
 
 class Gateway:
-    """Measures, reads and leases for a route; the route decides what to send the runner."""
+    """Begins and leases for a route; the route decides what to send the runner."""
 
     def __init__(
         self,
         scheduler: IScheduler,
+        store: IModelStore,
         metrics: Metrics,
         clock: IReactorTime,
         max_request_bytes: int,
         records: Records | None = None,
     ):
         self.scheduler = scheduler
+        self._store = store
         self._metrics = metrics
         self.clock = clock
         self._max_request_bytes = max_request_bytes
         self._records = records
 
-    def measure(self, request: Request, mode: str) -> None:
+    def begin(
+        self,
+        request: Request,
+        mode: str,
+        backend: str | None,
+        check: Callable[[dict[str, Any]], T],
+        *,
+        writes_answer: bool,
+        named: Callable[[dict[str, Any]], str] = model_name,
+    ) -> Asked[T]:
+        """Every step an inference request takes before it waits for a runner, in one order.
+
+        Measure it, refuse an unknown backend, read the body within the limit,
+        decode it, read its model (C{named}; the C{model} field by default) and
+        C{keep_alive}, run the route's C{check} on the payload (what it returns
+        is kept as L{Asked.checked}), refuse images for a model without a
+        projector, then record it, with the bytes received. C{writes_answer}:
+        the route writes the answer itself (a translation or a relay), so its
+        writes are what the record keeps; the forwarder records what it forwards.
+
+        The decoded payload is dropped here unless C{check} returns it: a stream
+        can last minutes, and a forwarded request already holds its body as bytes.
+        """
+        self._measure(request, mode)
+        self.scheduler.backend_name(backend)
+        body = read_body(request, self._max_request_bytes)
+        payload = json_object(body)
+        model, seconds = named(payload), keep_alive(payload.get("keep_alive"))
+        checked = check(payload)
+        if has_image_parts(payload):
+            check_vision(self._store, model)
+        record = self._record(request, model, mode, body)
+        if record is not None and writes_answer:
+            _record_writes(request, record)
+        return Asked(backend, mode, model, seconds, body, record, checked)
+
+    def _measure(self, request: Request, mode: str) -> None:
         """Count C{request} in C{/metrics} by C{mode} and final status, and time it."""
         started = self.clock.seconds()
 
@@ -49,11 +113,7 @@ class Gateway:
 
         request.notifyFinish().addBoth(finished)
 
-    def body(self, request: IRequest) -> bytes:
-        """The request body, within C{max_request_bytes}."""
-        return read_body(request, self._max_request_bytes)
-
-    def record(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
+    def _record(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
         """A record of this request, kept once its answer ends; None with records off."""
         if self._records is None:
             return None
@@ -64,45 +124,35 @@ class Gateway:
         request.notifyFinish().addBoth(lambda result: records.end(record, request.code, result is None))
         return record
 
-    def record_answer(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
-        """L{record}, for a route that writes its own answer (a translation): what the client
-        receives is what the record keeps."""
-        record = self.record(request, model, mode, body)
-        if record is not None:
-            write = request.write
-
-            def recorded(data: bytes) -> None:
-                record.write(data)
-                write(data)
-
-            request.write = recorded  # type: ignore[method-assign]
-        return record
-
     @asynccontextmanager
-    async def lease(
-        self,
-        request: IRequest,
-        backend: str | None,
-        model: str,
-        mode: str,
-        keep_alive: float | None = None,
-        record: Record | None = None,
-    ) -> AsyncIterator[Any]:
-        """A lease on a runner for the block's duration, released however the block ends.
+    async def lease(self, request: IRequest, asked: Asked[Any]) -> AsyncIterator[Any]:
+        """A lease on a runner for what C{asked} names, for the block's duration, released however
+        the block ends.
 
         A client that disconnects cancels the wait for the lease (leaving the
         queue) or the block's work (aborting the runner request) alike. The
-        wait is measured by model, and noted in C{record}. A normal key's C{keep_alive} is
-        bounded here, whichever API asked (L{Caller.keep_alive}).
+        wait is measured by model, and noted in the request's record. A normal
+        key's C{keep_alive} is bounded here, whichever API asked (L{Caller.keep_alive}).
         """
-        asked = self.clock.seconds()
-        keep_alive = caller(request).keep_alive(keep_alive)
-        lease = await self.scheduler.acquire(backend, model, mode, keep_alive)
+        started = self.clock.seconds()
+        seconds = caller(request).keep_alive(asked.keep_alive)
+        lease = await self.scheduler.acquire(asked.backend, asked.model, asked.mode, seconds)
         leased = self.clock.seconds()
-        self._metrics.waited(lease.model, leased - asked)
-        if record is not None:
-            record.queued = leased
+        self._metrics.waited(lease.model, leased - started)
+        if asked.record is not None:
+            asked.record.queued = leased
         try:
             yield lease
         finally:
             lease.release()
+
+
+def _record_writes(request: Request, record: Record) -> None:
+    """For a route that writes its own answer: what the client receives is what the record keeps."""
+    write = request.write
+
+    def recorded(data: bytes) -> None:
+        record.write(data)
+        write(data)
+
+    request.write = recorded  # type: ignore[method-assign]

@@ -6,13 +6,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
+from twisted.web.resource import IResource
 from twisted.web.server import Request
 
-from mrunner.api.door.direct import Handler
-from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.door.direct import Direct
+from mrunner.api.errors import handle_json_errors, json_body, openai_shape
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.reading import validate
-from mrunner.api.reading.bodies import check_vision, target, wants_images
 from mrunner.api.service.openapi import (
     NAME,
     Piece,
@@ -86,7 +86,7 @@ INFERENCE_ANSWERS = {
 }
 
 
-def routes(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
+def route_every(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
     """Route every one of C{paths} to the decorated method."""
 
     def decorate(f: Any) -> Any:
@@ -97,11 +97,15 @@ def routes(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
     return decorate
 
 
+def _unchecked(payload: Mapping[str, Any]) -> None:
+    """A preload is not forwarded: only its model and keep-alive are read."""
+
+
 class InferenceAPI:
     """Checks a request, leases a runner from the scheduler and forwards to it."""
 
     app = Klein()
-    handle_json_errors(app)
+    handle_json_errors(app, openai_shape)
 
     def __init__(self, gateway: Gateway, store: IModelStore, forwarder: Forwarder):
         self._gateway = gateway
@@ -113,18 +117,15 @@ class InferenceAPI:
         self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
     ) -> Any:
         """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
-        self._gateway.measure(request, mode)
-        self._scheduler.backend_name(backend)
-        body = self._gateway.body(request)
         preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
-        model, keep_alive = target(body, None if preload else check)
-        if wants_images(body):
-            check_vision(self._store, model)
         # The body is checked JSON, whatever the client called it: a runner reading the
         # Content-Type (multipart/form-data, say) must not take it for something else.
         request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
-        record = self._gateway.record(request, model, mode, body)
-        async with self._gateway.lease(request, backend, model, mode, keep_alive, record) as lease:
+        asked = self._gateway.begin(
+            request, mode, backend, _unchecked if preload else check, writes_answer=False
+        )
+        body, record = asked.body, asked.record
+        async with self._gateway.lease(request, asked) as lease:
             if preload:
                 return json_body(request, {"status": "loaded", "model": lease.model})
             await self._forwarder.forward(request, lease.socket, path, body, record)
@@ -158,7 +159,7 @@ class InferenceAPI:
         }
         return {"paths": paths}
 
-    def direct(self) -> dict[tuple[bytes, bytes], Handler]:
+    def direct(self) -> dict[tuple[bytes, bytes], IResource]:
         """The inference routes whose paths name no backend, to be called without Klein (L{Direct})."""
         handlers = [
             (CHAT, self.chat),
@@ -167,35 +168,35 @@ class InferenceAPI:
             (RERANK, self.rerank),
         ]
         return {
-            (b"POST", path.lstrip("/").encode()): handler
+            (b"POST", path.lstrip("/").encode()): Direct(handler, openai_shape)
             for paths, handler in handlers
             for path in paths
             if "<" not in path
         }
 
-    @routes(app, CHAT, methods=["POST"])
+    @route_every(app, CHAT, methods=["POST"])
     def chat(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, COMPLETION, b"/v1/chat/completions", validate.chat)
 
-    @routes(app, COMPLETIONS, methods=["POST"])
+    @route_every(app, COMPLETIONS, methods=["POST"])
     def completions(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, COMPLETION, b"/v1/completions", validate.completions)
 
-    @routes(app, EMBEDDINGS, methods=["POST"])
+    @route_every(app, EMBEDDINGS, methods=["POST"])
     def embeddings(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, EMBEDDING, b"/v1/embeddings", validate.embeddings)
 
-    @routes(app, RERANK, methods=["POST"])
+    @route_every(app, RERANK, methods=["POST"])
     def rerank(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, RERANKING, b"/v1/rerank", validate.rerank)
 
-    @routes(app, MODELS, methods=["GET"])
+    @route_every(app, MODELS, methods=["GET"])
     def models(self, request: Request, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         data = [entry for model in self._store.list() for entry in openai_models(model)]
         return json_body(request, {"object": "list", "data": data})
 
-    @routes(app, MODEL_PATHS, methods=["GET"])
+    @route_every(app, MODEL_PATHS, methods=["GET"])
     def model(self, request: Request, name: str, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         return json_body(request, openai_models(self._store.resolve(name))[0])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from io import BytesIO
 from typing import Any
 
 from twisted.web.iweb import IRequest
 
-from mrunner.api.reading.validate import parse_json
+from mrunner.api.reading.strict_json import parse_json
 from mrunner.config import ConfigError, parse_keep_alive
 from mrunner.errors import BadRequest, PayloadTooLarge
 from mrunner.interfaces import IModelStore
@@ -50,30 +50,12 @@ def model_name(payload: dict[str, Any]) -> str:
     return name.strip()
 
 
-def target(body: bytes, check: Callable[[Mapping[str, Any]], None] | None) -> tuple[str, float | None]:
-    """The model an inference request names, and its C{keep_alive}, once C{check} accepts its shape.
-
-    The decoded body is dropped here: a stream can last minutes, and its
-    request already holds the body once as bytes for the runner.
-    """
-    payload = json_object(body)
-    name, seconds = model_name(payload), keep_alive(payload.get("keep_alive"))
-    if check is not None:
-        check(payload)
-    return name, seconds
-
-
 IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
 
 
-def wants_images(body: bytes) -> bool:
-    """Whether a chat's messages carry image parts, which only a model with a projector can read.
-
-    The body is decoded again only when it mentions an image type at all.
-    """
-    if not any(kind.encode() in body for kind in IMAGE_PARTS):
-        return False
-    messages = json_object(body).get("messages")
+def has_image_parts(payload: Mapping[str, Any]) -> bool:
+    """Whether a chat's messages carry image parts, which only a model with a projector can read."""
+    messages = payload.get("messages")
     return isinstance(messages, list) and any(
         isinstance(part, dict) and part.get("type") in IMAGE_PARTS
         for message in messages

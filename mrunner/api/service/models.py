@@ -9,28 +9,26 @@ final ``{"type": "error"}`` line.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 from klein import Klein
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
+from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
-from mrunner.errors import BadRequest, Conflict, MrunnerError
-from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin, IScheduler
-from mrunner.store.model import Deletion, Model
+from mrunner.errors import BadRequest, MrunnerError
+from mrunner.interfaces import IModelStoreAdmin
+from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.package import TAR
 from mrunner.store.progress import Progress
 from mrunner.store.upload import Upload
-from mrunner.values import State
 
 MAX_CREATE_BODY = 64 * 1024
 
@@ -58,27 +56,6 @@ VERIFIED = {
 REMOVED = {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "string"}}}
 PROGRESS = {"application/x-ndjson": {"schema": {"type": "string"}}}
 REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with an error"})
-
-
-async def remove(store: IModelStoreAdmin, scheduler: IScheduler, name: str, force: bool) -> Deletion:
-    """Remove the name C{name} (the store's C{delete}); the last name takes the model, after its runners stop.
-
-    @raise Conflict: a runner serves the model (or is loading it) and C{force} is false; with it,
-        the runner finishes its answers, then stops.
-    """
-    digest, whole_model = store.deletion(name, force)
-    if whole_model:
-        busy = sum(
-            r.in_use + (r.state is State.LOADING) for r in scheduler.snapshot() if r.model_id == digest
-        )
-        if busy and not force:
-            raise Conflict(
-                f"model {name} is in use: a runner is serving it ({busy} request(s) or a load); delete with"
-                " force=true to remove it once they end",
-                code="model_in_use",
-            )
-        await scheduler.unload(backend=None, models=[digest], all=False)
-    return store.delete(name, force)
 
 
 def _query(name: str, schema: dict[str, Any], description: str, required: bool = False) -> Piece:
@@ -126,22 +103,9 @@ class ModelsAPI:
     handle_json_errors(app)
     log = Logger()
 
-    def __init__(
-        self,
-        store: IModelStoreAdmin,
-        scheduler: IScheduler,
-        puller: IModelPuller,
-        pusher: IModelPusher,
-        clock: IReactorTime,
-        moved: Callable[[str, int], None] = lambda mode, count: None,
-    ) -> None:
-        """C{moved(mode, bytes)} is told what each pull or push moved over the network."""
+    def __init__(self, store: IModelStoreAdmin, operations: ModelOperations) -> None:
         self._store = store
-        self._moved = moved
-        self._scheduler = scheduler
-        self._puller = puller
-        self._pusher = pusher
-        self._clock = clock
+        self._operations = operations
 
     def openapi(self) -> Piece:
         model = {"200": answer("the model", json_content(MODEL))}
@@ -244,7 +208,7 @@ class ModelsAPI:
         """Pull ``{"from": ref}`` from its registry (Hugging Face for ``hf.co/...``), streaming progress."""
         ref = parse(json_object(read_body(request, MAX_CREATE_BODY)).get("from"), "'from'")
         return await self._stream(
-            request, "pull", f"Model pulled successfully: {ref}", partial(self._puller.pull, ref)
+            request, "pull", f"Model pulled successfully: {ref}", partial(self._operations.pull, ref)
         )
 
     @app.route("/load", methods=["POST"])
@@ -290,7 +254,7 @@ class ModelsAPI:
 
     @app.route("/<path:name>", methods=["DELETE"])
     async def delete(self, request: IRequest, name: str) -> bytes:
-        return json_body(request, await remove(self._store, self._scheduler, name, flag(request, "force")))
+        return json_body(request, await self._operations.delete(name, flag(request, "force")))
 
     @app.route("/<path:name>/tag", methods=["POST"])
     def tag(self, request: IRequest, name: str) -> bytes:
@@ -305,10 +269,9 @@ class ModelsAPI:
     @app.route("/<path:name>/push", methods=["POST"])
     async def push(self, request: Request, name: str) -> bytes:
         """Push the model C{name} to the registry its name points at, streaming progress."""
-        ref = parse(name)
-        self._store.resolve(name)
+        ref = self._operations.pushable(name)
         return await self._stream(
-            request, "push", f"Model pushed successfully: {ref}", partial(self._pusher.push, ref)
+            request, "push", f"Model pushed successfully: {ref}", partial(self._operations.push, ref)
         )
 
     async def _stream(
@@ -316,10 +279,10 @@ class ModelsAPI:
         request: Request,
         mode: str,
         done: str,
-        work: Callable[[Progress], Deferred[Any]],
+        work: Callable[[Progress], Awaitable[None]],
     ) -> bytes:
         stream = NDJSONStream(request)
-        progress = Progress(stream.emit, self._clock, mode)
+        progress = self._operations.progress(stream.emit, mode)
         try:
             await work(progress)
         except MrunnerError as e:
@@ -329,8 +292,6 @@ class ModelsAPI:
             progress.error(e.message)
         else:
             progress.success(done)
-        finally:
-            self._moved(mode, progress.bytes)
         return b""
 
 

@@ -1,10 +1,10 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document, assembled from each route group's own piece.
 
-Every route group (a class with a Klein ``app``) describes its routes in an
-``openapi()`` method returning ``{"paths": {...}}``, written beside the routes
-so the two change together; request bodies come from the same L{Shape}s that
-check them. A group that mounts another under a prefix lists it in
-``mounts``. L{routes} reads the routes back from the Klein URL maps, so a test
+Every route group (L{RouteGroup}: a class with a Klein ``app``) describes its
+routes in an ``openapi()`` method returning ``{"paths": {...}}``, written beside
+the routes so the two change together; request bodies come from the same
+L{validate.Shape}s that check them. A group that mounts another under a prefix lists
+it in ``mounts``. L{routed} reads the routes back from the Klein URL maps, so a test
 can hold the document and the routes to each other.
 """
 
@@ -18,9 +18,8 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 import mrunner
+from mrunner.api.door.route_group import MountingGroup, Piece, RouteGroup
 from mrunner.api.errors import handle_json_errors, json_body
-
-Piece = dict[str, Any]
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -107,7 +106,7 @@ def with_backend(path: str, op: Piece) -> Piece:
     return {**op, "parameters": [BACKEND, *op.get("parameters", ())]}
 
 
-def document(groups: Iterable[Any]) -> dict[str, Any]:
+def document(groups: Iterable[RouteGroup]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of C{groups}; every operation also lists L{COMMON_ERRORS}."""
     paths: dict[str, Any] = {}
     for group in groups:
@@ -138,19 +137,18 @@ def template(rule: str) -> str:
     return _CONVERTER.sub(r"{\1}", rule)
 
 
-def routes(group: Any, prefix: str = "") -> set[tuple[str, str]]:
+def routed(group: RouteGroup, prefix: str = "") -> set[tuple[str, str]]:
     """C{(METHOD, /openapi/{path})} for every route of C{group}'s Klein app and of its C{mounts}."""
     found: set[tuple[str, str]] = set()
-    mounts: Mapping[str, Any] = getattr(group, "mounts", {})
-    app: Klein = group.app
-    for rule in app.url_map.iter_rules():
+    mounts: Mapping[str, RouteGroup] = group.mounts if isinstance(group, MountingGroup) else {}
+    for rule in group.app.url_map.iter_rules():
         path = prefix + template(rule.rule)
         if not rule.methods:  # a branch: the group mounted there has the routes
             continue
         path = path.rstrip("/") or "/"
         found.update((method, path) for method in rule.methods - _IMPLICIT)
     for mount, mounted in mounts.items():
-        found |= routes(mounted, mount)
+        found |= routed(mounted, mount)
     return found
 
 
@@ -165,7 +163,7 @@ class OpenAPI:
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(self, groups: Iterable[Any]):
+    def __init__(self, groups: Iterable[RouteGroup]):
         self.document = document([*groups, self])
 
     def openapi(self) -> Piece:

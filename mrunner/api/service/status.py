@@ -10,6 +10,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
 import mrunner
+from mrunner.api.door.route_group import RouteGroup
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.observe.page import wants_html
 from mrunner.api.service.openapi import TEXT, Piece, answer, json_content, operation
@@ -35,13 +36,13 @@ class StatusAPI:
     handle_json_errors(app)
 
     def __init__(
-        self, models: Any, metrics: CollectorRegistry, scheduler: IScheduler, scraper: RunnerScraper
+        self, models: RouteGroup, metrics: CollectorRegistry, scheduler: IScheduler, scraper: RunnerScraper
     ):
         self._models = models
         self._metrics = metrics
         self._scheduler = scheduler
         self._scraper = scraper
-        self.mounts = {"/models": models}
+        self.mounts: dict[str, RouteGroup] = {"/models": models}
 
     def openapi(self) -> Piece:
         def get(summary: str, content: dict[str, Any]) -> dict[str, Any]:

@@ -20,14 +20,12 @@ from twisted.web.server import Request
 from mrunner.api.compat.openapi import ANTHROPIC_ERROR, describe
 from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_errors
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import routes
+from mrunner.api.openai.routes import route_every
 from mrunner.api.reading import validate
-from mrunner.api.reading.bodies import check_vision, target, wants_images
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
 from mrunner.errors import MrunnerError, NotFound
-from mrunner.interfaces import IModelStore
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
 SERVED = ("/v1/messages", "/v1/messages/count_tokens")
@@ -73,20 +71,14 @@ class AnthropicAPI:
     handle_json_errors(app, anthropic_shape)
     log = Logger()
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient, store: IModelStore):
+    def __init__(self, gateway: Gateway, runners: RunnerClient):
         self._gateway = gateway
         self._runners = runners
-        self._store = store
 
     async def _forward(self, request: Request, backend: str | None, path: bytes) -> bytes:
-        self._gateway.measure(request, COMPLETION)
-        self._gateway.scheduler.backend_name(backend)
-        body = self._gateway.body(request)
-        model, keep_alive = target(body, MESSAGES)
-        if wants_images(body):
-            check_vision(self._store, model)
-        record = self._gateway.record_answer(request, model, COMPLETION, body)
-        async with self._gateway.lease(request, backend, model, COMPLETION, keep_alive, record) as lease:
+        asked = self._gateway.begin(request, COMPLETION, backend, MESSAGES, writes_answer=True)
+        body = asked.body
+        async with self._gateway.lease(request, asked) as lease:
             answer = await self._runners.post(lease.socket, path, body)
             try:
                 await answer.relay(request)
@@ -113,10 +105,10 @@ class AnthropicAPI:
             raise MethodNotAllowed(f"{request.method.decode()} /anthropic/{rest}: method not allowed")
         raise NotFound(f"Anthropic's /{rest} is not served by mrunner; served: {', '.join(SERVED)}")
 
-    @routes(app, _paths(SERVED[0]), methods=["POST"])
+    @route_every(app, _paths(SERVED[0]), methods=["POST"])
     def messages(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages")
 
-    @routes(app, _paths(SERVED[1]), methods=["POST"])
+    @route_every(app, _paths(SERVED[1]), methods=["POST"])
     def count_tokens(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages/count_tokens")

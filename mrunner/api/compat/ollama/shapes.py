@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mrunner.api.reading import validate
-from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, typed
+from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, model_name, typed
 from mrunner.errors import BadRequest
 
 #: Ollama's sampling options and llama-server's names for them.
@@ -46,6 +46,11 @@ UNSUPPORTED = {
     "height": "image generation (width, height, steps) is not supported",
     "steps": "image generation (width, height, steps) is not supported",
 }
+
+
+def named_model(payload: Mapping[str, Any]) -> str:
+    """Ollama's model field is C{model}, and C{name} in older clients."""
+    return model_name({"model": payload.get("model") or payload.get("name")})
 
 
 def refuse_unsupported(payload: Mapping[str, Any]) -> None:

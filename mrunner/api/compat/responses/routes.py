@@ -13,7 +13,8 @@ the Response object and its event sequence itself.
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 from klein import Klein
 from twisted.internet.defer import Deferred
@@ -27,9 +28,9 @@ from mrunner.api.compat.responses.response_store import ResponseStore, StoredRes
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import routes
+from mrunner.api.openai.routes import route_every
 from mrunner.api.openai.tally import Tally
-from mrunner.api.reading.bodies import check_vision, count, json_object, keep_alive, model_name, query, typed
+from mrunner.api.reading.bodies import check_vision, count, model_name, query, typed
 from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
@@ -42,6 +43,16 @@ PREFIXES = ("", "/v1", "/engines", "/engines/v1", "/engines/<backend>/v1")
 
 def _paths(path: str) -> list[str]:
     return [prefix + path for prefix in PREFIXES]
+
+
+class Asking(NamedTuple):
+    """A checked request to create a response: its payload, input items, the conversation so far
+    (the one it continues, then its input) and the chat completion it becomes."""
+
+    payload: dict[str, Any]
+    items: list[dict[str, Any]]
+    conversation: list[dict[str, Any]]
+    chat: dict[str, Any]
 
 
 class EventStream:
@@ -67,11 +78,11 @@ class ResponsesAPI:
     handle_json_errors(app)
     log = Logger()
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient, store: ResponseStore, models: IModelStore):
+    def __init__(self, gateway: Gateway, runners: RunnerClient, responses: ResponseStore, store: IModelStore):
         self._gateway = gateway
         self._runners = runners
+        self._responses = responses
         self._store = store
-        self._models = models
 
     def openapi(self) -> Piece:
         return describe(
@@ -84,19 +95,19 @@ class ResponsesAPI:
             },
         )
 
-    @routes(app, _paths("/responses"), methods=["POST"])
+    @route_every(app, _paths("/responses"), methods=["POST"])
     def create(self, request: Request, backend: str | None = None) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._create(request, backend))
 
-    @routes(app, _paths("/responses/<response_id>"), methods=["GET"])
+    @route_every(app, _paths("/responses/<response_id>"), methods=["GET"])
     def retrieve(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         if query(request, "stream") in ("true", "1"):
             raise BadRequest("streaming a stored response again is not supported; GET it without stream")
-        return json_body(request, self._store.get(response_id, caller(request)).response)
+        return json_body(request, self._responses.get(response_id, caller(request)).response)
 
-    @routes(app, _paths("/responses/<response_id>/input_items"), methods=["GET"])
+    @route_every(app, _paths("/responses/<response_id>/input_items"), methods=["GET"])
     def items(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
-        items = self._store.get(response_id, caller(request)).input_items
+        items = self._responses.get(response_id, caller(request)).input_items
         order = query(request, "order") or "desc"
         if order not in ("asc", "desc"):
             raise BadRequest(f"?order= must be asc or desc, not {order!r}")
@@ -118,39 +129,43 @@ class ResponsesAPI:
             },
         )
 
-    @routes(app, _paths("/responses/<response_id>"), methods=["DELETE"])
+    @route_every(app, _paths("/responses/<response_id>"), methods=["DELETE"])
     def delete(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
-        self._store.delete(response_id, caller(request))
+        self._responses.delete(response_id, caller(request))
         return json_body(request, {"id": response_id, "object": "response", "deleted": True})
 
-    async def _create(self, request: Request, backend: str | None) -> bytes:
-        self._gateway.measure(request, COMPLETION)
-        self._gateway.scheduler.backend_name(backend)
-        payload = json_object(self._gateway.body(request))
-        model = model_name(payload)
-        keep = keep_alive(payload.get("keep_alive"))
+    def _read(self, request: Request, payload: dict[str, Any]) -> Asking:
+        """Every check before the request is recorded: its shape, the conversation it continues, and
+        the chat completion it becomes."""
         shapes.CREATE(payload)
         shapes.refuse_unsupported(payload)
         items = shapes.input_items(payload.get("input"))
         previous = typed(payload, "previous_response_id", str, "a response id")
-        history = self._store.get(previous, caller(request)).conversation if previous else []
+        history = self._responses.get(previous, caller(request)).conversation if previous else []
         conversation = history + shapes.chat_messages(items)
+        model = model_name(payload)
         if shapes.has_images(conversation):
-            check_vision(self._models, model)
+            check_vision(self._store, model)
         instructions = typed(payload, "instructions", str, "a string")
         system = [{"role": "system", "content": instructions}] if instructions else []
-        stream = payload.get("stream") is True
-        body = {
+        chat = {
             "model": model,
             "messages": system + conversation,
-            "stream": stream,
+            "stream": payload.get("stream") is True,
             **shapes.chat_tools(payload),
             **shapes.sampling(payload),
         }
+        return Asking(payload, items, conversation, chat)
+
+    async def _create(self, request: Request, backend: str | None) -> bytes:
+        asked = self._gateway.begin(
+            request, COMPLETION, backend, partial(self._read, request), writes_answer=True
+        )
+        payload, items, conversation, body = asked.checked
+        stream = body["stream"]
         response_id = shapes.new_id("resp")
         created = int(self._gateway.clock.seconds())
-        record = self._gateway.record_answer(request, model, COMPLETION, json.dumps(payload).encode())
-        async with self._gateway.lease(request, backend, model, COMPLETION, keep, record) as lease:
+        async with self._gateway.lease(request, asked) as lease:
             answer = await self._runners.post(
                 lease.socket, b"/v1/chat/completions", json.dumps(body).encode()
             )
@@ -164,7 +179,7 @@ class ResponsesAPI:
                 )
         if response["status"] != "failed" and payload.get("store") is not False:
             reply = shapes.reply_messages(response["output"])
-            self._store.put(StoredResponse(response, items, conversation + reply), caller(request).owner)
+            self._responses.put(StoredResponse(response, items, conversation + reply), caller(request).owner)
         return b"" if stream else json_body(request, response)
 
     async def _stream(

@@ -1,0 +1,68 @@
+"""The daemon's route groups in the order L{Routes} tries them: one list for C{tap.py} and the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from mrunner.api.compat.anthropic.routes import AnthropicAPI
+from mrunner.api.compat.ollama.models import OllamaModelsAPI
+from mrunner.api.compat.ollama.routes import OllamaAPI
+from mrunner.api.compat.responses.response_store import ResponseStore
+from mrunner.api.compat.responses.routes import ResponsesAPI
+from mrunner.api.door.route_group import RouteGroup
+from mrunner.api.observe.logs import LogsAPI
+from mrunner.api.observe.page import PageAPI
+from mrunner.api.observe.records_api import RecordsAPI
+from mrunner.api.openai.gateway import Gateway
+from mrunner.api.openai.routes import InferenceAPI
+from mrunner.api.runner_answers import RunnerClient
+from mrunner.api.service.admin import AdminAPI
+from mrunner.api.service.model_operations import ModelOperations
+from mrunner.api.service.models import ModelsAPI
+from mrunner.api.service.openapi import OpenAPI
+from mrunner.api.service.status import StatusAPI
+from mrunner.interfaces import IBackend, IModelStoreAdmin
+from mrunner.proxy import Forwarder
+from mrunner.runner_metrics import RunnerScraper
+
+
+def route_groups(
+    *,
+    gateway: Gateway,
+    store: IModelStoreAdmin,
+    forwarder: Forwarder,
+    runners: RunnerClient,
+    responses: ResponseStore,
+    models: ModelsAPI,
+    operations: ModelOperations,
+    metrics: CollectorRegistry,
+    scraper: RunnerScraper,
+    logs: LogsAPI,
+    history: RecordsAPI,
+    backends: Mapping[str, IBackend],
+    max_request_bytes: int,
+    reload: Callable[[], dict[str, Any]] | None = None,
+) -> list[RouteGroup]:
+    """Every route group of the daemon, the OpenAPI document of them all last.
+
+    The inference routes come first: every token's request is matched against them.
+    Ollama's model routes come after its generation routes, whose paths their catch-all
+    would otherwise answer.
+    """
+    scheduler, clock = gateway.scheduler, gateway.clock
+    groups: list[RouteGroup] = [
+        InferenceAPI(gateway, store, forwarder),
+        AnthropicAPI(gateway, runners),
+        ResponsesAPI(gateway, runners, responses, store),
+        OllamaAPI(gateway, runners, store),
+        OllamaModelsAPI(store, operations, scheduler),
+        StatusAPI(models, metrics, scheduler, scraper),
+        logs,
+        history,
+        PageAPI(scheduler, clock),
+        AdminAPI(scheduler, store, backends, max_request_bytes, reload),
+    ]
+    return [*groups, OpenAPI(groups)]
