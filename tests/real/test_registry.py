@@ -93,7 +93,7 @@ class Side:
 
 
 class RegistryTestCase(TestCase):
-    timeout = 10
+    timeout = 60  # a safety net: on a busy core a pull of a split model took over 10 s
 
     def setUp(self) -> Deferred[None]:
         return ensureDeferred(self.setUpSource())
