@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
 from mrunner.api.door.routing import Routes
+from mrunner.api.errors import openai_stream_error
 from mrunner.api.observe.page import PageAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
@@ -22,10 +23,10 @@ from mrunner.api.service.status import StatusAPI
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, forwarded_headers
 from mrunner.runner_metrics import RunnerScraper
+from mrunner.runners.forwarder import Forwarder, forwarded_headers
 from mrunner.scheduling.scheduler import Scheduler
-from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, UnreachableRunners, model
+from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model, unreachable_runners
 
 BASE = "http://mrunner"
 CHAT = f"{BASE}/engines/v1/chat/completions"
@@ -58,11 +59,13 @@ class APITests(SynchronousTestCase):
             events=metrics,
         )
         metrics.watch(self.scheduler)
-        scraper = RunnerScraper(UnreachableRunners(), self.clock)
+        scraper = RunnerScraper(unreachable_runners, self.clock)
         groups = [
             StatusAPI(NoModelsAPI(), metrics.registry, self.scheduler, scraper),
             InferenceAPI(
-                Gateway(self.scheduler, metrics, self.clock, max_request_bytes), self.store, Forwarder(None)
+                Gateway(self.scheduler, metrics, self.clock, max_request_bytes),
+                self.store,
+                Forwarder(None, openai_stream_error),
             ),
             AdminAPI(self.scheduler, self.store, {"llama.cpp": self.backend}, max_request_bytes),
         ]

@@ -14,10 +14,10 @@ from mrunner.api.compat.anthropic.routes import AnthropicAPI
 from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.door.routing import Routes
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
+from mrunner.runners.answer import RunnerClient
 from mrunner.scheduling.scheduler import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 

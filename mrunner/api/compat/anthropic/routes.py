@@ -10,24 +10,22 @@ C{x-api-key} and C{anthropic-version} are accepted and not needed.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from klein import Klein
-from twisted.logger import Logger
 from twisted.web.server import Request
 
 from mrunner.api.compat.openapi import ANTHROPIC_ERROR, describe
-from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_errors
+from mrunner.api.errors import MethodNotAllowed, anthropic_shape, anthropic_stream_error, handle_json_errors
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import routes
 from mrunner.api.reading import validate
 from mrunner.api.reading.bodies import check_vision, target, wants_images
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
-from mrunner.errors import MrunnerError, NotFound
+from mrunner.errors import NotFound
 from mrunner.interfaces import IModelStore
+from mrunner.runners.answer import RunnerClient
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
 SERVED = ("/v1/messages", "/v1/messages/count_tokens")
@@ -71,7 +69,6 @@ class AnthropicAPI:
 
     app = Klein()
     handle_json_errors(app, anthropic_shape)
-    log = Logger()
 
     def __init__(self, gateway: Gateway, runners: RunnerClient, store: IModelStore):
         self._gateway = gateway
@@ -88,12 +85,7 @@ class AnthropicAPI:
         record = self._gateway.record_answer(request, model, COMPLETION, body)
         async with self._gateway.lease(request, backend, model, COMPLETION, keep_alive, record) as lease:
             answer = await self._runners.post(lease.socket, path, body)
-            try:
-                await answer.relay(request)
-            except MrunnerError as e:
-                self.log.warn("runner stopped mid-answer: {message}", message=e.message)
-                _, error = anthropic_shape(e)
-                request.write(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
+            await answer.relay(request, anthropic_stream_error)
         return b""
 
     def openapi(self) -> Piece:

@@ -28,11 +28,11 @@ from mrunner.api.observe.records import Record
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import json_object, keep_alive, model_name, read_body, typed
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.models import MAX_CREATE_BODY, NDJSONStream, remove
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION, EMBEDDING
 from mrunner.errors import BadRequest, MrunnerError, NotFound
+from mrunner.runners.answer import RunnerClient
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
