@@ -6,6 +6,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel, Request
 
 from mrunner.runners.connection import BodyReceiver, RunnerConnection
 from mrunner.runners.pool import RunnerPool
@@ -51,3 +52,22 @@ class Recorder(BodyReceiver):
 
 def lost(connection: RunnerConnection) -> None:
     connection.connectionLost(Failure(ConnectionDone()))
+
+
+def client_request(version: bytes = b"HTTP/1.1") -> tuple[Request, StringTransport]:
+    """A client's POST, over a StringTransport, as twisted.web's channel makes it."""
+    transport = StringTransport()
+    channel = HTTPChannel()
+    channel.makeConnection(transport)
+    request = Request(channel)
+    channel.requests.append(request)
+    request.method, request.clientproto = b"POST", version
+    return request, transport
+
+
+def runner_sends(runner: RunnerConnection, data: tuple[bytes, ...], cut: bool) -> None:
+    """The runner sends C{data}, then (with C{cut}) closes the connection."""
+    for piece in data:
+        runner.dataReceived(piece)
+    if cut:
+        lost(runner)

@@ -10,12 +10,11 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.http import HTTPChannel, Request
 
 from mrunner.errors import BadGateway, ContextExceeded, MrunnerError
 from mrunner.runners.answer import Answer, RunnerClient, RunnerRefused
 from mrunner.runners.pool import RunnerPool
-from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, Connections, lost
+from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, Connections, client_request, lost, runner_sends
 
 
 def json_answer(status: bytes, body: bytes) -> bytes:
@@ -100,26 +99,17 @@ class AnswerTests(SynchronousTestCase):
 class RelayTests(SynchronousTestCase):
     """C{Answer.relay} (Anthropic's): the runner's status, content type and body; its error event on a cut."""
 
-    def relay(self, *answer: bytes, cut: bool = False) -> tuple[bytes, StringTransport]:
+    def relay(self, *data: bytes, cut: bool = False) -> tuple[bytes, StringTransport]:
         connections = Connections()
         client = RunnerClient(RunnerPool(Clock(), connections, per_socket=2))
-        transport = StringTransport()
-        channel = HTTPChannel()
-        channel.makeConnection(transport)
-        request = Request(channel)
-        channel.requests.append(request)
-        request.method, request.clientproto = b"POST", b"HTTP/1.1"
+        request, transport = client_request()
 
         async def relay() -> None:
             answer = await client.post("/run/r.sock", b"/v1/messages", b"{}")
             await answer.relay(request, error_event)
 
         relaying = Deferred.fromCoroutine(relay())
-        runner, _ = connections.made[0]
-        for data in answer:
-            runner.dataReceived(data)
-        if cut:
-            lost(runner)
+        runner_sends(connections.made[0][0], data, cut)
         self.successResultOf(relaying)
         request.finish()
         return transport.value(), transport

@@ -22,7 +22,7 @@ from mrunner.errors import MrunnerError
 from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.pool import RunnerPool, unix_connect
 from mrunner.runners.relay import start_event_stream
-from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, lost
+from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, client_request, runner_sends
 
 
 def error_event(error: MrunnerError) -> bytes:
@@ -67,22 +67,13 @@ class EventStreamTests(SynchronousTestCase):
 class ForwardingTests(SynchronousTestCase):
     """What a client gets, by its HTTP version, when the runner answers, in chunks or not, or stops."""
 
-    def forward(self, version: bytes, *answer: bytes, cut: bool = False) -> tuple[bytes, StringTransport]:
+    def forward(self, version: bytes, *data: bytes, cut: bool = False) -> tuple[bytes, StringTransport]:
         connections = Connections()
         pool = RunnerPool(Clock(), connections, per_socket=2)
-        client = StringTransport()
-        channel = HTTPChannel()
-        channel.makeConnection(client)
-        request = Request(channel)
-        channel.requests.append(request)
-        request.method, request.clientproto = b"POST", version
+        request, client = client_request(version)
         forwarder = Forwarder(pool, error_event)
         forwarding = Deferred.fromCoroutine(forwarder.forward(request, "/run/r.sock", b"/v1/x", b"{}"))
-        runner, _ = connections.made[0]
-        for data in answer:
-            runner.dataReceived(data)
-        if cut:
-            lost(runner)
+        runner_sends(connections.made[0][0], data, cut)
         self.successResultOf(forwarding)
         if not client.disconnecting:
             request.finish()
