@@ -40,7 +40,6 @@ KEPT_VARIABLES = frozenset(("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", 
 KEPT_PREFIXES = ("LC_", "CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_", "GGML_", "VK_")
 
 #: Is the runner on this socket answering? Never fails: False while it is not listening yet.
-#: (L{mrunner.runners.checks.RunnerChecks.healthy}).
 Probe = Callable[[str], Deferred[bool]]
 
 
