@@ -1,8 +1,9 @@
-"""Twisted HTTP client connection pools whose connections are not logged.
+"""Twisted HTTP client connection pools whose connections are not logged (the registry's and the hub's).
 
 Twisted's client factories log C{Starting factory} and C{Stopping factory}
 for every connection: the runners' health checks and metrics scrapes alone
-made about a third of the daemon's log.
+made about a third of the daemon's log, when they went through C{Agent}
+(they go through L{mrunner.runners.checks} now, quiet likewise).
 """
 
 from __future__ import annotations

@@ -19,10 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.client import readBody
-from twisted.web.iweb import IAgent
 
-from mrunner.proxy import runner_url
+from mrunner.runners.checks import Get
 from mrunner.values import RunnerSnapshot, State
 
 SCRAPE_SECONDS = 1.0
@@ -65,10 +63,10 @@ class Families:
 
 
 class RunnerScraper:
-    """Reads C{GET /metrics} from runners through C{agent}, in parallel, within L{SCRAPE_SECONDS}."""
+    """Reads C{GET /metrics} from runners through C{get}, in parallel, within L{SCRAPE_SECONDS}."""
 
-    def __init__(self, agent: IAgent, clock: IReactorTime, seconds: float = SCRAPE_SECONDS):
-        self._agent = agent
+    def __init__(self, get: Get, clock: IReactorTime, seconds: float = SCRAPE_SECONDS):
+        self._get = get
         self._clock = clock
         self._seconds = seconds
 
@@ -85,9 +83,8 @@ class RunnerScraper:
         return d
 
     async def _read(self, runner: RunnerSnapshot) -> list[Metric]:
-        response = await self._agent.request(b"GET", runner_url(runner.socket, b"/metrics"))
-        body = await readBody(response)
-        if response.code != 200:
+        code, body = await self._get(runner.socket, b"/metrics")
+        if code != 200:
             return []  # a backend without metrics
         return list(relabel(text_string_to_metric_families(body.decode("utf-8", errors="replace")), runner))
 

@@ -19,13 +19,13 @@ from mrunner import config as configuration
 from mrunner.api.compat.responses.response_store import ResponseStore
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.site import GatedSite, private_listen
+from mrunner.api.errors import openai_stream_error
 from mrunner.api.observe.follow import Followers
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.records import Records
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.route_groups import route_groups
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
@@ -36,10 +36,13 @@ from mrunner.interfaces import IBackend
 from mrunner.listening import AddressFile
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder, health_agent
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.runner_metrics import RunnerScraper
-from mrunner.scheduling.process import RunnerOptions, health_probe, start_runner
+from mrunner.runners.answer import RunnerClient
+from mrunner.runners.checks import RunnerChecks
+from mrunner.runners.forwarder import Forwarder
+from mrunner.runners.pool import RunnerPool, unix_connect
+from mrunner.scheduling.process import RunnerOptions, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
@@ -48,7 +51,6 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
-from mrunner.upstream import RunnerPool, unix_connect
 
 log = Logger()
 TWISTD_PIDFILE = "twistd.pid"  # twistd's default --pidfile
@@ -115,7 +117,7 @@ def make_parts(
     home = Home(config.home)
     backends = make_backends(config, reactor)
     store = ModelStore(config.home, reactor, config.store.partial_max_age)
-    runner_pool = RunnerPool(reactor, unix_connect(reactor), str(home.run), max(config.scheduler.parallel, 2))
+    runner_pool = RunnerPool(reactor, unix_connect(reactor), max(config.scheduler.parallel, 2))
     options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
@@ -124,18 +126,18 @@ def make_parts(
     )
     metrics = Metrics()
     # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
-    runner_agent = health_agent(reactor, home.run)
+    checks = RunnerChecks(runner_pool)
     scheduler = Scheduler(
         reactor,
         config,
         backends,
         store,
-        partial(start_runner, reactor, health_probe(runner_agent), options),
+        partial(start_runner, reactor, checks.healthy, options),
         home,
         events=metrics,
     )
     metrics.watch(scheduler)
-    scraper = RunnerScraper(runner_agent, reactor)
+    scraper = RunnerScraper(checks.get, reactor)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
     reloadable: list[Reconfigure] = [scheduler.reconfigure]
@@ -167,7 +169,7 @@ def make_parts(
     groups = route_groups(
         gateway=gateway,
         store=store,
-        forwarder=Forwarder(runner_pool),
+        forwarder=Forwarder(runner_pool, openai_stream_error),
         runners=RunnerClient(runner_pool),
         responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
         models=models,

@@ -60,6 +60,16 @@ def ollama_shape(error: MrunnerError) -> tuple[int, Any]:
     return error.status, {"error": error.message}
 
 
+def stream_error(shape: ErrorShape, event: bytes = b"") -> Callable[[MrunnerError], bytes]:
+    """C{shape}'s error as a server-sent event (named C{event} when given): a begun stream's last word."""
+    name = b"event: " + event + b"\n" if event else b""
+    return lambda error: name + b"data: " + json.dumps(shape(error)[1]).encode() + b"\n\n"
+
+
+#: How a stream tells its client the runner stopped, in OpenAI's and in Anthropic's words.
+openai_stream_error = stream_error(openai_shape)
+anthropic_stream_error = stream_error(anthropic_shape, b"error")
+
 ANTHROPIC_ENDS = (b"/v1/messages", b"/v1/messages/count_tokens")
 
 

@@ -18,15 +18,15 @@ from mrunner.api.observe.page import PageAPI
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.admin import AdminAPI
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.api.service.openapi import OpenAPI
 from mrunner.api.service.status import StatusAPI
 from mrunner.interfaces import IBackend, IModelStoreAdmin
-from mrunner.proxy import Forwarder
 from mrunner.runner_metrics import RunnerScraper
+from mrunner.runners.answer import RunnerClient
+from mrunner.runners.forwarder import Forwarder
 
 
 def route_groups(

@@ -25,7 +25,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.logfile import LogFile
-from twisted.web.client import Agent, readBody
 from zope.interface import implementer
 
 from mrunner.backends import childprocess
@@ -33,7 +32,6 @@ from mrunner.backends.base import Command
 from mrunner.errors import RunnerFailed
 from mrunner.home import PRIVATE_FILE, Home, write_private
 from mrunner.interfaces import IRunnerProcess
-from mrunner.proxy import runner_url
 from mrunner.scheduling.moves import Moves
 
 POLL_FIRST = 0.02
@@ -55,20 +53,6 @@ def runner_environment(
     """The daemon's variables a runner needs (L{KEPT_VARIABLES}, L{KEPT_PREFIXES}), plus the backend's own."""
     kept = {k: v for k, v in environ.items() if k in KEPT_VARIABLES or k.startswith(KEPT_PREFIXES)}
     return {**kept, **(extra or {})}
-
-
-def health_probe(agent: Agent) -> Probe:
-    """A L{Probe} that asks the runner's C{GET /health} through C{agent}."""
-
-    async def probe(socket: str) -> bool:
-        try:
-            response = await agent.request(b"GET", runner_url(socket, b"/health"))
-            await readBody(response)
-        except Exception:
-            return False  # not listening yet
-        return bool(response.code == 200)
-
-    return lambda socket: Deferred.fromCoroutine(probe(socket))
 
 
 class Readiness(Enum):

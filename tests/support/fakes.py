@@ -6,7 +6,6 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
@@ -154,11 +153,6 @@ class FakeBackend:
         return succeed(None)
 
 
-@implementer(IAgent)
-class UnreachableRunners:
-    """An agent for runner sockets that no runner answers on: the scrape of C{/metrics} skips them."""
-
-    def request(
-        self, method: bytes, uri: bytes, headers: Any = None, bodyProducer: Any = None
-    ) -> Deferred[Any]:
-        return fail(ConnectionRefusedError(uri.decode()))
+def unreachable_runners(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:
+    """A GET of runner sockets that no runner answers on: the scrape of C{/metrics} skips them."""
+    return fail(ConnectionRefusedError(socket))

@@ -13,20 +13,21 @@ from twisted.internet.interfaces import IReactorTime
 
 from mrunner.api.compat.responses.response_store import ResponseStore
 from mrunner.api.door.route_group import RouteGroup
+from mrunner.api.errors import openai_stream_error
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.records import Records
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.route_groups import route_groups
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.config import Config
 from mrunner.interfaces import IBackend
 from mrunner.metrics import Metrics
-from mrunner.proxy import Forwarder
 from mrunner.runner_metrics import RunnerScraper
-from tests.support.fakes import UnreachableRunners
+from mrunner.runners.answer import RunnerClient
+from mrunner.runners.forwarder import Forwarder
+from tests.support.fakes import unreachable_runners
 
 
 def daemon_groups(
@@ -47,13 +48,13 @@ def daemon_groups(
     return route_groups(
         gateway=gateway,
         store=store,
-        forwarder=Forwarder(None),  # type: ignore[arg-type]
+        forwarder=Forwarder(None, openai_stream_error),  # type: ignore[arg-type]
         runners=RunnerClient(None),  # type: ignore[arg-type]
         responses=ResponseStore(clock, responses.ttl, responses.max_count, responses.max_bytes),
         models=ModelsAPI(store, operations),
         operations=operations,
         metrics=metrics.registry,
-        scraper=RunnerScraper(UnreachableRunners(), clock),
+        scraper=RunnerScraper(unreachable_runners, clock),
         logs=LogsAPI(logs, clock),
         history=RecordsAPI(records),
         backends=backends,

@@ -17,7 +17,7 @@ from mrunner.api.door.routing import Routes
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
-from mrunner.proxy import forwarded_headers
+from mrunner.runners.forwarder import forwarded_headers
 from mrunner.scheduling.scheduler import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups

@@ -16,10 +16,10 @@ from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.door.routing import Routes
 from mrunner.api.observe.records import Records
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
+from mrunner.runners.answer import RunnerClient
 from mrunner.scheduling.scheduler import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups

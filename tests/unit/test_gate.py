@@ -23,9 +23,9 @@ from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.door.trust import Trust, beyond_loopback, is_admin, listen_host
 from mrunner.config import Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge
-from mrunner.proxy import answer_fields, forwarded_headers
+from mrunner.runners.forwarder import answer_fields, forwarded_headers
+from mrunner.runners.wire import Head
 from mrunner.tap import make_service
-from mrunner.upstream import Head
 
 KEY = "sk-local-0123456789"
 ADMIN_KEY = "sk-admin-9876543210"

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from treq.testing import RequestTraversalAgent
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
 from zope.interface.verify import verifyObject
 
 from mrunner.interfaces import ILoaderEvents
@@ -102,19 +100,14 @@ class EventTests(SynchronousTestCase):
         return samples(self.metrics)
 
 
-class Runners(Resource):
+def get_metrics(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:
     """Runner sockets by name: C{slow} never answers, C{bare} has no metrics, the others llama-server's."""
-
-    isLeaf = True
-
-    def render_GET(self, request):  # type: ignore[no-untyped-def]
-        host = request.getRequestHostname()
-        if host == b"slow":
-            return NOT_DONE_YET
-        if host == b"bare":
-            request.setResponseCode(404)
-            return b"no metrics here"
-        return LLAMA_METRICS
+    assert path == b"/metrics"
+    if socket == "/run/slow.sock":
+        return Deferred()
+    if socket == "/run/bare.sock":
+        return succeed((404, b"no metrics here"))
+    return succeed((200, LLAMA_METRICS))
 
 
 def snapshot(name: str, state: State = State.READY) -> RunnerSnapshot:
@@ -146,8 +139,7 @@ class ScrapeTests(SynchronousTestCase):
 
     def test_ready_runners_answering_in_time(self) -> None:
         clock = Clock()
-        agent = RequestTraversalAgent(Runners())
-        scraper = RunnerScraper(agent, clock, seconds=1)
+        scraper = RunnerScraper(get_metrics, clock, seconds=1)
         runners = [
             snapshot("r0"),
             snapshot("r1"),
@@ -156,7 +148,6 @@ class ScrapeTests(SynchronousTestCase):
             snapshot("r2", State.LOADING),
         ]
         d = scraper.scrape(runners)
-        agent.flush()
         self.assertNoResult(d)  # the slow one holds it, for one second at most
         clock.advance(1)
         text = generate_latest(self.successResultOf(d)).decode()  # type: ignore[arg-type]

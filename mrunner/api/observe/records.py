@@ -20,6 +20,7 @@ import itertools
 import json
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from functools import lru_cache
 from typing import Any
 
@@ -28,6 +29,7 @@ from twisted.web.http_headers import Headers
 
 from mrunner.api.service.scheduler_json import timestamp
 from mrunner.errors import BadRequest
+from mrunner.runners.wire import ChunkedEnd, Malformed
 from mrunner.store.names import parse
 
 SECRET_HEADERS = frozenset(
@@ -124,21 +126,11 @@ def _decoded(data: bytes, truncated: bool) -> Any:
 
 
 def unchunk(data: bytes) -> bytes:
-    """The payload of an HTTP/1.1 chunked body (as far as C{data} goes)."""
-    out = bytearray()
-    position = 0
-    while True:
-        end = data.find(b"\r\n", position)
-        if end < 0:
-            return bytes(out)
-        try:
-            size = int(data[position:end].split(b";")[0], 16)
-        except ValueError:
-            return bytes(out)
-        if size == 0:
-            return bytes(out)
-        out += data[end + 2 : end + 2 + size]
-        position = end + 2 + size + 2
+    """The payload of an HTTP/1.1 chunked body (as far as C{data} goes, and is well formed)."""
+    payload: list[bytes] = []
+    with suppress(Malformed):
+        ChunkedEnd().feed(data, payload)
+    return b"".join(payload)
 
 
 def read_answer(raw: bytes) -> dict[str, Any]:

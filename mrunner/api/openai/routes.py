@@ -26,7 +26,7 @@ from mrunner.api.service.openapi import (
 from mrunner.api.service.scheduler_json import failed_preload_statuses, install_text
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.interfaces import IModelStore
-from mrunner.proxy import Forwarder
+from mrunner.runners.forwarder import Forwarder
 from mrunner.store.model import Model
 
 Check = Callable[[Mapping[str, Any]], None]

@@ -10,22 +10,20 @@ C{x-api-key} and C{anthropic-version} are accepted and not needed.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from klein import Klein
-from twisted.logger import Logger
 from twisted.web.server import Request
 
 from mrunner.api.compat.openapi import ANTHROPIC_ERROR, describe
-from mrunner.api.errors import MethodNotAllowed, anthropic_shape, handle_json_errors
+from mrunner.api.errors import MethodNotAllowed, anthropic_shape, anthropic_stream_error, handle_json_errors
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import route_every
 from mrunner.api.reading import validate
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
-from mrunner.errors import MrunnerError, NotFound
+from mrunner.errors import NotFound
+from mrunner.runners.answer import RunnerClient
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
 SERVED = ("/v1/messages", "/v1/messages/count_tokens")
@@ -69,7 +67,6 @@ class AnthropicAPI:
 
     app = Klein()
     handle_json_errors(app, anthropic_shape)
-    log = Logger()
 
     def __init__(self, gateway: Gateway, runners: RunnerClient):
         self._gateway = gateway
@@ -80,12 +77,7 @@ class AnthropicAPI:
         body = asked.body
         async with self._gateway.lease(request, asked) as lease:
             answer = await self._runners.post(lease.socket, path, body)
-            try:
-                await answer.relay(request)
-            except MrunnerError as e:
-                self.log.warn("runner stopped mid-answer: {message}", message=e.message)
-                _, error = anthropic_shape(e)
-                request.write(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
+            await answer.relay(request, anthropic_stream_error)
         return b""
 
     def openapi(self) -> Piece:

@@ -25,12 +25,12 @@ from mrunner.api.errors import handle_json_errors, json_body, ollama_shape
 from mrunner.api.openai.gateway import Asked, Gateway
 from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import typed
-from mrunner.api.runner_answers import RunnerClient
 from mrunner.api.service.models import NDJSONStream
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION, EMBEDDING
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
+from mrunner.runners.answer import RunnerClient
 from mrunner.store.model import Model
 from mrunner.values import ModelSettings
 

@@ -1,12 +1,14 @@
-"""A runner's answer read by mrunner itself, for the APIs whose answers it reshapes.
+"""A runner's answer once its head is in, and its body taken once: read whole, as events, or relayed.
 
-The OpenAI routes relay a runner's bytes through the proxy. Ollama's and the
-Responses API's answers are translated, and Anthropic's errors reshaped, so
-these routes read the runner's answer here: a whole JSON body, server-sent
-events one by one, or (Anthropic) the bytes relayed once the status is known
-to be a success. Requests go through the proxy's pool of runner connections.
-Cancelling whatever awaits the runner (Klein does when the client goes away)
-aborts the runner connection, and llama-server stops generating.
+The OpenAI routes relay a runner's bytes as they came (L{forwarder}).
+Ollama's and the Responses API's answers are translated, and Anthropic's
+errors reshaped, so these routes read the runner's answer here: a whole JSON
+body, server-sent events one by one, or (Anthropic) the body relayed once the
+status is known to be a success. Cancelling whatever awaits the runner (Klein
+does when the client goes away) aborts the runner connection, and
+llama-server stops generating.
+
+An answer's body waits in its connection until it is taken: take it at once.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IPushProducer
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
 from mrunner.errors import BadGateway, ContextExceeded, MrunnerError
-from mrunner.proxy import is_event_stream, start_event_stream
-from mrunner.upstream import Body, Head, RunnerConnection, RunnerPool, runner_url
+from mrunner.runners.connection import BodyReceiver, RunnerConnection
+from mrunner.runners.relay import ErrorEvent, Observer, Relay, is_event_stream, start_event_stream
+from mrunner.runners.wire import Head
+
+if TYPE_CHECKING:
+    from mrunner.runners.pool import RunnerPool
 
 _JSON = Headers({b"content-type": [b"application/json"]})
 
@@ -54,8 +59,8 @@ def refusal(status: int, body: bytes) -> MrunnerError:
     return RunnerRefused(status, f"the runner refused the request: {message}")
 
 
-class _Pieces(Body):
-    """Keeps a response body for a reader that takes it piece by piece."""
+class _Pieces(BodyReceiver):
+    """Keeps an answer's body for a reader that takes it piece by piece."""
 
     def __init__(self, connection: RunnerConnection) -> None:
         self._connection = connection
@@ -103,18 +108,28 @@ class _Pieces(Body):
 
 
 class Answer:
-    """A runner's successful response, once its headers are in."""
+    """A runner's answer, once its head is in (L{RunnerPool.request}); its body is taken once."""
 
     def __init__(self, connection: RunnerConnection, head: Head):
+        self.head = head
         self.code = head.code
-        self.content_type = head.value(b"content-type") or b""
-        self._connection = connection
-        self._body = _Pieces(connection)
-        connection.relay(self._body, framed=False)
+        self.connection = connection
+        self._pieces: _Pieces | None = None
+
+    @property
+    def content_type(self) -> bytes:
+        return self.head.value(b"content-type") or b""
+
+    def _next(self) -> Deferred[bytes | None]:
+        if self._pieces is None:
+            self._pieces = _Pieces(self.connection)
+            self.connection.relay(self._pieces, framed=False)
+        return self._pieces.next()
 
     async def read(self) -> bytes:
+        """The whole body; L{BadGateway} when the runner stops before its end."""
         chunks = []
-        while (chunk := await self._body.next()) is not None:
+        while (chunk := await self._next()) is not None:
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -127,7 +142,7 @@ class Answer:
         An error event from the runner is raised as a L{BadGateway}.
         """
         buffer = b""
-        while (chunk := await self._body.next()) is not None:
+        while (chunk := await self._next()) is not None:
             buffer += chunk
             *complete, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
             for event in complete:
@@ -143,33 +158,37 @@ class Answer:
                     raise refusal(500, data)
                 yield value
 
-    async def relay(self, request: Request) -> None:
-        """Send the runner's status, content type and body to the client as they come, with backpressure."""
+    def pass_on(
+        self, request: Request, framed: bool, error_event: ErrorEvent | None, observer: Observer | None = None
+    ) -> Deferred[None]:
+        """Relay the body to C{request} as it comes (L{Relay}); fires at its end. The head is the caller's."""
+        relay = Relay(request, self.connection, framed, error_event, observer)
+        self.connection.relay(relay, framed)
+        return relay.done
+
+    def relay(self, request: Request, error_event: ErrorEvent) -> Deferred[None]:
+        """Send the runner's status, content type and body to the client as they come.
+
+        A runner that stops mid-answer is told with C{error_event}, whatever the content type.
+        """
         request.setResponseCode(self.code)
-        if self.content_type:
-            request.setHeader(b"content-type", self.content_type)
-        if is_event_stream(self.content_type):
+        content_type = self.content_type
+        if content_type:
+            request.setHeader(b"content-type", content_type)
+        if is_event_stream(content_type):
             start_event_stream(request)
-        producer: IPushProducer = self._connection.transport  # type: ignore[assignment]
-        request.registerProducer(producer, True)
-        try:
-            while (chunk := await self._body.next()) is not None:
-                request.write(chunk)
-        finally:
-            if request.channel is not None:
-                request.unregisterProducer()
+        return self.pass_on(request, False, error_event)
 
 
 class RunnerClient:
-    """Posts JSON to runners over their UNIX sockets, through the proxy's pool of connections."""
+    """Posts JSON to runners over their UNIX sockets, through the pool of connections."""
 
     def __init__(self, pool: RunnerPool):
         self._pool = pool
 
     async def post(self, socket: str, path: bytes, body: bytes) -> Answer:
         """POST the JSON C{body} to C{path} on the runner at C{socket}; L{RunnerRefused} for an error."""
-        connection, head = await self._pool.request(b"POST", runner_url(socket, path), _JSON.copy(), body)
-        answer = Answer(connection, head)
-        if head.code >= 400:
-            raise refusal(head.code, await answer.read())
+        answer: Answer = await self._pool.request(b"POST", socket, path, _JSON.copy(), body)
+        if answer.code >= 400:
+            raise refusal(answer.code, await answer.read())
         return answer

@@ -1,91 +1,34 @@
-"""mrunner's HTTP/1.1 client for runners, over StringTransports: framing, reuse, resends, relaying."""
+"""The pool of runner connections and the connections, over StringTransports: framing, reuse, resends."""
 
 from __future__ import annotations
 
-import itertools
-
-from hypothesis import given
-from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.http import HTTPChannel, Request
 from twisted.web.http_headers import Headers
 
 from mrunner.errors import BadGateway
-from mrunner.proxy import Forwarder
-from mrunner.upstream import (
-    POOL_IDLE_SECONDS,
-    Body,
-    ChunkedEnd,
-    Head,
-    Malformed,
-    RunnerConnection,
-    RunnerPool,
-)
-
-CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-EVENTS = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]
-CHUNKS = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n"
-
-
-class Connections:
-    """Connects every request to a new StringTransport, and remembers them all; or refuses."""
-
-    def __init__(self) -> None:
-        self.made: list[tuple[RunnerConnection, StringTransport]] = []
-        self.refuse = False
-
-    def __call__(self, socket: str, pool: RunnerPool) -> Deferred[RunnerConnection]:
-        connection = RunnerConnection(pool, socket)
-        if self.refuse:
-            connection.opened.errback(ConnectionRefusedError(osError=111))
-            return connection.opened
-        transport = StringTransport()
-        connection.makeConnection(transport)
-        self.made.append((connection, transport))
-        return connection.opened
-
-
-class Recorder(Body):
-    def __init__(self) -> None:
-        self.data: list[bytes] = []
-        self.ended = False
-        self.cut_because: tuple[str, bool] | None = None
-
-    def write(self, data: bytes) -> None:
-        self.data.append(data)
-
-    def end(self) -> None:
-        self.ended = True
-
-    def cut(self, why: str, between_chunks: bool) -> None:
-        self.cut_because = (why, between_chunks)
-
-
-def lost(connection: RunnerConnection) -> None:
-    connection.connectionLost(Failure(ConnectionDone()))
+from mrunner.runners.answer import Answer
+from mrunner.runners.pool import POOL_IDLE_SECONDS, RunnerPool
+from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, Recorder, lost
 
 
 class PoolTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.connections = Connections()
-        self.pool = RunnerPool(self.clock, self.connections, "/run", per_socket=2)
+        self.pool = RunnerPool(self.clock, self.connections, per_socket=2)
 
-    def send(self, body: bytes = b"{}") -> Deferred[tuple[RunnerConnection, Head]]:
-        return self.pool.request(b"POST", b"http://r/v1/chat/completions", Headers({b"X-A": [b"1"]}), body)
+    def send(self, body: bytes = b"{}", reuse: bool = True) -> Deferred[Answer]:
+        headers = Headers({b"X-A": [b"1"]})
+        return self.pool.request(b"POST", "/run/r.sock", b"/v1/chat/completions", headers, body, reuse)
 
     def answer(self, response: bytes, framed: bool = True) -> Recorder:
         """Send a request, answer it with C{response} on the connection it went out on, relay the body."""
         sending = self.send()
         connection, _ = self.connections.made[-1]
         connection.dataReceived(response)
-        answered, _ = self.successResultOf(sending)
-        self.assertIs(answered, connection)
+        self.assertIs(self.successResultOf(sending).connection, connection)
         body = Recorder()
         connection.relay(body, framed)
         return body
@@ -169,7 +112,7 @@ class PoolTests(SynchronousTestCase):
         second, transport = self.connections.made[1]
         self.assertTrue(transport.value().startswith(b"POST /v1/chat/completions HTTP/1.1\r\n"))
         second.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-        self.assertIs(self.successResultOf(sending)[0], second)
+        self.assertIs(self.successResultOf(sending).connection, second)
 
     def test_a_new_connection_that_closes_unanswered_is_a_bad_gateway(self) -> None:
         sending = self.send()
@@ -223,56 +166,14 @@ class PoolTests(SynchronousTestCase):
         lost(connection)
         self.successResultOf(closing)
 
-
-class ChunkedEndTests(SynchronousTestCase):
-    @given(st.lists(st.integers(min_value=1, max_value=len(CHUNKS) - 1), unique=True))
-    def test_the_end_is_found_however_the_body_is_cut(self, cuts: list[int]) -> None:
-        """The body ends at its last byte whatever reads it came in, and the payload is the events."""
-        scanner, payload = ChunkedEnd(), []
-        bounds = [0, *sorted(cuts), len(CHUNKS)]
-        ends = [
-            scanner.feed(CHUNKS[a:b] + (b"x" if b == len(CHUNKS) else b""), payload)
-            for a, b in itertools.pairwise(bounds)
-        ]
-        self.assertEqual(ends[:-1], [-1] * (len(ends) - 1))
-        self.assertEqual(ends[-1], len(CHUNKS) - bounds[-2])
-        self.assertEqual(b"".join(payload), b"".join(EVENTS))
-
-    def test_extensions_and_trailers(self) -> None:
-        body = b"3;name=value\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n"
-        self.assertEqual(ChunkedEnd().feed(body), len(body))
-
-    def test_sizes_that_are_not_hexadecimal(self) -> None:
-        for size in (b"-1", b"+1", b"0x1", b"1_0", b"zz", b""):
-            self.assertRaises(Malformed, ChunkedEnd().feed, size + b"\r\n")
-
-
-class ForwarderFramingTests(SynchronousTestCase):
-    """What a client gets, by its HTTP version, when the runner answers in chunks."""
-
-    def forward(self, version: bytes) -> bytes:
-        connections = Connections()
-        pool = RunnerPool(Clock(), connections, "/run", per_socket=2)
-        client = StringTransport()
-        channel = HTTPChannel()
-        channel.makeConnection(client)
-        request = Request(channel)
-        channel.requests.append(request)
-        request.method, request.clientproto = b"POST", version
-        forwarding = Deferred.fromCoroutine(Forwarder(pool).forward(request, "/run/r.sock", b"/v1/x", b"{}"))
-        runner, _ = connections.made[0]
-        runner.dataReceived(CHUNKED_HEAD + CHUNKS[:20])
-        runner.dataReceived(CHUNKS[20:])
-        self.successResultOf(forwarding)
-        request.finish()
-        return client.value()
-
-    def test_an_http11_client_gets_the_runners_chunks(self) -> None:
-        head, _, body = self.forward(b"HTTP/1.1").partition(b"\r\n\r\n")
-        self.assertIn(b"Transfer-Encoding: chunked", head)
-        self.assertEqual(body, CHUNKS)
-
-    def test_an_http10_client_gets_the_events_alone(self) -> None:
-        head, _, body = self.forward(b"HTTP/1.0").partition(b"\r\n\r\n")
-        self.assertNotIn(b"chunked", head)
-        self.assertEqual(body, b"".join(EVENTS))
+    def test_a_request_without_reuse_has_a_connection_of_its_own_closed_after_it(self) -> None:
+        self.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        sending = self.send(reuse=False)
+        self.assertEqual(len(self.connections.made), 2, "the idle connection is left for requests")
+        connection, transport = self.connections.made[1]
+        self.assertIn(b"\r\nConnection: close\r\n", transport.value())
+        connection.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # keep-alive all the same
+        self.successResultOf(sending).connection.relay(Recorder(), True)
+        self.assertTrue(transport.disconnecting)
+        self.send()
+        self.assertEqual(len(self.connections.made), 2, "the idle connection served the next request")

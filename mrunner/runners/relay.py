@@ -1,0 +1,116 @@
+"""The one relay of a runner's answer body to a client: as it arrives, with backpressure.
+
+The runner's transport is registered as the client request's producer, so a
+client that reads slowly pauses the runner's connection, and nothing is
+buffered. A runner that stops mid-answer is told to the client in the API's
+own words (an L{ErrorEvent}, given by the API) where the body can carry it,
+else by cutting the client's connection, so that the client sees a truncated
+answer rather than a complete-looking one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer, ITCPTransport
+from twisted.logger import Logger
+from twisted.web.server import Request
+
+from mrunner.errors import BadGateway, MrunnerError
+from mrunner.runners.connection import BodyReceiver, RunnerConnection
+from mrunner.runners.fastio import send_now
+
+#: An API's error as bytes of a body already begun (for OpenAI, a server-sent C{data:} event).
+ErrorEvent = Callable[[MrunnerError], bytes]
+
+
+class Observer(Protocol):
+    """Sees an answer as it is relayed (a request record): it must be cheap, it runs for every chunk."""
+
+    def start(self, chunked: bool) -> None:
+        """The answer's head is in; C{chunked} when C{write} will see the chunks' framing too."""
+
+    def write(self, data: bytes) -> None:
+        """C{data} went to the client."""
+
+
+def is_event_stream(content_type: bytes) -> bool:
+    return content_type.split(b";")[0].strip().lower() == b"text/event-stream"
+
+
+def start_event_stream(request: Request) -> None:
+    """Send the headers now, as the runner did, and every event as soon as it is written.
+
+    Twisted holds the headers until the first body write, which for a stream is
+    the first token; and Nagle's algorithm may hold a small event back until
+    the client acknowledges the one before (nginx sets TCP_NODELAY likewise).
+    """
+    transport = request.channel.transport if request.channel is not None else None
+    if ITCPTransport.providedBy(transport):
+        transport.setTcpNoDelay(True)
+    request.write(b"")
+
+
+class Relay(BodyReceiver):
+    """Writes a runner's answer body to the client as it arrives; C{done} fires when it has ended.
+
+    C{framed}: the body keeps the runner's chunk framing (Twisted was told not
+    to frame it again). C{error_event}: how this API tells a client in the
+    body that the runner stopped; C{None} where the body cannot carry it.
+    Cancelling C{done} (the client went away) aborts the runner's connection.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        request: Request,
+        connection: RunnerConnection,
+        framed: bool,
+        error_event: ErrorEvent | None,
+        observer: Observer | None = None,
+    ):
+        self._request = request
+        self._framed = framed
+        self._error_event = error_event
+        self._observer = observer
+        self.done: Deferred[None] = Deferred(lambda d: connection.abort())
+        producer: IPushProducer = connection.transport  # type: ignore[assignment]
+        request.registerProducer(producer, True)
+
+    def write(self, data: bytes) -> None:
+        request = self._request
+        if request.startedWriting and not request.chunked and request.channel is not None:
+            send_now(request.channel.transport, data)
+        else:
+            request.write(data)
+        if self._observer is not None:
+            self._observer.write(data)
+
+    def end(self) -> None:
+        if self._request.channel is not None:
+            self._request.unregisterProducer()
+        if not self.done.called:
+            self.done.callback(None)
+
+    def cut(self, why: str, between_chunks: bool) -> None:
+        """Tell the client the runner stopped, in an error event where the body can take one; else cut it.
+
+        Passing the runner's chunks through, the error event is a chunk of its
+        own, and Twisted ends the body; a chunk cut in its middle cannot be ended.
+        """
+        request = self._request
+        if self.done.called or request.channel is None:
+            return  # the client is gone, and the request with it
+        request.unregisterProducer()
+        self.log.warn("runner stopped mid-answer: {why}", why=why)
+        if self._framed and between_chunks:
+            request.chunked = True
+        if self._error_event is not None and (between_chunks or not self._framed):
+            error = BadGateway(f"the runner stopped in the middle of the answer: {why}")
+            request.write(self._error_event(error))
+        else:
+            request.channel.transport.abortConnection()  # type: ignore[union-attr]
+        self.done.callback(None)

@@ -1,0 +1,130 @@
+"""A runner's answer read by mrunner (whole, as events) or relayed with status and content type alone."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import SynchronousTestCase
+
+from mrunner.errors import BadGateway, ContextExceeded, MrunnerError
+from mrunner.runners.answer import Answer, RunnerClient, RunnerRefused
+from mrunner.runners.pool import RunnerPool
+from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, Connections, client_request, lost, runner_sends
+
+
+def json_answer(status: bytes, body: bytes) -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status,
+        len(body),
+        body,
+    )
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def error_event(error: MrunnerError) -> bytes:
+    return b"event: error\ndata: " + error.message.encode() + b"\n\n"
+
+
+CUT = "the runner stopped in the middle of the answer: its connection closed"
+
+
+async def collect(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [event async for event in events]
+
+
+class AnswerTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.connections = Connections()
+        self.client = RunnerClient(RunnerPool(Clock(), self.connections, per_socket=2))
+
+    def post(self, *answer: bytes) -> Deferred[Answer]:
+        posting = Deferred.fromCoroutine(self.client.post("/run/r.sock", b"/v1/chat/completions", b"{}"))
+        runner, transport = self.connections.made[-1]
+        self.assertIn(b"Content-Type: application/json\r\n", transport.value())
+        for data in answer:
+            runner.dataReceived(data)
+        return posting
+
+    def test_a_whole_json_answer(self) -> None:
+        answer = self.successResultOf(self.post(json_answer(b"200 OK", b'{"a": 1}')))
+        self.assertEqual(self.successResultOf(Deferred.fromCoroutine(answer.json())), {"a": 1})
+
+    def test_the_runners_refusals(self) -> None:
+        llama = json.dumps({"error": {"message": "bad", "type": "x"}}).encode()
+        for status, body, code, message in [
+            (b"400 Bad Request", llama, 400, "the runner refused the request: bad"),
+            (b"501 Not Implemented", b"nope", 400, "the runner refused the request: nope"),
+            (b"500 Internal Server Error", b"", 502, "the runner refused the request: status 500"),
+        ]:
+            error = self.failureResultOf(self.post(json_answer(status, body)), RunnerRefused).value
+            self.assertEqual((error.status, error.message), (code, message))
+        exceeded = {"error": {"type": "exceed_context_size_error", "n_prompt_tokens": 9, "n_ctx": 8}}
+        self.failureResultOf(
+            self.post(json_answer(b"400 Bad Request", json.dumps(exceeded).encode())), ContextExceeded
+        )
+
+    def test_events_up_to_done(self) -> None:
+        answer = self.successResultOf(self.post(CHUNKED_HEAD + chunk(b'data: {"a": 1}\n\n')))
+        reading = Deferred.fromCoroutine(collect(answer.events()))
+        self.assertNoResult(reading)
+        self.connections.made[-1][0].dataReceived(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        self.assertEqual(self.successResultOf(reading), [{"a": 1}])
+
+    def test_an_error_event_and_a_cut_are_errors(self) -> None:
+        error = b'data: {"error": {"message": "oops"}}\n\n'
+        answer = self.successResultOf(self.post(CHUNKED_HEAD + chunk(error)))
+        self.failureResultOf(Deferred.fromCoroutine(collect(answer.events())), RunnerRefused)
+        answer = self.successResultOf(self.post(CHUNKED_HEAD + CHUNKS[:10]))
+        reading = Deferred.fromCoroutine(answer.read())
+        lost(self.connections.made[-1][0])
+        failure = self.failureResultOf(reading, BadGateway)
+        self.assertEqual(failure.value.message, CUT)
+
+    def test_cancelling_a_read_aborts_the_runner(self) -> None:
+        answer = self.successResultOf(self.post(CHUNKED_HEAD))
+        reading = Deferred.fromCoroutine(answer.read())
+        reading.cancel()
+        self.assertTrue(self.connections.made[-1][1].disconnecting)
+        self.failureResultOf(reading, CancelledError)
+
+
+class RelayTests(SynchronousTestCase):
+    """C{Answer.relay} (Anthropic's): the runner's status, content type and body; its error event on a cut."""
+
+    def relay(self, *data: bytes, cut: bool = False) -> tuple[bytes, StringTransport]:
+        connections = Connections()
+        client = RunnerClient(RunnerPool(Clock(), connections, per_socket=2))
+        request, transport = client_request()
+
+        async def relay() -> None:
+            answer = await client.post("/run/r.sock", b"/v1/messages", b"{}")
+            await answer.relay(request, error_event)
+
+        relaying = Deferred.fromCoroutine(relay())
+        runner_sends(connections.made[0][0], data, cut)
+        self.successResultOf(relaying)
+        request.finish()
+        return transport.value(), transport
+
+    def test_status_content_type_and_body(self) -> None:
+        data, _ = self.relay(json_answer(b"201 Made\r\nX-A: 1", b"{}"))
+        head, _, body = data.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 201 Created\r\n"))
+        self.assertIn(b"\r\nContent-Type: application/json", head)
+        self.assertNotIn(b"X-A", head)
+        self.assertEqual(body, b"2\r\n{}\r\n0\r\n\r\n")
+
+    def test_a_cut_ends_with_the_apis_error_event_whatever_the_body(self) -> None:
+        short_json = json_answer(b"200 OK", b"{}").replace(b"Length: 2", b"Length: 9")
+        for answer in (CHUNKED_HEAD + CHUNKS[:10], short_json):
+            data, transport = self.relay(answer, cut=True)
+            self.assertTrue(data.endswith(chunk(error_event(BadGateway(CUT))) + b"0\r\n\r\n"), data)
+            self.assertFalse(transport.disconnecting)
