@@ -91,14 +91,14 @@ class EvictionTests(BudgetTestCase):
         """B is queued while A streams, and loads only once A's stream has ended, whole.
 
         The client reads nothing of A's stream until B is seen waiting: with the
-        20 most likely tokens beside each one, the answer is more than the sockets
+        20 most likely tokens beside each one, the answer (7.5 MB) is more than the sockets
         hold, so A is still busy then, however fast this machine generates.
         """
         await self.two_models()
         body = {
             "model": A,
             "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2000,
+            "max_tokens": 4000,
             "stream": True,
             "logprobs": True,
             "top_logprobs": 20,
@@ -124,7 +124,7 @@ class EvictionTests(BudgetTestCase):
         self.assertEqual(events[-1], b"[DONE]")
         chunks = [json.loads(event)["choices"] for event in events[:-1]]
         tokens = [c[0]["delta"].get("content") for c in chunks if c and c[0]["delta"].get("content")]
-        self.assertEqual(len(tokens), 2000, "the stream was not cut")
+        self.assertEqual(len(tokens), 4000, "the stream was not cut")
         self.assertEqual(self.loaded(), [f"{B}:latest"])
 
 
