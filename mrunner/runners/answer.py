@@ -22,9 +22,16 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from mrunner.errors import BadGateway, ContextExceeded, MrunnerError
+from mrunner.errors import ContextExceeded, MrunnerError
 from mrunner.runners.connection import BodyReceiver, RunnerConnection
-from mrunner.runners.relay import ErrorEvent, Observer, Relay, is_event_stream, start_event_stream
+from mrunner.runners.relay import (
+    ErrorEvent,
+    Observer,
+    Relay,
+    is_event_stream,
+    start_event_stream,
+    stopped_midway,
+)
 from mrunner.runners.wire import Head
 
 if TYPE_CHECKING:
@@ -91,7 +98,7 @@ class _Pieces(BodyReceiver):
     def _finish(self) -> Deferred[bytes | None]:
         if self._why is None:
             return succeed(None)
-        return fail(BadGateway(f"the runner stopped in the middle of the answer: {self._why}"))
+        return fail(stopped_midway(self._why))
 
     def next(self) -> Deferred[bytes | None]:
         """The next piece, C{None} at the end; L{BadGateway} when the runner went away."""

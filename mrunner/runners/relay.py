@@ -36,6 +36,11 @@ class Observer(Protocol):
         """C{data} went to the client."""
 
 
+def stopped_midway(why: str) -> BadGateway:
+    """The error a client is told when its runner stopped before the end of the answer."""
+    return BadGateway(f"the runner stopped in the middle of the answer: {why}")
+
+
 def is_event_stream(content_type: bytes) -> bool:
     return content_type.split(b";")[0].strip().lower() == b"text/event-stream"
 
@@ -109,8 +114,7 @@ class Relay(BodyReceiver):
         if self._framed and between_chunks:
             request.chunked = True
         if self._error_event is not None and (between_chunks or not self._framed):
-            error = BadGateway(f"the runner stopped in the middle of the answer: {why}")
-            request.write(self._error_event(error))
+            request.write(self._error_event(stopped_midway(why)))
         else:
             request.channel.transport.abortConnection()  # type: ignore[union-attr]
         self.done.callback(None)
