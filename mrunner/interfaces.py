@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from mrunner.store.names import Reference
     from mrunner.store.progress import Progress
     from mrunner.store.upload import Upload
-    from mrunner.values import ContextSize, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
+    from mrunner.values import (
+        ContextSize,
+        Device,
+        InstallStatus,
+        ModelSettings,
+        Preload,
+        RunnerKey,
+        RunnerSnapshot,
+    )
 
 
 class IModelStore(Interface):
@@ -145,6 +153,18 @@ class IBackend(Interface):
 
     def uninstall() -> Deferred[None]:
         """Remove what C{install} put in place."""
+
+
+class IDevices(Interface):
+    """The devices runners can use, the host's RAM (C{CPU}) last; empty of GPUs on a CPU machine."""
+
+    variant = Attribute("The llama-server build in use: C{cpu}, C{cuda}, C{rocm}, C{vulkan} or C{metal}.")
+
+    def devices() -> list[Device]:
+        """Each device as last seen: total, free (live where NVML reports it), budget and used."""
+
+    def refresh() -> Deferred[list[Device]]:
+        """Look again (NVML, else C{llama-server --list-devices}); fires with L{devices}' new answer."""
 
 
 class IRunnerProcess(Interface):

@@ -132,3 +132,20 @@ class ModelSettings:
         return attrs.evolve(
             base, **{k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None}
         )
+
+
+@attrs.frozen
+class Device:
+    """One place a runner's memory lives: a GPU as llama-server names it (C{CUDA0}, C{ROCm0},
+    C{Vulkan0}, C{Metal}), or C{CPU} for the host's RAM; sizes in bytes.
+
+    C{budget} is what mrunner lets runners plan for on it; C{used} what its
+    runners hold now (measured where it can be, else estimated).
+    """
+
+    id: str
+    name: str
+    memory_total: int
+    memory_free: int
+    budget: int
+    used: int = 0
