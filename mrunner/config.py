@@ -229,6 +229,7 @@ class Config:
     models: ModelsConfig = ModelsConfig()
     records: RecordsConfig = RecordsConfig()
     log: LogConfig = LogConfig()
+    aliases: Mapping[str, str] = attrs.field(factory=dict)
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
     unread: tuple[Path, ...] = attrs.field(default=(), eq=False)  # other tap.conf files, not read
 
@@ -361,6 +362,7 @@ def _config(table: Mapping[str, Any]) -> Config:
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})
     values["models"] = _models(top.pop("models", {}))
+    values["aliases"] = _aliases(top.pop("aliases", {}))
     if "home" in top:
         values["home"] = Path(str(top.pop("home"))).expanduser()
     scalars = _section(_Scalars, top, "tap.conf")
@@ -395,3 +397,23 @@ def _models(table: Mapping[str, Any]) -> ModelsConfig:
             raise ConfigError(f'models.{key}: expected a table of settings ([models."{key}"]) or preload')
         settings[name(key, f"models.{key}")] = _section(ModelConfig, value, f"models.{key}")
     return ModelsConfig(tuple(name(item, "models.preload") for item in preload), settings)
+
+
+def _aliases(table: object) -> dict[str, str]:
+    """``[aliases]``: ``"gpt-4o-mini" = "ai/smollm2"``; both valid model names, no alias of an alias."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f'aliases: expected a table of names ("gpt-4o-mini" = "ai/smollm2"), got {table!r:.80}')
+    aliases: dict[str, str] = {}
+    for alias, target in table.items():
+        if not isinstance(target, str):
+            raise ConfigError(f"aliases.{alias}: expected a model name, got {target!r:.80}")
+        try:
+            parse(alias, "alias")
+            aliases[alias] = str(parse(target, "model name"))
+        except BadRequest as e:
+            raise ConfigError(f"aliases.{alias}: {e.message}") from None
+    keys = {str(parse(alias)) for alias in aliases}
+    for alias, target in aliases.items():
+        if target in keys:
+            raise ConfigError(f"aliases.{alias}: {target} is itself an alias; name a stored model")
+    return aliases

@@ -16,6 +16,7 @@ from twisted.python import usage
 from twisted.web.client import Agent
 
 from mrunner import config as configuration
+from mrunner.api.aliases import Aliases
 from mrunner.api.compat.responses.response_store import ResponseStore
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.site import GatedSite, private_listen
@@ -164,7 +165,9 @@ def make_parts(
         else None
     )
     history = RecordsAPI(records, followers)
-    gateway = Gateway(scheduler, store, metrics, reactor, config.max_request_bytes, records)
+    aliases = Aliases(config.aliases, store)
+    reloadable.append(aliases.configure)
+    gateway = Gateway(scheduler, store, metrics, reactor, config.max_request_bytes, records, aliases)
     responses = config.responses
     groups = route_groups(
         gateway=gateway,

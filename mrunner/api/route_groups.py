@@ -58,7 +58,7 @@ def route_groups(
         AnthropicAPI(gateway, runners),
         ResponsesAPI(gateway, runners, responses, store),
         OllamaAPI(gateway, runners, store),
-        OllamaModelsAPI(store, operations, scheduler),
+        OllamaModelsAPI(store, operations, scheduler, gateway.aliases),
         StatusAPI(models, metrics, scheduler, scraper),
         logs,
         history,

@@ -12,12 +12,13 @@ import re
 import attrs
 import hyperlink
 
+from mrunner.docker_config import HUB_HOSTS
 from mrunner.errors import BadRequest
 
 DEFAULT_NAMESPACE = "ai"
 DEFAULT_TAG = "latest"
 MAX_LENGTH = 512
-DOCKER_HUB = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+DOCKER_HUB = frozenset(HUB_HOSTS)
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 SHORT_ID = re.compile(r"[0-9a-f]{12,64}")

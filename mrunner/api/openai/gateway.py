@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
+from mrunner.api.aliases import Aliases, stored_name
 from mrunner.api.door.callers import caller
 from mrunner.api.observe.records import Record, Records, record_key
 from mrunner.api.reading.bodies import (
@@ -60,8 +61,10 @@ class Gateway:
         clock: IReactorTime,
         max_request_bytes: int,
         records: Records | None = None,
+        aliases: Aliases | None = None,
     ):
         self.scheduler = scheduler
+        self.aliases = aliases or Aliases({}, store)
         self._store = store
         self._metrics = metrics
         self.clock = clock
@@ -81,7 +84,8 @@ class Gateway:
         """Every step an inference request takes before it waits for a runner, in one order.
 
         Measure it, refuse an unknown backend, read the body within the limit,
-        decode it, read its model (C{named}; the C{model} field by default) and
+        decode it, read its model (C{named}; the C{model} field by default; an alias
+        becomes the stored model's name here, L{stored_name}) and
         C{keep_alive}, run the route's C{check} on the payload (what it returns
         is kept as L{Asked.checked}), refuse images for a model without a
         projector, then record it, with the bytes received. C{writes_answer}:
@@ -95,7 +99,8 @@ class Gateway:
         self.scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
         payload = json_object(body)
-        model, seconds = named(payload), keep_alive(payload.get("keep_alive"))
+        model = stored_name(named(payload), self.aliases.table, self._store)
+        seconds = keep_alive(payload.get("keep_alive"))
         checked = check(payload)
         if has_image_parts(payload):
             check_vision(self._store, model)

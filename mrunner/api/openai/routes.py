@@ -9,6 +9,7 @@ from klein import Klein
 from twisted.web.resource import IResource
 from twisted.web.server import Request
 
+from mrunner.api.aliases import stored_name
 from mrunner.api.door.direct import Direct
 from mrunner.api.errors import handle_json_errors, json_body, openai_shape
 from mrunner.api.openai.gateway import Gateway
@@ -59,6 +60,7 @@ MODEL = {
         "object": {"const": "model"},
         "created": {"type": "integer"},
         "owned_by": {"type": "string"},
+        "alias_of": {"type": "string", "description": "an alias ([aliases]): the model it stands for"},
     },
 }
 LIST = {
@@ -194,12 +196,16 @@ class InferenceAPI:
     def models(self, request: Request, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         data = [entry for model in self._store.list() for entry in openai_models(model)]
+        for alias, model in self._gateway.aliases.listed():
+            data.append(openai_models(model)[0] | {"id": alias, "alias_of": model.name})
         return json_body(request, {"object": "list", "data": data})
 
     @route_every(app, MODEL_PATHS, methods=["GET"])
     def model(self, request: Request, name: str, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
-        return json_body(request, openai_models(self._store.resolve(name))[0])
+        stored = stored_name(name, self._gateway.aliases.table, self._store)
+        entry = openai_models(self._store.resolve(stored))[0]
+        return json_body(request, entry if stored == name else entry | {"id": name, "alias_of": stored})
 
     @app.route("/engines/status", methods=["GET"])
     def status(self, request: Request) -> bytes:

@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
+from mrunner.api.aliases import Aliases
 from mrunner.api.compat.ollama import shapes as shapes
 from mrunner.api.compat.ollama.routes import GENERATION
 from mrunner.api.compat.openapi import OLLAMA_ERROR, describe
@@ -65,8 +66,15 @@ class OllamaModelsAPI:
     handle_json_errors(app, ollama_shape)
     log = Logger()
 
-    def __init__(self, store: IModelStoreAdmin, operations: ModelOperations, scheduler: IScheduler):
+    def __init__(
+        self,
+        store: IModelStoreAdmin,
+        operations: ModelOperations,
+        scheduler: IScheduler,
+        aliases: Aliases | None = None,
+    ):
         self._store = store
+        self._aliases = aliases or Aliases({}, store)
         self._operations = operations
         self._scheduler = scheduler
 
@@ -90,9 +98,10 @@ class OllamaModelsAPI:
 
     @app.route("/api/tags", methods=["GET"])
     def tags(self, request: IRequest) -> bytes:
-        return json_body(
-            request, {"models": [entry for model in self._store.list() for entry in _entries(model)]}
-        )
+        models = [entry for model in self._store.list() for entry in _entries(model)]
+        for alias, model in self._aliases.listed():
+            models.append(_entries(model)[0] | {"name": alias, "model": alias, "alias_of": model.name})
+        return json_body(request, {"models": models})
 
     @app.route("/api/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:

@@ -1,0 +1,82 @@
+"""Model aliases (C{[aliases]} in tap.conf): a name a client hard-codes, served by a stored model.
+
+A request's model name becomes a stored model's name in one place,
+L{stored_name}, called by C{Gateway.begin} for every API's inference routes:
+a pure function of (name, aliases, store), so a caller may keep its answer for
+as long as the store and the aliases are unchanged. A stored model always wins
+over an alias of the same name (a pulled model is never hidden by a line in a
+file); such an alias is named in the log at start and at each reload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from twisted.logger import Logger
+
+from mrunner.config import Config
+from mrunner.errors import BadRequest, NotFound
+from mrunner.interfaces import IModelStore
+from mrunner.store.model import Model
+from mrunner.store.names import parse
+
+
+def alias_key(name: str) -> str:
+    """C{name} normalised as the store normalises names (C{gpt-4o-mini} is C{ai/gpt-4o-mini:latest})."""
+    try:
+        return str(parse(name))
+    except BadRequest:
+        return name
+
+
+def stored_name(name: str, aliases: Mapping[str, str], store: IModelStore) -> str:
+    """The name C{name} is looked up by in C{store}: an alias's target, unless a stored model holds C{name}.
+
+    C{aliases} maps L{alias_key}s to the stored names they stand for.
+    """
+    target = aliases.get(alias_key(name)) if aliases else None
+    if target is None or _stored(store, name):
+        return name
+    return target
+
+
+def _stored(store: IModelStore, name: str) -> Model | None:
+    try:
+        return store.resolve(name)
+    except (NotFound, BadRequest):
+        return None
+
+
+class Aliases:
+    """The aliases in force: replaced whole by a reload (L{configure})."""
+
+    log = Logger()
+
+    def __init__(self, written: Mapping[str, str], store: IModelStore) -> None:
+        self._store = store
+        self.configure_table(written)
+
+    def configure(self, config: Config) -> None:
+        self.configure_table(config.aliases)
+
+    def configure_table(self, written: Mapping[str, str]) -> None:
+        #: As written in tap.conf: the names the model lists show.
+        self.written = dict(written)
+        #: By L{alias_key}: what L{stored_name} looks names up in.
+        self.table = {alias_key(alias): target for alias, target in written.items()}
+        for alias in self.written:
+            if _stored(self._store, alias) is not None:
+                self.log.warn(
+                    "alias {alias} is not used: a stored model has that name, and a stored model wins;"
+                    " rename the alias in [aliases] or remove the model",
+                    alias=alias,
+                )
+
+    def listed(self) -> list[tuple[str, Model]]:
+        """(alias, the model it stands for) for each alias that works now: its target stored, its name not."""
+        found = [(alias, _stored(self._store, target)) for alias, target in self.written.items()]
+        return [
+            (alias, model)
+            for alias, model in found
+            if model is not None and _stored(self._store, alias) is None
+        ]

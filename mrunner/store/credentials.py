@@ -1,0 +1,121 @@
+"""A registry's credentials for the daemon: C{[registry.auth]} in tap.conf first, then Docker's config.
+
+Docker's config (L{mrunner.docker_config}) is read at each lookup, as each
+C{docker} command reads it, so a C{docker login} or C{mrunner login} counts at
+the next pull without a restart. A credential helper runs as a child process
+of the reactor, with the registry on its standard input, and is killed after
+C{timeout} seconds; a helper that fails, hangs or answers nonsense is logged
+(its name, the registry and how it failed, never its output, which may hold a
+secret) and the lookup goes on to C{auths}.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mrunner import docker_config
+from mrunner.docker_config import Credential, DockerConfigError
+
+HELPER_TIMEOUT = 10.0
+#: A helper's answer is a few hundred bytes; more is not read.
+MAX_ANSWER = 64 * 1024
+
+
+class _Helper(ProcessProtocol):
+    """Writes the request to the helper's standard input, keeps (a bounded amount of) what it says."""
+
+    def __init__(self, request: bytes) -> None:
+        self._request = request
+        self.output = b""
+        self.exited: Deferred[int | None] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(self._request)
+        self.transport.closeStdin()
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        if childFD == 1 and len(self.output) < MAX_ANSWER:
+            self.output += data[: MAX_ANSWER - len(self.output)]
+        elif childFD == 2 and docker_config.NOT_FOUND.encode() in data.lower():
+            self.output += data[:200]  # only to recognise the miss, which helpers tell on either stream
+
+    def processExited(self, reason: Failure) -> None:
+        """On exit, not at the end of its pipes: a helper's own children may hold them open."""
+        if not self.exited.called:
+            self.exited.callback(0 if reason.check(ProcessDone) else getattr(reason.value, "exitCode", None))
+
+
+class Credentials:
+    """Finds the credentials for a registry host (L{find})."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        configured: Mapping[str, Mapping[str, str]],
+        reactor: Any = None,
+        environ: Mapping[str, str] | None = None,
+        timeout: float = HELPER_TIMEOUT,
+    ) -> None:
+        """Without C{environ}, only C{configured} (C{[registry.auth]}) is used."""
+        self._configured = configured
+        self._reactor = reactor
+        self._environ = environ
+        self._timeout = timeout
+
+    async def find(self, host: str) -> Credential | None:
+        entry = self._configured.get(host)
+        if entry:
+            return Credential(entry.get("username", ""), entry.get("password", ""))
+        if self._environ is None:
+            return None
+        try:
+            config = docker_config.read(docker_config.config_path(self._environ))
+            helper = docker_config.helper_for(config, host)
+            if helper:
+                try:
+                    found = await self._ask(helper, host)
+                except DockerConfigError as e:
+                    self.log.warn("credential helper for {host} not used: {error}", host=host, error=str(e))
+                else:
+                    if found is not None:
+                        return found
+            return docker_config.stored(config, host)
+        except DockerConfigError as e:
+            self.log.warn("Docker credentials for {host} not used: {error}", host=host, error=str(e))
+            return None
+
+    async def _ask(self, helper: str, host: str) -> Credential | None:
+        """C{docker-credential-HELPER get}: its answer, or None for a miss or a failure (logged)."""
+        name = docker_config.program(helper)
+        executable = shutil.which(name, path=self._environ.get("PATH") if self._environ else None)
+        if executable is None:
+            raise DockerConfigError(f"the credential helper {name} is not on PATH")
+        protocol = _Helper(docker_config.server_key(host).encode())
+        process = self._reactor.spawnProcess(
+            protocol, executable, [executable, "get"], env=dict(self._environ or os.environ)
+        )
+        timer = self._reactor.callLater(self._timeout, process.signalProcess, "KILL")
+        code = await protocol.exited
+        if timer.active():
+            timer.cancel()
+        else:
+            raise DockerConfigError(f"{name} did not answer within {self._timeout:g}s and was killed")
+        if code != 0:
+            if docker_config.is_miss(protocol.output):
+                return None
+            raise DockerConfigError(f"{name} get exited with code {code}")
+        try:
+            return docker_config.helper_answer(protocol.output)
+        except DockerConfigError as e:
+            raise DockerConfigError(f"{name} get: {e}") from None
