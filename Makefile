@@ -25,6 +25,8 @@ backend: install
 system-deps:
 	@command -v docker-registry >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q docker-registry; }
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+	@command -v docker-credential-pass >/dev/null && command -v pass >/dev/null && command -v htpasswd >/dev/null || { $(SUDO) apt-get update -q && \
+	  $(SUDO) apt-get install -y -q --no-install-recommends pass golang-docker-credential-helpers apache2-utils; }
 
 # The daemon reads $MRUNNER_HOME/tap.conf when there is one (not the checkout's ./tap.conf, the
 # documented defaults); `mrunner wait --pid` waits for the address that very daemon listens at.

@@ -104,7 +104,9 @@ def stored(config: Mapping[str, Any], host: str) -> Credential | None:
         try:
             username, colon, password = base64.b64decode(entry["auth"], validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            raise DockerConfigError(f"the auth of {found[0] if found else host} is not base64 of user:password") from None
+            raise DockerConfigError(
+                f"the auth of {found[0] if found else host} is not base64 of user:password"
+            ) from None
         return Credential(username, password) if colon else None
     if isinstance(entry.get("username"), str) and isinstance(entry.get("password"), str):
         return Credential(entry["username"], entry["password"])
@@ -121,7 +123,7 @@ def helper_answer(output: bytes) -> Credential:
         value = json.loads(output)
         username, secret = value["Username"], value["Secret"]
     except (ValueError, KeyError, TypeError):
-        raise DockerConfigError("its answer is not {\"Username\", \"Secret\"} JSON") from None
+        raise DockerConfigError('its answer is not {"Username", "Secret"} JSON') from None
     if not isinstance(username, str) or not isinstance(secret, str):
         raise DockerConfigError("its answer's Username and Secret are not strings")
     if username == TOKEN_USERNAME:
@@ -132,7 +134,9 @@ def helper_answer(output: bytes) -> Credential:
 def helper_store_input(host: str, credential: Credential) -> bytes:
     """What C{docker-credential-NAME store} reads on its standard input."""
     username = TOKEN_USERNAME if credential.token else credential.username
-    return json.dumps({"ServerURL": server_key(host), "Username": username, "Secret": credential.secret}).encode()
+    return json.dumps(
+        {"ServerURL": server_key(host), "Username": username, "Secret": credential.secret}
+    ).encode()
 
 
 def is_miss(output: bytes) -> bool:

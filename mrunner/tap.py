@@ -50,6 +50,7 @@ from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_
 from mrunner.store.huggingface import HubClient
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
+from mrunner.store.credentials import Credentials
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
 
@@ -145,7 +146,9 @@ def make_parts(
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     registry_pool = QuietPool(reactor)
     http = HTTPClient(Agent(reactor, pool=registry_pool))
-    registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout)
+    # Docker's config and credential helpers, after [registry.auth]; helpers see the daemon's environment.
+    credentials = Credentials(config.registry.auth, reactor, os.environ)
+    registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout, credentials)
     hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
     operations = ModelOperations(
         store,

@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from mrunner.cli import engines, models
+from mrunner.cli import engines, login, models
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -130,6 +130,15 @@ def parser() -> argparse.ArgumentParser:
     package.add_argument("--chat-template", help="a Jinja chat template file that replaces the GGUF's")
     package.add_argument("--context-size", type=_positive, help="the model's default context size")
     package.add_argument("--push", action="store_true", help="push it to its registry afterwards")
+    log_in = command("login", login.login, "store a registry's credentials where `docker login` would")
+    log_in.add_argument("registry", metavar="REGISTRY", help="host[:port] of the registry")
+    log_in.add_argument("-u", "--username", help="the user name (default: asked at a terminal)")
+    log_in.add_argument(
+        "--password-stdin", action="store_true", help="read the password from stdin (the default off a terminal)"
+    )
+    command("logout", login.logout, "remove a registry's stored credentials").add_argument(
+        "registry", metavar="REGISTRY"
+    )
     command("version", engines.version, "show the client's and the daemon's versions")
     wait = command(
         "wait", engines.wait, "wait until the daemon answers, then print its address (for scripts)"

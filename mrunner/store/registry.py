@@ -31,8 +31,10 @@ from twisted.web.iweb import IResponse
 
 from mrunner.clientpool import QuietPool
 from mrunner.config import RegistryConfig
+from mrunner.docker_config import Credential
 from mrunner.errors import BadGateway, MrunnerError, NotFound
 from mrunner.store.artifact import MANIFEST_TYPES
+from mrunner.store.credentials import Credentials
 from mrunner.store.names import DOCKER_HUB, Reference
 from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_limited
 
@@ -81,8 +83,10 @@ class RegistryClient:
         reactor: IReactorTime,
         http: HTTPClient | None = None,
         read_timeout: float = READ_TIMEOUT,
+        credentials: Credentials | None = None,
     ) -> None:
         self._config = config
+        self._credentials = credentials or Credentials(config.auth)
         self.timeout = Timeout(reactor, read_timeout)
         if http is None:
             self._pool: HTTPConnectionPool | None = QuietPool(reactor)
@@ -159,7 +163,7 @@ class RegistryClient:
         if response.code in (401, 403):
             raise Unauthorized(
                 f"registry {repo.host} refused {actions} access to {repo.name}{detail};"
-                " check [registry.auth] in tap.conf"
+                f" check [registry.auth] in tap.conf, or `mrunner login {repo.host}`"
             )
         if response.code == 404:
             raise NotFound(f"{repo.host} has no {what}{detail}", code="not_in_registry")
@@ -194,12 +198,13 @@ class RegistryClient:
         """Answer C{WWW-Authenticate}: fetch a Bearer token, or use basic credentials."""
         scheme, _, params_text = challenge.partition(" ")
         params = dict(_CHALLENGE_PARAM.findall(params_text))
-        basic = self._basic(repo.host)
+        credential = await self._credentials.find(repo.host)
+        basic = _basic(credential) if credential and not credential.token else None
         if scheme.lower() == "basic":
             if basic is None:
                 raise Unauthorized(
-                    f"registry {repo.host} wants a username and password;"
-                    f' add [registry.auth."{repo.host}"] to tap.conf'
+                    f"registry {repo.host} wants a username and password; add"
+                    f' [registry.auth."{repo.host}"] to tap.conf, or `mrunner login {repo.host}`'
                 )
             self._auth[(repo.host, "")] = basic
             return
@@ -218,17 +223,18 @@ class RegistryClient:
         headers: dict[bytes | str, bytes | str] = {}
         if basic:
             headers["Authorization"] = basic
-        try:
-            response = await answer(
-                self._http.get(
-                    f"{realm}?{urlencode({k: v for k, v in query.items() if v})}",
-                    headers=headers,
-                    allow_redirects=False,
-                    unbuffered=True,
-                ),
-                f"token service {realm}",
-                self.timeout,
+        query = {k: v for k, v in query.items() if v}
+        if credential and credential.token:  # Docker's identity token: OAuth2's refresh token, POSTed
+            form = {**query, "grant_type": "refresh_token", "refresh_token": credential.secret}
+            sending = self._http.post(
+                realm, data=form | {"client_id": "mrunner"}, allow_redirects=False, unbuffered=True
             )
+        else:
+            sending = self._http.get(
+                f"{realm}?{urlencode(query)}", headers=headers, allow_redirects=False, unbuffered=True
+            )
+        try:
+            response = await answer(sending, f"token service {realm}", self.timeout)
             data = await read_limited(
                 response, MAX_TOKEN_ANSWER, f"the answer of token service {realm}", self.timeout
             )
@@ -245,13 +251,6 @@ class RegistryClient:
             raise registry_error(f"token service {realm} answered {response.code} without a token")
         self._auth[(repo.host, scope)] = b"Bearer " + token.encode("latin-1")
         self.log.debug("token for {scope} at {host} from {realm}", scope=scope, host=repo.host, realm=realm)
-
-    def _basic(self, host: str) -> bytes | None:
-        entry = self._config.auth.get(host)
-        if not entry:
-            return None
-        pair = f"{entry.get('username', '')}:{entry.get('password', '')}".encode()
-        return b"Basic " + base64.b64encode(pair)
 
     # The v2 API
 
@@ -305,6 +304,11 @@ class RegistryClient:
             expect=(201, 200),
         )
         await discard(response, f"registry {repo.host}", self.timeout)
+
+
+def _basic(credential: Credential) -> bytes:
+    pair = f"{credential.username}:{credential.secret}".encode()
+    return b"Basic " + base64.b64encode(pair)
 
 
 async def _error_detail(response: IResponse, timeout: Timeout) -> str:

@@ -44,7 +44,9 @@ class AliasTests(CompatDaemonTestCase):
         body = {"model": "claude-3-5-haiku", "max_tokens": 10, "stream": True, "messages": []}
         code, text = await self.post("/anthropic/v1/messages", body)
         self.assertEqual(code, 200, text)
-        answer = await deferToThread(llama.chat, model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+        answer = await deferToThread(
+            llama.chat, model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
         self.assertTrue(answer.message.content)
         (runner,) = self.daemon.scheduler.snapshot()
         self.assertEqual(runner.model_name, MODEL, "one runner, the stored model's, served all four")

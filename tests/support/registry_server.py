@@ -60,7 +60,8 @@ class _Exited(ProcessProtocol):
 class RealRegistry:
     """C{docker-registry serve config.yml}, on 127.0.0.1:<free port>."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, htpasswd: Path | None = None) -> None:
+        """With C{htpasswd} (bcrypt entries, as C{htpasswd -B} writes), every request needs basic auth."""
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         storage = directory / "storage"
@@ -71,6 +72,7 @@ class RealRegistry:
             "log:\n  level: error\n  accesslog:\n    disabled: true\n"
             f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: {self.host}\n"
+            + (f"auth:\n  htpasswd:\n    realm: tests\n    path: {htpasswd}\n" if htpasswd else "")
         )
         self._protocol = _Exited()
 
@@ -82,7 +84,7 @@ class RealRegistry:
             try:
                 response = await treq.get(f"http://{self.host}/v2/", persistent=False)
                 await response.content()
-                if response.code == 200:
+                if response.code in (200, 401):
                     return
             except Exception:  # not listening yet
                 pass
@@ -122,6 +124,7 @@ class StandInRegistry(Resource):
         realm: str = "http://{host}/token",
         token_answer: bytes | None = None,
         token_redirect: bool = False,
+        refresh_token: str | None = None,
     ) -> None:
         super().__init__()
         self.manifests = dict(manifests)
@@ -135,6 +138,7 @@ class StandInRegistry(Resource):
         self.realm = realm
         self.token_answer = token_answer
         self.token_redirect = token_redirect
+        self.refresh_token = refresh_token  # what an OAuth2 POST to the realm must send (an identity token)
         self.seen: list[Seen] = []
         self.port: Any = None
 
@@ -156,6 +160,12 @@ class StandInRegistry(Resource):
         if path == "/token" and self.token_redirect:
             request.redirect(f"http://{header('host')}/token-elsewhere".encode())
             return b""
+        if path == "/token" and request.method == b"POST":
+            form = request.args
+            if self.refresh_token is None or form.get(b"refresh_token") != [self.refresh_token.encode()]:
+                request.setResponseCode(401)
+                return b"{}"
+            return json.dumps({"access_token": self.token}).encode()
         if path in ("/token", "/token-elsewhere"):
             if header("authorization") != self.basic:
                 request.setResponseCode(401)
