@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from mrunner.cli import engines, login, models
+from mrunner.cli import engines, launch, login, models
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -139,6 +139,13 @@ def parser() -> argparse.ArgumentParser:
     command("logout", login.logout, "remove a registry's stored credentials").add_argument(
         "registry", metavar="REGISTRY"
     )
+    launch_tool = command(
+        "launch", launch.launch, "start a coding agent or chat UI pointed at mrunner (claude, codex, ...)"
+    )
+    launch_tool.add_argument("tool", metavar="TOOL", help=f"one of {', '.join(launch.TOOLS)}, or any with --env")
+    launch_tool.add_argument("--model", help="the model it uses (default: the first the daemon lists)")
+    launch_tool.add_argument("--env", action="store_true", help="print its environment as export lines instead")
+    launch_tool.add_argument("args", nargs="*", metavar="ARG", help="passed on to the tool (after --)")
     command("version", engines.version, "show the client's and the daemon's versions")
     wait = command(
         "wait", engines.wait, "wait until the daemon answers, then print its address (for scripts)"
@@ -181,7 +188,13 @@ def joined(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     top = parser()
-    args = top.parse_args(joined(sys.argv[1:] if argv is None else argv))
+    words = joined(sys.argv[1:] if argv is None else argv)
+    words, passed = launch.passed_on(words)
+    args = top.parse_args(words)
+    if passed and args.command != "launch":
+        top.error("arguments after -- are for `mrunner launch TOOL -- ARGS` only")
+    if passed:
+        args.args += passed
     if args.command == "unload" and bool(args.models) == args.all:
         top.error("unload needs model names or --all (not both)")
     tty = sys.stdout.isatty()
