@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from mrunner.cli import engines, launch, login, models
+from mrunner.cli import bench, engines, launch, login, models
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -134,17 +134,48 @@ def parser() -> argparse.ArgumentParser:
     log_in.add_argument("registry", metavar="REGISTRY", help="host[:port] of the registry")
     log_in.add_argument("-u", "--username", help="the user name (default: asked at a terminal)")
     log_in.add_argument(
-        "--password-stdin", action="store_true", help="read the password from stdin (the default off a terminal)"
+        "--password-stdin",
+        action="store_true",
+        help="read the password from stdin (the default off a terminal)",
     )
     command("logout", login.logout, "remove a registry's stored credentials").add_argument(
         "registry", metavar="REGISTRY"
     )
+    timing = command(
+        "bench",
+        bench.bench,
+        "tokens per second at several concurrencies, and the time to first token",
+        json=True,
+    )
+    timing.add_argument("model")
+    timing.add_argument(
+        "--concurrency",
+        type=bench.concurrencies,
+        default=bench.DEFAULT_CONCURRENCY,
+        help="requests at once, one round each (default: 1,2,4,8)",
+    )
+    timing.add_argument(
+        "--prompt-tokens",
+        type=_positive,
+        default=bench.DEFAULT_PROMPT_TOKENS,
+        help=f"about how long each prompt is (default: {bench.DEFAULT_PROMPT_TOKENS})",
+    )
+    timing.add_argument(
+        "--max-tokens",
+        type=_positive,
+        default=bench.DEFAULT_MAX_TOKENS,
+        help=f"tokens each answer makes (default: {bench.DEFAULT_MAX_TOKENS})",
+    )
     launch_tool = command(
         "launch", launch.launch, "start a coding agent or chat UI pointed at mrunner (claude, codex, ...)"
     )
-    launch_tool.add_argument("tool", metavar="TOOL", help=f"one of {', '.join(launch.TOOLS)}, or any with --env")
+    launch_tool.add_argument(
+        "tool", metavar="TOOL", help=f"one of {', '.join(launch.TOOLS)}, or any with --env"
+    )
     launch_tool.add_argument("--model", help="the model it uses (default: the first the daemon lists)")
-    launch_tool.add_argument("--env", action="store_true", help="print its environment as export lines instead")
+    launch_tool.add_argument(
+        "--env", action="store_true", help="print its environment as export lines instead"
+    )
     launch_tool.add_argument("args", nargs="*", metavar="ARG", help="passed on to the tool (after --)")
     command("version", engines.version, "show the client's and the daemon's versions")
     wait = command(
