@@ -402,7 +402,9 @@ def _models(table: Mapping[str, Any]) -> ModelsConfig:
 def _aliases(table: object) -> dict[str, str]:
     """``[aliases]``: ``"gpt-4o-mini" = "ai/smollm2"``; both valid model names, no alias of an alias."""
     if not isinstance(table, Mapping):
-        raise ConfigError(f'aliases: expected a table of names ("gpt-4o-mini" = "ai/smollm2"), got {table!r:.80}')
+        raise ConfigError(
+            f'aliases: expected a table of names ("gpt-4o-mini" = "ai/smollm2"), got {table!r:.80}'
+        )
     aliases: dict[str, str] = {}
     for alias, target in table.items():
         if not isinstance(target, str):

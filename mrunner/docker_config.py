@@ -64,7 +64,7 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def server_key(host: str) -> str:
-    """The key Docker files C{host}'s credentials under (and sends a helper): Hub's v1 address, else the host."""
+    """Where Docker files C{host}'s credentials, and what a helper is given: Hub's v1 address, or C{host}."""
     return HUB_KEY if host in HUB_HOSTS else host
 
 

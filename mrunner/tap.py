@@ -47,10 +47,10 @@ from mrunner.scheduling.process import RunnerOptions, start_runner
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
+from mrunner.store.credentials import Credentials
 from mrunner.store.huggingface import HubClient
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
-from mrunner.store.credentials import Credentials
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
 

@@ -96,7 +96,7 @@ TOOLS: Mapping[str, Tool] = {
         "python -m pip install aider-install && aider-install",
         _openai,
         lambda url, model: ["--model", f"openai/{model}"],
-    ),  # fmt: skip
+    ),
     "openwebui": Tool(
         "open-webui", "python -m pip install open-webui", _openwebui, lambda url, model: ["serve"]
     ),

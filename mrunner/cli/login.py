@@ -1,4 +1,4 @@
-"""C{mrunner login REGISTRY} and C{mrunner logout REGISTRY}: credentials kept where C{docker login} keeps them.
+"""C{mrunner login REGISTRY} and C{mrunner logout REGISTRY}: credentials where C{docker login} keeps them.
 
 That is the credential helper Docker's config names for the registry
 (C{credHelpers}, else C{credsStore}), else C{auths} in the config file itself
@@ -14,6 +14,7 @@ import getpass
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from mrunner import docker_config
 from mrunner.cli.context import Context
@@ -59,7 +60,7 @@ def logout(context: Context, args: argparse.Namespace) -> None:
     context.out.print(f"Removed the login for {host}" if had else f"Not logged in to {host}", markup=False)
 
 
-def _config() -> tuple[os.PathLike[str], dict[str, object]]:
+def _config() -> tuple[Path, dict[str, object]]:
     path = docker_config.config_path(os.environ)
     try:
         return path, docker_config.read(path)

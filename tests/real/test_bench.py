@@ -32,7 +32,9 @@ class BenchTests(LlamaCppTestCase):
         self.assertGreaterEqual(report["load_seconds"], 0)
         levels = report["levels"]
         self.assertEqual([(one["concurrency"], one["requests"]) for one in levels], [(1, 1), (3, 3)])
-        self.assertEqual([one["completion_tokens"] for one in levels], [5, 15], "ignore_eos: every token made")
+        self.assertEqual(
+            [one["completion_tokens"] for one in levels], [5, 15], "ignore_eos: every token made"
+        )
         self.assertEqual(levels[1]["prompt_tokens"], 3 * levels[0]["prompt_tokens"])
         self.assertGreaterEqual(levels[0]["prompt_tokens"], 16)
         for one in levels:
@@ -48,7 +50,7 @@ class BenchTests(LlamaCppTestCase):
 
     async def test_missing_model(self) -> None:
         await self.start()
-        out, err, code = await getProcessOutputAndValue(
+        _out, err, code = await getProcessOutputAndValue(
             MRUNNER, ["--host", self.daemon.url, "bench", "ai/absent"], env={}, reactor=reactor
         )
         self.assertEqual(code, 1)

@@ -42,11 +42,7 @@ MISSING = [name for name in NEEDED if shutil.which(name) is None]
 
 
 class DockerCredentialsTests(TestCase):
-    skip = SKIP or (
-        f"{', '.join(MISSING)} missing: make system-deps (apache2-utils, pass, golang-docker-credential-helpers)"
-        if MISSING
-        else None
-    )
+    skip = SKIP or (f"{', '.join(MISSING)} missing: `make system-deps`" if MISSING else None)
     timeout = 120
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -75,7 +71,7 @@ class DockerCredentialsTests(TestCase):
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
     def client(self, name: str, configured: RegistryConfig | None = None, timeout: float = 10.0) -> Any:
-        """A store and a registry client as the daemon builds them, reading Docker's config from C{self.env}."""
+        """A store and a registry client as the daemon builds them, Docker's config read from C{self.env}."""
         config = configured or RegistryConfig()
         store = ModelStore(self.dir / name, reactor)  # type: ignore[arg-type]
         credentials = Credentials(config.auth, reactor, self.env, timeout)
@@ -93,7 +89,7 @@ class DockerCredentialsTests(TestCase):
         await self.pull("other", **kw)
 
     async def pull(self, name: str, **kw: Any) -> None:
-        store, puller, _ = self.client(name, **kw)
+        _store, puller, _ = self.client(name, **kw)
         model = await puller.pull(parse(self.name), Progress(lambda line: None, reactor, "pull"))  # type: ignore[arg-type]
         self.assertEqual(model.tags, (self.name,))
 

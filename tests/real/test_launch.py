@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,7 +86,7 @@ class LaunchTests(TestCase):
         self.assertEqual(argv[-2:], ["--model", "ai/smollm2"])
 
     async def test_missing_tool(self) -> None:
-        out, err = await self.launch("aider", "--model", "m", code=1)
+        _out, err = await self.launch("aider", "--model", "m", code=1)
         self.assertIn("aider is not installed (not on PATH): install it with `python -m pip install", err)
         self.assertFalse(self.record.exists())
 
