@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
+from contextlib import suppress
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessDone
+from twisted.internet.error import ProcessDone, ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -55,6 +56,11 @@ class _Helper(ProcessProtocol):
             self.exited.callback(0 if reason.check(ProcessDone) else getattr(reason.value, "exitCode", None))
 
 
+def _kill(process: Any) -> None:
+    with suppress(ProcessExitedAlready):  # it exited as the time ran out
+        process.signalProcess("KILL")
+
+
 class Credentials:
     """Finds the credentials for a registry host (L{find})."""
 
@@ -82,21 +88,25 @@ class Credentials:
         try:
             config = docker_config.read(docker_config.config_path(self._environ))
             helper = docker_config.helper_for(config, host)
-            if helper:
-                try:
-                    found = await self._ask(helper, host)
-                except DockerConfigError as e:
-                    self.log.warn("credential helper for {host} not used: {error}", host=host, error=str(e))
-                else:
-                    if found is not None:
-                        return found
-            return docker_config.stored(config, host)
+            found = await self._ask(helper, host) if helper else None
+            return found or docker_config.stored(config, host)
         except DockerConfigError as e:
             self.log.warn("Docker credentials for {host} not used: {error}", host=host, error=str(e))
             return None
 
     async def _ask(self, helper: str, host: str) -> Credential | None:
-        """C{docker-credential-HELPER get}: its answer, or None for a miss or a failure (logged)."""
+        """The helper's answer; None for a miss, and for a failure, which is logged (C{auths} is next)."""
+        try:
+            return await self._run(helper, host)
+        except DockerConfigError as e:
+            self.log.warn("credential helper for {host} not used: {error}", host=host, error=str(e))
+            return None
+
+    async def _run(self, helper: str, host: str) -> Credential | None:
+        """C{docker-credential-HELPER get}: its answer, or None for a miss.
+
+        @raise DockerConfigError: the helper is missing, hung, failed or answered nonsense.
+        """
         name = docker_config.program(helper)
         executable = shutil.which(name, path=self._environ.get("PATH") if self._environ else None)
         if executable is None:
@@ -105,7 +115,7 @@ class Credentials:
         process = self._reactor.spawnProcess(
             protocol, executable, [executable, "get"], env=dict(self._environ or os.environ)
         )
-        timer = self._reactor.callLater(self._timeout, process.signalProcess, "KILL")
+        timer = self._reactor.callLater(self._timeout, _kill, process)
         code = await protocol.exited
         if timer.active():
             timer.cancel()
