@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from mrunner.values import (
         ContextSize,
         Device,
+        Footprint,
         InstallStatus,
         ModelSettings,
         Preload,
@@ -144,6 +145,9 @@ class IBackend(Interface):
 
     def memory(model: Model, mode: str, settings: RunnerSettings) -> int:
         """Bytes a runner of C{model} in C{mode} with C{settings} is estimated to need."""
+
+    def footprint(model: Model, mode: str, settings: RunnerSettings) -> Footprint:
+        """L{memory} split into what can be offloaded to GPUs, layer by layer, and what stays in RAM."""
 
     def context(model: Model, settings: RunnerSettings) -> ContextSize:
         """The context a runner of C{model} with C{settings} asks for, and the one in force."""

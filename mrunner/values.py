@@ -149,3 +149,68 @@ class Device:
     memory_free: int
     budget: int
     used: int = 0
+
+
+#: The host's RAM, as a device: where every layer not offloaded lives.
+HOST = "CPU"
+
+
+@attrs.frozen
+class Footprint:
+    """What a runner needs, in the units llama.cpp places (L{mrunner.backends.llamacpp.footprint}).
+
+    C{layers} offloadable layers (the repeating blocks and the output layer, as
+    C{-ngl} counts them) of C{per_layer} bytes each (weights and KV cache); a
+    compute buffer of C{per_device} bytes on each GPU the runner uses; and
+    C{host} bytes in RAM however many layers are offloaded (the process, the
+    token embeddings, the CPU's compute buffer). A backend that cannot offload
+    has no layers: all of it is C{host}.
+    """
+
+    host: int
+    layers: int = 0
+    per_layer: int = 0
+    per_device: int = 0
+
+    @property
+    def total(self) -> int:
+        """Bytes with every layer on the CPU: the whole estimate on a machine without a GPU."""
+        return self.in_ram(0)
+
+    def in_ram(self, gpu_layers: int) -> int:
+        """Bytes left in RAM with C{gpu_layers} layers offloaded."""
+        return self.host + (self.layers - gpu_layers) * self.per_layer
+
+    def on_device(self, layers: int) -> int:
+        """Bytes a GPU holds for C{layers} of them (none and no compute buffer for none)."""
+        return layers * self.per_layer + self.per_device if layers else 0
+
+
+@attrs.frozen
+class Placement:
+    """Where one runner's layers go: C{layers} per GPU, in C{--device} order, the rest on the CPU;
+    C{memory} is the bytes each device (C{CPU} too) is planned to hold."""
+
+    layers: tuple[tuple[str, int], ...] = ()
+    memory: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def gpu_layers(self) -> int:
+        return sum(n for _, n in self.layers)
+
+    @property
+    def on_gpus(self) -> dict[str, int]:
+        """Bytes planned on each GPU it uses."""
+        return {device: size for device, size in self.memory if device != HOST}
+
+    @property
+    def in_ram(self) -> int:
+        return dict(self.memory).get(HOST, 0)
+
+
+def place_on(footprint: Footprint, layers: dict[str, int]) -> Placement:
+    """The L{Placement} of C{footprint} with C{layers} on each GPU (in order), the rest in RAM."""
+    used = {device: n for device, n in layers.items() if n > 0}
+    memory = {HOST: footprint.in_ram(sum(used.values()))}
+    memory.update({device: footprint.on_device(n) for device, n in used.items()})
+    return Placement(tuple(used.items()), tuple(memory.items()))

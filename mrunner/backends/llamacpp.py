@@ -26,7 +26,7 @@ from mrunner.config import Config
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
-from mrunner.values import ContextSize
+from mrunner.values import ContextSize, Footprint, Placement
 
 #: The context size when neither the runner settings nor the model's config name one.
 MAX_DEFAULT_CONTEXT_SIZE = 8192
@@ -107,6 +107,19 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
     draft = 0
     if settings.draft is not None:
         draft = memory_estimate(settings.draft, attrs.evolve(settings, draft=None)) - BASE_RSS
+    parts = _parts(model, settings)
+    return files_size(model) + parts.kv_cache + parts.compute + BASE_RSS + draft
+
+
+@attrs.frozen
+class _Parts:
+    blocks: int
+    kv_cache: int
+    compute: int
+
+
+def _parts(model: Model, settings: RunnerSettings) -> _Parts:
+    """The model's repeating blocks, its KV cache and its compute buffers for C{settings}."""
     metadata = model.config.get("gguf") or {}
     architecture = model.config.get("architecture") or metadata.get("general.architecture")
 
@@ -123,9 +136,54 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
     per_token = number("attention.head_count_kv", heads) * (
         number("attention.key_length", head_size) + number("attention.value_length", head_size)
     )
-    kv_cache = number("block_count", 0) * context * per_token * F16_BYTES
+    blocks = number("block_count", 0)
+    kv_cache = blocks * context * per_token * F16_BYTES
     compute = UBATCH * context * F16_BYTES + UBATCH * embedding * ACTIVATION_BYTES
-    return files_size(model) + kv_cache + compute + BASE_RSS + draft
+    return _Parts(blocks, kv_cache, compute)
+
+
+def footprint(model: Model, settings: RunnerSettings) -> Footprint:
+    """L{memory_estimate} split the way llama.cpp places a model over devices.
+
+    ``-ngl N`` offloads the last N of the model's layers, counting its blocks
+    and then the output layer (so blocks + 1 offloads everything): each block's
+    weights go with its KV cache to the device that holds it, and every GPU in
+    use reserves its own compute buffer, about as large as the CPU's. The
+    token embeddings, the vision projector, a draft model (run with
+    ``--gpu-layers-draft 0``) and the process itself stay in RAM. The layers
+    are taken as equal shares of the weights file and the KV cache: the file's
+    non-repeating tensors (embeddings, output) are a small part of any model
+    worth a GPU, and the measured use corrects the rest (L{loadlines}).
+    A model without GGUF metadata has no layers to offload.
+    """
+    total = memory_estimate(model, settings)
+    parts = _parts(model, settings)
+    if not parts.blocks:
+        return Footprint(total)
+    layers = parts.blocks + 1
+    weights = sum(os.path.getsize(path) if os.path.exists(path) else 0 for path in model.weights)
+    per_layer = (weights + parts.kv_cache) // layers
+    return Footprint(total - layers * per_layer, layers, per_layer, parts.compute)
+
+
+def placement_args(placement: Placement, draft: bool = False) -> list[str]:
+    """The flags that put a runner's layers where the plan says: ``--device`` lists the GPUs it
+    uses, ``-ngl`` counts the layers they hold, ``--tensor-split`` shares them out.
+
+    ``--fit off``: the pinned llama-server otherwise changes every unset
+    argument to fit the memory free when it starts, which another runner may
+    be about to take; mrunner has done the arithmetic against its budgets, so
+    two runners never plan for the same free memory. A flag of the model's
+    own ``runtime_flags`` comes later and still wins.
+    """
+    devices = [device for device, _ in placement.layers]
+    args = ["--fit", "off", "--device", ",".join(devices) or "none"]
+    args += ["--n-gpu-layers", str(placement.gpu_layers)]
+    if len(devices) > 1:
+        args += ["--tensor-split", ",".join(str(n) for _, n in placement.layers)]
+    if draft:
+        args += ["--gpu-layers-draft", "0"]
+    return args
 
 
 def files_size(model: Model) -> int:
@@ -266,6 +324,8 @@ class LlamaCppBackend:
             args += ["--model-draft", settings.draft.gguf, "--spec-type", "draft-simple"]
         if settings.threads > 0:
             args += ["--threads", str(settings.threads)]
+        if settings.placement is not None:
+            args += placement_args(settings.placement, draft=settings.draft is not None)
         if mode == RERANKING and not can_rerank(model):
             raise BadRequest(
                 f"model {model.name} cannot rerank: it has no ranking head (GGUF pooling type"
@@ -283,6 +343,9 @@ class LlamaCppBackend:
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         return memory_estimate(model, settings)
+
+    def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
+        return footprint(model, settings)
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         return context_in_force(model, settings)

@@ -12,7 +12,7 @@ from mrunner.backends.base import Command, RunnerSettings
 from mrunner.errors import NotFound, RunnerFailed
 from mrunner.interfaces import IBackend, ILoaderEvents, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
-from mrunner.values import ContextSize, RunnerKey
+from mrunner.values import ContextSize, Footprint, RunnerKey
 
 
 @implementer(IRunnerProcess)
@@ -126,6 +126,9 @@ class FakeBackend:
     manages_models: bool = False
     need: int = 0
     trained: int | None = None
+    layers: int = 0
+    per_layer: int = 0
+    per_device: int = 0
     installs: list[Deferred[str]] = attrs.field(factory=list)
     reports: list[Any] = attrs.field(factory=list)
 
@@ -140,6 +143,10 @@ class FakeBackend:
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         return self.need
+
+    def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
+        """C{need} in RAM, plus C{layers} offloadable layers of C{per_layer} bytes when set."""
+        return Footprint(self.need - self.layers * self.per_layer, self.layers, self.per_layer, self.per_device)
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         """As llama-server: at most C{trained} tokens a request, when set."""
