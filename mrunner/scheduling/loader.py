@@ -9,7 +9,7 @@ each runner's machine what happened to it.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -22,12 +22,12 @@ from zope.interface import implementer
 
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
-from mrunner.interfaces import ILease, ILoaderEvents, IRunnerProcess
+from mrunner.interfaces import IDevices, ILease, ILoaderEvents, IRunnerProcess
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import LoadRequest, Roster, Runner
 from mrunner.store.model import Model
-from mrunner.values import RunnerKey, State
+from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
 
 SHUTTING_DOWN = "mrunner is shutting down; try again once it has restarted"
 
@@ -47,6 +47,10 @@ class _Waiter:
     @property
     def memory(self) -> int:
         return self.request.memory
+
+    @property
+    def footprint(self) -> Footprint:
+        return self.request.footprint or Footprint(self.request.memory)
 
 
 @implementer(ILease)
@@ -101,8 +105,10 @@ class Loader:
         limits: Limits,
         max_queue: int,
         events: ILoaderEvents | None = None,
+        devices: IDevices | None = None,
     ):
         self._clock = clock
+        self._devices = devices
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -271,10 +277,21 @@ class Loader:
         try:
             while self._repump:
                 self._repump = False
-                stopping = [runner.memory for runner in self.roster.stopping()]
-                self._act(policy.plan(self._queue, self.runners, stopping, self._limits))
+                stopping = self.roster.stopping()
+                limits = attrs.evolve(self._limits, gpus=self.gpus())
+                on_gpus = Counter[str]()
+                for runner in stopping:
+                    on_gpus.update(runner.on_gpus)
+                memory = [runner.memory for runner in stopping]
+                self._act(policy.plan(self._queue, self.runners, memory, limits, dict(on_gpus)))
         finally:
             self._pumping = False
+
+    def gpus(self) -> tuple[tuple[str, int], ...]:
+        """Each GPU's budget, as the devices were last seen; none on a machine without GPUs."""
+        if self._devices is None:
+            return ()
+        return tuple((d.id, d.budget) for d in self._devices.devices() if d.id != HOST)
 
     def _act(self, decision: policy.Plan[_Waiter, RunnerKey]) -> None:
         for waiter in decision.assign:
@@ -292,9 +309,10 @@ class Loader:
             if runner is not None and runner.state is State.READY:
                 self.log.info("draining busy runner {key} to make room", key=key)
                 self._retire(runner, "memory", drain=True)
-        for waiter in decision.load:
+        placements: tuple[Placement | None, ...] = decision.placements or (None,) * len(decision.load)
+        for waiter, placement in zip(decision.load, placements, strict=True):
             if waiter.key not in self.runners:
-                self._load(waiter.request)
+                self._load(waiter.request, placement)
         for key in policy.drained(self.runners):
             self.runners[key].stop()
         for runner in list(self.runners.values()):
@@ -320,10 +338,11 @@ class Loader:
 
     # Loads
 
-    def _load(self, request: LoadRequest) -> None:
+    def _load(self, request: LoadRequest, placement: Placement | None = None) -> None:
         self.log.info("loading {model} for {key}", model=request.model.name, key=request.key)
+        settings = attrs.evolve(request.settings, placement=placement)
         try:
-            process = self._spawn(request.key, request.model, request.settings)
+            process = self._spawn(request.key, request.model, settings)
         except MrunnerError as e:
             self._events.load_failed(request.key, request.model.name)
             self._fail_waiters(request.key, Failure(e))  # e.g. a model the backend cannot serve
@@ -333,7 +352,7 @@ class Loader:
             error = RunnerFailed(f"mrunner could not start a runner for {request.model.name}: {e}")
             self._fail_waiters(request.key, Failure(error))
             return
-        self.roster.add(request, process)
+        self.roster.add(request, process, placement)
 
     def _fail_waiters(self, key: RunnerKey, reason: Failure) -> None:
         for waiter in [w for w in self._queue if w.key == key]:

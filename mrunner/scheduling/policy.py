@@ -276,17 +276,15 @@ def _layers_fitting(footprint: Footprint, room: float) -> int:
 
 
 def _share(layers: int, fitting: Mapping[str, int]) -> dict[str, int]:
-    """C{layers} over devices in proportion to how many each holds, none over that; all it holds
-    when they hold fewer."""
+    """C{layers} over devices in proportion to how many each holds (largest remainders round up,
+    so none gets more than it holds); all they hold when that is fewer."""
     total = sum(fitting.values())
     if total <= layers:
         return dict(fitting)
     share = {d: layers * n // total for d, n in fitting.items()}
-    rest = layers - sum(share.values())
-    for device in sorted(fitting, key=lambda d: -fitting[d]):
-        extra = min(rest, fitting[device] - share[device])
-        share[device] += extra
-        rest -= extra
+    behind = sorted(fitting, key=lambda d: -(layers * fitting[d] % total))  # the largest remainders
+    for device in behind[: layers - sum(share.values())]:
+        share[device] += 1
     return share
 
 

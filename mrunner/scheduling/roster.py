@@ -23,7 +23,7 @@ from mrunner.scheduling.keepalive import KeepAlive
 from mrunner.scheduling.lifecycle import Input
 from mrunner.scheduling.policy import Limits
 from mrunner.store.model import Model
-from mrunner.values import RunnerKey, State
+from mrunner.values import Footprint, Placement, RunnerKey, State
 
 #: Seconds between two readings of a runner's resident memory, which is read from /proc when it goes idle.
 MEASURE_EVERY = 1.0
@@ -40,6 +40,8 @@ class LoadRequest:
     memory: int = 0
     sets_keep_alive: bool = False
     pinned: bool = False
+    #: C{memory} split per layer, for a plan over GPUs; None: all of it in RAM.
+    footprint: Footprint | None = None
 
 
 class Keeper(Protocol):
@@ -60,9 +62,17 @@ class Runner:
 
     log = Logger()
 
-    def __init__(self, request: LoadRequest, process: IRunnerProcess, roster: Roster):
+    def __init__(
+        self,
+        request: LoadRequest,
+        process: IRunnerProcess,
+        roster: Roster,
+        placement: Placement | None = None,
+    ):
         self.request = request
         self.process = process
+        #: Where the plan put its layers; None on a machine without GPUs.
+        self.placement = placement
         self._roster = roster
         self.state = State.LOADING
         self.in_use = 0
@@ -195,7 +205,13 @@ class Runner:
         only pages touched so far, and buffers llama-server has allocated
         but not yet used are touched by the first long prompt.
         """
-        return max(self.request.memory, self.measured)
+        estimate = self.request.memory if self.placement is None else self.placement.in_ram
+        return max(estimate, self.measured)
+
+    @property
+    def on_gpus(self) -> dict[str, int]:
+        """Bytes it holds on each GPU: as planned (none without a placement)."""
+        return {} if self.placement is None else self.placement.on_gpus
 
 
 class Roster:
@@ -210,9 +226,12 @@ class Roster:
         self._alive: dict[Runner, None] = {}  # in order of loading
         self._empty: list[Deferred[None]] = []
 
-    def add(self, request: LoadRequest, process: IRunnerProcess) -> Runner:
-        """Record C{process}, just started for C{request}; its Deferreds drive the runner's machine."""
-        runner = Runner(request, process, self)
+    def add(
+        self, request: LoadRequest, process: IRunnerProcess, placement: Placement | None = None
+    ) -> Runner:
+        """Record C{process}, just started for C{request} (its layers where C{placement} says);
+        its Deferreds drive the runner's machine."""
+        runner = Runner(request, process, self, placement)
         self.by_key[request.key] = runner
         self._alive[runner] = None
         process.ready.addCallbacks(lambda _: runner.answer(), runner.fail)

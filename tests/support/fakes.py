@@ -146,7 +146,8 @@ class FakeBackend:
 
     def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
         """C{need} in RAM, plus C{layers} offloadable layers of C{per_layer} bytes when set."""
-        return Footprint(self.need - self.layers * self.per_layer, self.layers, self.per_layer, self.per_device)
+        host = self.need - self.layers * self.per_layer
+        return Footprint(host, self.layers, self.per_layer, self.per_device)
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         """As llama-server: at most C{trained} tokens a request, when set."""
