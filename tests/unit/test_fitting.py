@@ -34,7 +34,7 @@ class Runner:
 @attrs.frozen
 class Waiter:
     key: str
-    footprint: Footprint = Footprint(0)
+    footprint: Footprint = attrs.field(factory=lambda: Footprint(0))
 
     @property
     def memory(self) -> int:
@@ -89,7 +89,14 @@ def keys(items: tuple[object, ...]) -> str:
 # (why, runners, queue, RAM budget, expected load with its layers, evict, drain)
 PLANS = [
     ("whole on the one GPU with room", {"a": on("CUDA1", 10)}, 100, ("b", "CUDA0:9"), "", ""),
-    ("spread before an idle runner is evicted", {"a": on("CUDA0", 10)}, 100, ("b", "CUDA0:5 CUDA1:4"), "", ""),
+    (
+        "spread before an idle runner is evicted",
+        {"a": on("CUDA0", 10)},
+        100,
+        ("b", "CUDA0:5 CUDA1:4"),
+        "",
+        "",
+    ),
     (
         "an idle runner on the GPU goes for a whole fit",
         {"a": on("CUDA0", 20), "c": on("CUDA1", 10)},
@@ -192,7 +199,9 @@ class GpuPlanPropertyTests(SynchronousTestCase):
             self.assertLessEqual(held + planned, budget, f"over {device}'s budget")
         for waiter, placement in zip(decision.load, decision.placements, strict=True):
             buffers = waiter.footprint.per_device * len(placement.on_gpus)
-            self.assertEqual(placement.in_ram + sum(placement.on_gpus.values()), waiter.footprint.total + buffers)
+            self.assertEqual(
+                placement.in_ram + sum(placement.on_gpus.values()), waiter.footprint.total + buffers
+            )
 
 
 class PlacementArgsTests(SynchronousTestCase):
@@ -235,4 +244,6 @@ class FootprintTests(SynchronousTestCase):
     def test_no_metadata(self) -> None:
         """Nothing known of its layers: nothing to offload, the whole estimate in RAM."""
         footprint = llamacpp.footprint(model(), RunnerSettings())
-        self.assertEqual((footprint.layers, footprint.total), (0, llamacpp.memory_estimate(model(), RunnerSettings())))
+        self.assertEqual(
+            (footprint.layers, footprint.total), (0, llamacpp.memory_estimate(model(), RunnerSettings()))
+        )
