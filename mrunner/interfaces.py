@@ -178,6 +178,10 @@ class IRunnerProcess(Interface):
     pid = Attribute("Its process id, or None once it has ended.")
     ready = Attribute("Deferred: fires when it answers, fails (L{RunnerFailed}) if it cannot start.")
     ended = Attribute("Deferred: fires once the process has exited, whatever the reason.")
+    load_report = Attribute(
+        "L{mrunner.backends.loadlines.LoadReport}: each device's buffers as its load output gave"
+        " them, and the device that ran out of memory, if one did."
+    )
 
     def stop() -> None:
         """SIGTERM now, SIGKILL after the grace period; a no-op once it has ended."""

@@ -164,13 +164,20 @@ class Footprint:
     compute buffer of C{per_device} bytes on each GPU the runner uses; and
     C{host} bytes in RAM however many layers are offloaded (the process, the
     token embeddings, the CPU's compute buffer). A backend that cannot offload
-    has no layers: all of it is C{host}.
+    has no layers: all of it is C{host}. C{offload}, when set, caps the
+    layers offloaded: a load that ran out of device memory is retried with fewer.
     """
 
     host: int
     layers: int = 0
     per_layer: int = 0
     per_device: int = 0
+    offload: int | None = None
+
+    @property
+    def offloadable(self) -> int:
+        """How many layers a placement may put on GPUs."""
+        return self.layers if self.offload is None else min(self.layers, self.offload)
 
     @property
     def total(self) -> int:

@@ -221,6 +221,11 @@ class Loader:
 
     def failed(self, runner: Runner, reason: Failure) -> None:
         key = runner.key
+        device = runner.process.load_report.out_of_memory
+        if device is not None:
+            if self._retry_smaller(runner, device):
+                return
+            reason = Failure(out_of_memory(runner, device, reason.getErrorMessage()))
         previous = self._backoff.get(key)
         delay = policy.next_backoff(previous.delay if previous else None)
         self._backoff[key] = _Backoff(delay, self._clock.seconds() + delay)
@@ -231,6 +236,25 @@ class Loader:
             delay=delay,
         )
         self._fail_waiters(key, reason)  # before its machine stops it: that must not start a load for them
+
+    def _retry_smaller(self, runner: Runner, device: str) -> bool:
+        """Once per load: plan again for C{runner}'s waiters with fewer layers offloaded."""
+        footprint = runner.request.footprint
+        if footprint is None or footprint.offload is not None or not runner.gpu_layers:
+            return False
+        fewer = attrs.evolve(footprint, offload=runner.gpu_layers * 3 // 4)
+        request = attrs.evolve(runner.request, footprint=fewer)
+        self.log.warn(
+            "runner {key} ran out of memory on {device} with {layers} layers offloaded; trying {fewer}",
+            key=runner.key,
+            device=device,
+            layers=runner.gpu_layers,
+            fewer=fewer.offload,
+        )
+        for waiter in self._queue:
+            if waiter.key == runner.key:
+                waiter.request = request
+        return True
 
     def replan(self) -> None:
         if not self._closed:
@@ -362,6 +386,15 @@ class Loader:
     @property
     def _events(self) -> ILoaderEvents:
         return self.roster.events
+
+
+def out_of_memory(runner: Runner, device: str, output: str) -> RunnerFailed:
+    """The error for a runner that ran out of C{device}'s memory while loading, even with fewer layers."""
+    return RunnerFailed(
+        f"model {runner.model_name} ran out of memory on {device} while loading, with"
+        f" {runner.gpu_layers} layers offloaded; lower [gpu] memory_budget for {device}, or use a"
+        f" smaller context size ({output})"
+    )
 
 
 def _when_ended(runner: Runner) -> Deferred[None]:

@@ -249,20 +249,22 @@ def place(footprint: Footprint, room: Mapping[str, float], gpus: Sequence[str]) 
     so the largest gaps stay for others; else spread over the fewest GPUs,
     largest room first, in proportion to their room (``--tensor-split``);
     else as many layers as fit on them all, the rest in RAM. RAM is not
-    checked here: more layers on GPUs always leave less in it.
+    checked here: more layers on GPUs always leave less in it. At most
+    C{footprint.offloadable} layers are placed on GPUs.
     """
-    if not footprint.layers:
+    want = footprint.offloadable
+    if not want:
         return place_on(footprint, {})
     fit = {d: _layers_fitting(footprint, room.get(d, 0)) for d in gpus}
-    whole = [d for d in gpus if fit[d] >= footprint.layers]
+    whole = [d for d in gpus if fit[d] >= want]
     if whole:
-        return place_on(footprint, {min(whole, key=lambda d: room[d]): footprint.layers})
+        return place_on(footprint, {min(whole, key=lambda d: room[d]): want})
     chosen: dict[str, int] = {}
     for device in sorted((d for d in gpus if fit[d] > 0), key=lambda d: -fit[d]):
-        if sum(chosen.values()) >= footprint.layers:
+        if sum(chosen.values()) >= want:
             break
         chosen[device] = fit[device]
-    share = _share(footprint.layers, chosen)
+    share = _share(want, chosen)
     return place_on(footprint, {d: share[d] for d in gpus if d in share})
 
 

@@ -23,7 +23,7 @@ from mrunner.scheduling.keepalive import KeepAlive
 from mrunner.scheduling.lifecycle import Input
 from mrunner.scheduling.policy import Limits
 from mrunner.store.model import Model
-from mrunner.values import Footprint, Placement, RunnerKey, State
+from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
 
 #: Seconds between two readings of a runner's resident memory, which is read from /proc when it goes idle.
 MEASURE_EVERY = 1.0
@@ -210,8 +210,18 @@ class Runner:
 
     @property
     def on_gpus(self) -> dict[str, int]:
-        """Bytes it holds on each GPU: as planned (none without a placement)."""
-        return {} if self.placement is None else self.placement.on_gpus
+        """Bytes it holds on each GPU: as planned, or what its load output gave once larger.
+
+        Like L{memory}, the estimate stays the floor: the buffers llama.cpp
+        logs leave out the GPU runtime's own context.
+        """
+        planned = {} if self.placement is None else self.placement.on_gpus
+        measured = {d: n for d, n in self.process.load_report.buffers.items() if d != HOST}
+        return {d: max(planned.get(d, 0), measured.get(d, 0)) for d in {**planned, **measured}}
+
+    @property
+    def gpu_layers(self) -> int:
+        return 0 if self.placement is None else self.placement.gpu_layers
 
 
 class Roster:

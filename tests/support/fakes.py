@@ -9,6 +9,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
+from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import NotFound, RunnerFailed
 from mrunner.interfaces import IBackend, ILoaderEvents, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
@@ -27,6 +28,7 @@ class FakeProcess:
     stops: int = 0
     exits_on_stop: bool = True
     resident: int | None = None
+    load_report: LoadReport = attrs.field(factory=LoadReport)
 
     def stop(self) -> None:
         self.stops += 1

@@ -196,7 +196,8 @@ class GpuPlanPropertyTests(SynchronousTestCase):
         for device, budget in {HOST: 20, **dict(GPUS)}.items():
             held = sum(r.memory if device == HOST else r.on_gpus.get(device, 0) for r in kept)
             planned = sum(dict(p.memory).get(device, 0) for p in decision.placements)
-            self.assertLessEqual(held + planned, budget, f"over {device}'s budget")
+            if planned:  # (runners drawn at random may hold more than a budget already)
+                self.assertLessEqual(held + planned, budget, f"over {device}'s budget")
         for waiter, placement in zip(decision.load, decision.placements, strict=True):
             buffers = waiter.footprint.per_device * len(placement.on_gpus)
             self.assertEqual(
@@ -207,17 +208,18 @@ class GpuPlanPropertyTests(SynchronousTestCase):
 class PlacementArgsTests(SynchronousTestCase):
     def test_whole(self) -> None:
         args = llamacpp.placement_args(place_on(MODEL, {"CUDA1": 9}))
-        self.assertEqual(args, ["--fit", "off", "--device", "CUDA1", "--n-gpu-layers", "9"])
+        self.assertEqual(args, ["--fit", "off", "-lv", "4", "--device", "CUDA1", "--n-gpu-layers", "9"])
 
     def test_spread(self) -> None:
         args = llamacpp.placement_args(place_on(MODEL, {"CUDA0": 5, "CUDA1": 4}), draft=True)
-        expected = ["--fit", "off", "--device", "CUDA0,CUDA1", "--n-gpu-layers", "9", "--tensor-split", "5,4"]
+        expected = ["--fit", "off", "-lv", "4", "--device", "CUDA0,CUDA1", "--n-gpu-layers", "9"]
+        expected += ["--tensor-split", "5,4"]
         self.assertEqual(args, [*expected, "--gpu-layers-draft", "0"])
 
     def test_cpu_only(self) -> None:
         """On a GPU machine, a runner planned for RAM alone is told to offload nothing."""
         args = llamacpp.placement_args(place_on(MODEL, {}))
-        self.assertEqual(args, ["--fit", "off", "--device", "none", "--n-gpu-layers", "0"])
+        self.assertEqual(args, ["--fit", "off", "-lv", "4", "--device", "none", "--n-gpu-layers", "0"])
 
 
 class FootprintTests(SynchronousTestCase):
