@@ -6,6 +6,7 @@ can name them without importing another layer's implementation.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 import attrs
@@ -79,6 +80,26 @@ class RunnerSnapshot:
     stale: bool
     #: The context its settings ask for, and what llama-server gives each request.
     context: ContextSize = attrs.Factory(ContextSize)
+    #: Bytes it holds on each device it uses, its GPUs first and C{CPU} (RAM) last.
+    devices: tuple[tuple[str, int], ...] = ()
+    #: How many of its layers are offloaded to GPUs.
+    gpu_layers: int = 0
+
+    def shares(self) -> str:
+        """Where its memory is, as C{"CUDA0 71% / CPU 29%"}: C{"CPU"} when all of it is in RAM."""
+        total = sum(size for _, size in self.devices)
+        if not total or all(device == HOST for device, _ in self.devices):
+            return HOST
+        return " / ".join(f"{device} {round(100 * size / total)}%" for device, size in self.devices if size)
+
+
+def device_use(runners: Iterable[RunnerSnapshot]) -> dict[str, int]:
+    """Bytes the runners hold on each device together: a device's C{used} in L{Device}."""
+    used: dict[str, int] = {}
+    for runner in runners:
+        for device, size in runner.devices:
+            used[device] = used.get(device, 0) + size
+    return used
 
 
 class PreloadState(Enum):

@@ -37,7 +37,17 @@ _OUT_OF_MEMORY = re.compile(
     re.IGNORECASE,
 )
 _ON_DEVICE = re.compile(r"\bon device (\d+)")
-_BACKEND = re.compile(r"\b(CUDA|ROCm|HIP|Vulkan|Metal|SYCL)", re.IGNORECASE)
+#: The backend an out-of-memory line's words point to, most specific first (a HIP build's
+#: messages come from the CUDA code and may say "cuda" too).
+_BACKENDS = (
+    ("hip", "ROCm"),
+    ("rocm", "ROCm"),
+    ("vulkan", "Vulkan"),
+    ("vk::", "Vulkan"),
+    ("metal", "Metal"),
+    ("sycl", "SYCL"),
+    ("cuda", "CUDA"),
+)
 
 
 @attrs.define
@@ -67,9 +77,9 @@ def _device(buffer: str) -> str:
 
 def _gpu_in(line: str) -> str:
     """The GPU an out-of-memory line names (C{CUDA0} from C{cudaMalloc ... on device 0}), or "a GPU"."""
-    backend = _BACKEND.search(line)
-    device = _ON_DEVICE.search(line)
-    if backend is None:
+    lower = line.lower()
+    name = next((name for word, name in _BACKENDS if word in lower), None)
+    if name is None:
         return "a GPU"
-    name = {"hip": "ROCm", "rocm": "ROCm", "cuda": "CUDA"}.get(backend[1].lower(), backend[1])
+    device = _ON_DEVICE.search(line)
     return f"{name}{device[1] if device else ''}"

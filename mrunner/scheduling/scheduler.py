@@ -33,7 +33,7 @@ from mrunner.scheduling.preloads import Preloads
 from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
-from mrunner.values import Footprint, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
+from mrunner.values import HOST, Footprint, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 
@@ -287,6 +287,8 @@ class Scheduler:
             pinned=runner.pinned,
             stale=runner.request.settings != wanted,
             context=self._backends[runner.key.backend].context(runner.request.model, runner.request.settings),
+            devices=(*runner.on_gpus.items(), (HOST, runner.memory)),
+            gpu_layers=runner.gpu_layers,
         )
 
     def unload(self, backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:

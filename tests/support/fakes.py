@@ -11,9 +11,9 @@ from zope.interface import implementer
 from mrunner.backends.base import Command, RunnerSettings
 from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import NotFound, RunnerFailed
-from mrunner.interfaces import IBackend, ILoaderEvents, IModelStore, IRunnerProcess
+from mrunner.interfaces import IBackend, IDevices, ILoaderEvents, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
-from mrunner.values import ContextSize, Footprint, RunnerKey
+from mrunner.values import ContextSize, Device, Footprint, RunnerKey
 
 
 @implementer(IRunnerProcess)
@@ -131,6 +131,8 @@ class FakeBackend:
     layers: int = 0
     per_layer: int = 0
     per_device: int = 0
+    #: The settings of each runner it was asked to start (the plan's placement among them).
+    started: list[RunnerSettings] = attrs.field(factory=list)
     installs: list[Deferred[str]] = attrs.field(factory=list)
     reports: list[Any] = attrs.field(factory=list)
 
@@ -141,6 +143,7 @@ class FakeBackend:
         return d
 
     def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
+        self.started.append(settings)
         return Command("/bin/true", (socket,))
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
@@ -161,6 +164,22 @@ class FakeBackend:
 
     def uninstall(self) -> Deferred[None]:
         return succeed(None)
+
+
+@implementer(IDevices)
+@attrs.define
+class FakeDeviceBudgets:
+    """Devices as the test sets them: GPUs with a budget each, and the host's RAM last."""
+
+    gpus: dict[str, int] = attrs.field(factory=dict)
+    variant: str = "cuda"
+
+    def devices(self) -> list[Device]:
+        listed = [Device(id, id, budget, budget, budget) for id, budget in self.gpus.items()]
+        return [*listed, Device("CPU", "host", 2**40, 2**40, 0)]
+
+    def refresh(self) -> Deferred[list[Device]]:
+        return succeed(self.devices())
 
 
 def unreachable_runners(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:

@@ -1,0 +1,129 @@
+"""The scheduler with GPUs (fake devices and processes): the plan's placement reaches the runner,
+`ps` shows where its memory is, its load output corrects the plan, an out-of-memory load retries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from mrunner.backends.base import COMPLETION
+from mrunner.config import Config, SchedulerConfig
+from mrunner.errors import RunnerFailed, Unprocessable
+from mrunner.scheduling.scheduler import Scheduler
+from mrunner.values import ModelSettings, device_use
+from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeSpawner, FakeStore, model
+
+A, B = "ai/a:latest", "ai/b:latest"
+MIB = 2**20
+#: 9 layers of 2 MiB, a 2 MiB compute buffer per GPU, 1 MiB in RAM whatever: 20 MiB on one GPU.
+NEED, LAYERS, PER_LAYER, PER_DEVICE = 19 * MIB, 9, 2 * MIB, 2 * MIB
+
+OUT_OF_MEMORY = [
+    "ggml_backend_cuda_buffer_type_alloc_buffer:"
+    " allocating 18.00 MiB on device 1: cudaMalloc failed: out of memory",
+    "alloc_tensor_range: failed to allocate CUDA1 buffer of size 18874368",
+]
+
+
+class GpuSchedulerTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.backend = FakeBackend(need=NEED, layers=LAYERS, per_layer=PER_LAYER, per_device=PER_DEVICE)
+        self.store = FakeStore({name: model(name, name[3] * 64) for name in (A, B)})
+        self.spawn = FakeSpawner()
+
+    def make(self, gpus: dict[str, int], budget: int = 100 * MIB) -> Scheduler:
+        config = Config(
+            home=Path(self.mktemp()),
+            scheduler=SchedulerConfig(max_runners=4, memory_budget=budget, keep_alive=300),
+        )
+        scheduler = Scheduler(
+            self.clock,
+            config,
+            {"llama.cpp": self.backend},
+            self.store,
+            self.spawn.start_runner,
+            devices=FakeDeviceBudgets(gpus),
+        )
+        scheduler.start()
+        self.backend.installs[-1].callback("llama.cpp test")
+        return scheduler
+
+    def layers(self, index: int = -1) -> list[tuple[str, int]]:
+        placement = self.backend.started[index].placement
+        assert placement is not None
+        return list(placement.layers)
+
+    def test_whole_on_the_gpu_that_fits_best(self) -> None:
+        scheduler = self.make({"CUDA0": 40 * MIB, "CUDA1": 24 * MIB})
+        d = scheduler.acquire(None, "a", COMPLETION)
+        self.assertEqual(self.layers(), [("CUDA1", 9)])
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(d).release()
+        [runner] = scheduler.snapshot()
+        self.assertEqual(dict(runner.devices), {"CUDA1": 20 * MIB, "CPU": 1 * MIB})
+        self.assertEqual((runner.gpu_layers, runner.shares()), (9, "CUDA1 95% / CPU 5%"))
+        self.assertEqual(device_use(scheduler.snapshot()), {"CUDA1": 20 * MIB, "CPU": 1 * MIB})
+
+    def test_spread(self) -> None:
+        """A model no one GPU holds is spread over both, in proportion to their room."""
+        scheduler = self.make({"CUDA0": 12 * MIB, "CUDA1": 12 * MIB})
+        scheduler.acquire(None, "a", COMPLETION)
+        self.assertEqual(self.layers(), [("CUDA0", 5), ("CUDA1", 4)])
+
+    def test_measured_buffers_correct_the_plan(self) -> None:
+        scheduler = self.make({"CUDA0": 40 * MIB})
+        d = scheduler.acquire(None, "a", COMPLETION)
+        process = self.spawn.processes[-1]
+        process.load_report.read(
+            [
+                "load_tensors:        CUDA0 model buffer size =    22.00 MiB",
+                "llama_kv_cache:      CUDA0 KV buffer size =     4.00 MiB",
+                "load_tensors:   CPU_Mapped model buffer size =     3.00 MiB",
+            ]
+        )
+        process.ready.callback(None)
+        self.successResultOf(d).release()
+        [runner] = scheduler.snapshot()
+        self.assertEqual(dict(runner.devices)["CUDA0"], 26 * MIB)
+        # Pinned, it stays: the next model plans for what is left after what was measured,
+        # 14 MiB, six layers (an estimate of 20 MiB would have left room for seven).
+        self.successResultOf(scheduler.configure(None, "a", ModelSettings(pinned=True)))
+        scheduler.acquire(None, "b", COMPLETION)
+        self.assertEqual(self.layers(), [("CUDA0", 6)])
+
+    def test_out_of_memory_retries_with_fewer_layers_once(self) -> None:
+        scheduler = self.make({"CUDA0": 40 * MIB, "CUDA1": 24 * MIB})
+        d = scheduler.acquire(None, "a", COMPLETION)
+        for expected in ([("CUDA1", 9)], [("CUDA1", 6)]):
+            self.assertEqual(self.layers(), expected)
+            process = self.spawn.processes[-1]
+            process.load_report.read(OUT_OF_MEMORY)
+            process.exit()
+        self.assertEqual(len(self.spawn.processes), 2)
+        error = self.failureResultOf(d, RunnerFailed).value
+        self.assertIn("ran out of memory on CUDA1 while loading, with 6 layers offloaded", error.message)
+
+    def test_too_large_names_the_shortfall(self) -> None:
+        """What the GPUs cannot hold must fit in RAM, else a 422 says how far over it is."""
+        scheduler = self.make({"CUDA0": 8 * MIB}, budget=10 * MIB)
+        error = self.failureResultOf(scheduler.acquire(None, "a", COMPLETION), Unprocessable).value
+        self.assertEqual(error.code, "model_too_large")
+        self.assertIn(
+            "with 3 of its 9 layers on the GPUs (CUDA0 8.00 MiB), CPU needs 13.00 MiB, 3.00 MiB over",
+            error.message,
+        )
+
+    def test_without_gpus_nothing_changes(self) -> None:
+        """Only the host's RAM among the devices: no placement, the command line as before GPUs."""
+        scheduler = self.make({})
+        d = scheduler.acquire(None, "a", COMPLETION)
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(d).release()
+        self.assertIsNone(self.backend.started[-1].placement)
+        [runner] = scheduler.snapshot()
+        self.assertEqual(
+            (dict(runner.devices), runner.gpu_layers, runner.shares()), ({"CPU": NEED}, 0, "CPU")
+        )
