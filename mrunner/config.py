@@ -62,6 +62,13 @@ def parse_keep_alive(value: object, key: str = "keep_alive") -> float:
     return durations.keep_alive(parse_duration(value, key))
 
 
+def parse_instances(value: object, key: str = "instances") -> int:
+    """A count of runners: a positive integer."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    return value
+
+
 def parse_size(value: object, key: str = "size") -> int:
     """Bytes from ``1073741824``, ``"512MiB"``, ``"8GiB"``, ``"2GB"``, or ``"60%"`` of RAM.
 
@@ -115,6 +122,8 @@ class ModelConfig:
     context_size: int | None = None
     keep_alive: float | None = attrs.field(default=None, metadata={"parse": parse_duration})
     pinned: bool = False
+    #: Runners of the model at most: another starts when all are busy and it fits beside them.
+    instances: int = attrs.field(default=1, metadata={"parse": parse_instances})
 
 
 @attrs.frozen

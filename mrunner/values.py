@@ -24,11 +24,13 @@ class State(Enum):
 
 @attrs.frozen
 class RunnerKey:
-    """One runner per (backend, model digest, mode): tags of a digest share it."""
+    """One runner per (backend, model digest, mode): tags of a digest share it; C{instance}
+    numbers the runners of a model configured with C{instances} (0 for the first)."""
 
     backend: str
     model: str
     mode: str
+    instance: int = 0
 
 
 @attrs.frozen

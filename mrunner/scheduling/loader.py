@@ -148,7 +148,8 @@ class Loader:
                     retry_after=backoff.until - self._clock.seconds(),
                 )
             )
-        runner = self.runners.get(request.key)
+        running = [r for r in map(self.runners.get, _instances(request)) if r is not None]
+        runner = _least_busy(running)
         room = runner is not None and runner.has_room
         if len(self._queue) >= self._max_queue and not room:
             return fail(
@@ -162,9 +163,9 @@ class Loader:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
         self._queue.append(waiter)
-        if runner is None or room:
-            # A waiter for a runner that exists but has no free slot changes no decision:
-            # the plan passes over it until that runner frees a slot (see _release).
+        if len(running) < request.instances or room:
+            # A waiter for runners that all exist but have no free slot changes no decision:
+            # the plan passes over it until one of them frees a slot (see _release).
             self._pump()
         return waiter.deferred
 
@@ -217,10 +218,18 @@ class Loader:
     # What the runners' machines tell the loader (L{roster.Keeper})
 
     def opened(self, runner: Runner) -> None:
-        self._backoff.pop(runner.key, None)
+        self._backoff.pop(_first(runner.key), None)
 
     def failed(self, runner: Runner, reason: Failure) -> None:
-        key = runner.key
+        key = _first(runner.key)
+        if runner.key != key and key in self.runners:
+            # The first instance serves its model's requests; this one is not tried again for a while.
+            previous = self._backoff.get(runner.key)
+            delay = policy.next_backoff(previous.delay if previous else None)
+            self._backoff[runner.key] = _Backoff(delay, self._clock.seconds() + delay)
+            error = reason.getErrorMessage()
+            self.log.warn("instance {key} failed to load: {error}", key=runner.key, error=error)
+            return
         device = runner.process.load_report.out_of_memory
         if device is not None:
             if self._retry_smaller(runner, device):
@@ -252,7 +261,7 @@ class Loader:
             fewer=fewer.offload,
         )
         for waiter in self._queue:
-            if waiter.key == runner.key:
+            if waiter.key == _first(runner.key):
                 waiter.request = request
         return True
 
@@ -278,7 +287,7 @@ class Loader:
             self._pump()
         elif not self._queue:
             self._rest(runner)  # with no one waiting, the plan would decide nothing
-        elif self._queue[0].key == runner.key:
+        elif self._queue[0].key == _first(runner.key):
             # The plan serves the queue in order and free slots first: the head takes this slot.
             waiter = self._queue.popleft()
             waiter.deferred.callback(self._lease(runner, waiter.request))
@@ -307,7 +316,10 @@ class Loader:
                 for runner in stopping:
                     on_gpus.update(runner.on_gpus)
                 memory = [runner.memory for runner in stopping]
-                self._act(policy.plan(self._queue, self.runners, memory, limits, dict(on_gpus)))
+                decision = policy.plan(
+                    self._queue, self.runners, memory, limits, dict(on_gpus), self._instances
+                )
+                self._act(decision)
         finally:
             self._pumping = False
 
@@ -317,9 +329,18 @@ class Loader:
             return ()
         return tuple((d.id, d.budget) for d in self._devices.devices() if d.id != HOST)
 
+    def _instances(self, waiter: _Waiter) -> list[RunnerKey]:
+        """The runners that may serve C{waiter}, less other instances whose load failed just now."""
+        now = self._clock.seconds()
+        return [
+            key
+            for key in _instances(waiter.request)
+            if key == waiter.key or key not in self._backoff or self._backoff[key].until <= now
+        ]
+
     def _act(self, decision: policy.Plan[_Waiter, RunnerKey]) -> None:
-        for waiter in decision.assign:
-            runner = self.runners.get(waiter.key)
+        for waiter, key in zip(decision.assign, decision.assign_to, strict=True):
+            runner = self.runners.get(key)
             if waiter in self._queue and runner is not None and runner.in_use < runner.parallel:
                 self._queue.remove(waiter)
                 waiter.deferred.callback(self._lease(runner, waiter.request))
@@ -334,9 +355,9 @@ class Loader:
                 self.log.info("draining busy runner {key} to make room", key=key)
                 self._retire(runner, "memory", drain=True)
         placements: tuple[Placement | None, ...] = decision.placements or (None,) * len(decision.load)
-        for waiter, placement in zip(decision.load, placements, strict=True):
-            if waiter.key not in self.runners:
-                self._load(waiter.request, placement)
+        for waiter, placement, key in zip(decision.load, placements, decision.load_as, strict=True):
+            if key not in self.runners:
+                self._load(attrs.evolve(waiter.request, key=key), placement)
         for key in policy.drained(self.runners):
             self.runners[key].stop()
         for runner in list(self.runners.values()):
@@ -386,6 +407,21 @@ class Loader:
     @property
     def _events(self) -> ILoaderEvents:
         return self.roster.events
+
+
+def _instances(request: LoadRequest) -> list[RunnerKey]:
+    """The keys of the runners that may serve C{request}: one per instance of its model."""
+    return [attrs.evolve(request.key, instance=n) for n in range(request.instances)]
+
+
+def _first(key: RunnerKey) -> RunnerKey:
+    """The key of the first instance of C{key}'s model, which its waiters and back-off go by."""
+    return attrs.evolve(key, instance=0) if key.instance else key
+
+
+def _least_busy(runners: list[Runner]) -> Runner | None:
+    """The runner with the most free slots (the first of equals), ready ones before the others."""
+    return max(runners, key=lambda r: (r.has_room, r.parallel - r.in_use), default=None)
 
 
 def out_of_memory(runner: Runner, device: str, output: str) -> RunnerFailed:

@@ -64,7 +64,8 @@ class Plan(Generic[W, K]):
     """What to do now: hand runners to waiters, start loads, stop idle runners, drain busy ones.
 
     C{placements} has, for each waiter in C{load} when the L{Limits} name GPUs,
-    where its runner's layers go.
+    where its runner's layers go. C{assign_to} and C{load_as} name, for each
+    waiter in C{assign} and C{load}, the runner's key (one of its instances').
     """
 
     assign: tuple[W, ...]
@@ -72,6 +73,8 @@ class Plan(Generic[W, K]):
     evict: tuple[K, ...]
     drain: tuple[K, ...] = ()
     placements: tuple[Placement, ...] = ()
+    assign_to: tuple[K, ...] = ()
+    load_as: tuple[K, ...] = ()
 
 
 Memory = dict[str, float]
@@ -120,6 +123,7 @@ def plan(
     stopping: Sequence[int],
     limits: Limits,
     stopping_gpus: Mapping[str, int] | None = None,
+    instances: Callable[[W], Sequence[K]] | None = None,
 ) -> Plan[W, K]:
     """Decide who gets served, what loads, what is evicted and what drains.
 
@@ -141,6 +145,13 @@ def plan(
     once every runner that may be stopped has gone: taken now if what is free
     gives as many GPU layers, else made by stopping runners as above, only
     ones that hold memory where the placement is short.
+
+    C{instances} gives the keys of the runners that may serve a waiter (its
+    model's instances, the first one first): a waiter goes to the one with
+    the most free slots. When all are busy and one of them is running, the
+    next one loads only if it fits now without stopping anything, and, with
+    GPUs, whole on GPUs its siblings do not use; else the waiter waits for a
+    slot, and holds no one else up.
     """
     free = {
         key: runner.parallel - runner.in_use for key, runner in runners.items() if runner.state is State.READY
@@ -164,19 +175,39 @@ def plan(
         (key for key in free if not runners[key].pinned), key=lambda key: runners[key].finished_at
     )
     claimed: set[Hashable] = set(runners)
+    on_devices = {key: set(runner.on_gpus) if gpus else set() for key, runner in runners.items()}
     assign: list[W] = []
+    assign_to: list[K] = []
     load: list[W] = []
+    load_as: list[K] = []
     placements: list[Placement] = []
     evict: list[K] = []
     drain: list[K] = []
     blocked = False
     for waiter in queue:
-        key: K = waiter.key  # type: ignore[assignment]
-        if free.get(key, 0) > 0:
+        keys: Sequence[K] = instances(waiter) if instances else (waiter.key,)  # type: ignore[assignment]
+        serving = [k for k in keys if free.get(k, 0) > 0]
+        if serving:
+            key = max(serving, key=lambda k: free[k])
             free[key] -= 1
             assign.append(waiter)
+            assign_to.append(key)
             continue
-        if blocked or key in claimed:
+        unclaimed = [k for k in keys if k not in claimed]
+        if blocked or not unclaimed:
+            continue
+        key = unclaimed[0]
+        siblings = [k for k in keys if k in claimed]
+        if siblings:
+            taken = set().union(*(on_devices.get(k, set()) for k in siblings))
+            placement = _extra(waiter, room, gpus, taken)
+            if placement is not None:
+                load.append(waiter)
+                load_as.append(key)
+                placements.extend([placement] if gpus else [])
+                room.take(_need(placement))
+                claimed.add(key)
+                on_devices[key] = set(placement.on_gpus)
             continue
         need: dict[str, int] = {HOST: waiter.memory}
         placement = None
@@ -190,6 +221,7 @@ def plan(
             if now.gpu_layers >= placement.gpu_layers and room.fits(_need(now)):
                 placement = now
             need = _need(placement)
+            on_devices[key] = set(placement.on_gpus)
         if not room.fits(need):
             victims = _victims(need, room, by_age, runners, free, held, bool(gpus))
             if victims is None:
@@ -202,11 +234,36 @@ def plan(
                 room.reclaim(held(runners[victim]))
         else:
             load.append(waiter)
+            load_as.append(key)
             if placement is not None:
                 placements.append(placement)
         room.take(need)
         claimed.add(key)
-    return Plan(tuple(assign), tuple(load), tuple(evict), tuple(drain), tuple(placements))
+    return Plan(
+        tuple(assign),
+        tuple(load),
+        tuple(evict),
+        tuple(drain),
+        tuple(placements),
+        tuple(assign_to),
+        tuple(load_as),
+    )
+
+
+def _extra(waiter: WaiterView, room: _Room, gpus: Sequence[str], taken: set[str]) -> Placement | None:
+    """Where another instance of C{waiter}'s model fits now, beside the ones running; None if not.
+
+    With GPUs, whole on ones its siblings do not use, so each instance has
+    its own; without, in RAM.
+    """
+    if not gpus:
+        placement = place_on(Footprint(waiter.memory), {})
+    else:
+        footprint = waiter.footprint
+        placement = place(footprint, room.memory, [d for d in gpus if d not in taken])
+        if not footprint.layers or placement.gpu_layers < footprint.offloadable:
+            return None
+    return placement if room.fits(_need(placement)) else None
 
 
 def _need(placement: Placement) -> dict[str, int]:

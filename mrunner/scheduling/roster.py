@@ -42,6 +42,8 @@ class LoadRequest:
     pinned: bool = False
     #: C{memory} split per layer, for a plan over GPUs; None: all of it in RAM.
     footprint: Footprint | None = None
+    #: How many runners of the model may serve (C{[models."NAME"] instances}).
+    instances: int = 1
 
 
 class Keeper(Protocol):

@@ -148,6 +148,7 @@ class Scheduler:
             sets_keep_alive=keep_alive is not None,
             pinned=bool(configured.pinned),
             footprint=footprint,
+            instances=self._instances(model),
         )
         return request
 
@@ -249,6 +250,11 @@ class Scheduler:
             context_size=entry.context_size, keep_alive=entry.keep_alive, pinned=entry.pinned
         )
         return configured.over(base)
+
+    def _instances(self, model: Model) -> int:
+        """C{[models."NAME"] instances}: how many runners of C{model} may serve at once."""
+        files = self._config.models.settings
+        return next((files[tag].instances for tag in model.tags if tag in files), 1)
 
     def _spawn(self, key: RunnerKey, model: Model, settings: RunnerSettings) -> IRunnerProcess:
         socket = self.home.socket(next(self._names))

@@ -8,8 +8,9 @@ from pathlib import Path
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner import config
 from mrunner.backends.base import COMPLETION
-from mrunner.config import Config, SchedulerConfig
+from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import RunnerFailed, Unprocessable
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, device_use
@@ -127,3 +128,83 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.assertEqual(
             (dict(runner.devices), runner.gpu_layers, runner.shares()), ({"CPU": NEED}, 0, "CPU")
         )
+
+
+class InstancesTests(SynchronousTestCase):
+    """C{[models."NAME"] instances = N}: more runners of one model when all are busy, if they fit."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.store = FakeStore({name: model(name, name[3] * 64) for name in (A, B)})
+        self.spawn = FakeSpawner()
+
+    def make(self, backend: FakeBackend, gpus: dict[str, int], budget: int, instances: int = 2) -> Scheduler:
+        config = Config(
+            home=Path(self.mktemp()),
+            scheduler=SchedulerConfig(max_runners=4, memory_budget=budget, keep_alive=300, parallel=1),
+            models=ModelsConfig(settings={A: ModelConfig(instances=instances)}),
+        )
+        self.backend = backend
+        scheduler = Scheduler(
+            self.clock,
+            config,
+            {"llama.cpp": backend},
+            self.store,
+            self.spawn.start_runner,
+            devices=FakeDeviceBudgets(gpus),
+        )
+        scheduler.start()
+        backend.installs[-1].callback("llama.cpp test")
+        return scheduler
+
+    def test_another_instance_when_busy_and_the_least_busy_serves(self) -> None:
+        scheduler = self.make(FakeBackend(need=4), {}, budget=10)
+        first = scheduler.acquire(None, "a", COMPLETION)
+        self.spawn.processes[0].ready.callback(None)
+        held = self.successResultOf(first)
+        second = scheduler.acquire(None, "a", COMPLETION)  # the first is busy: a second runner starts
+        self.assertEqual(len(self.spawn.processes), 2)
+        self.spawn.processes[1].ready.callback(None)
+        self.assertEqual(self.successResultOf(second).socket, self.spawn.processes[1].socket)
+        third = scheduler.acquire(None, "a", COMPLETION)  # both busy, no third instance: it waits
+        self.assertNoResult(third)
+        self.assertEqual(len(self.spawn.processes), 2)
+        held.release()
+        self.assertEqual(self.successResultOf(third).socket, self.spawn.processes[0].socket)
+        self.assertEqual([r.model_name for r in scheduler.snapshot()], [A, A])
+
+    def test_an_instance_that_does_not_fit_is_not_started(self) -> None:
+        """Nothing is evicted for another instance: the request waits for the one running."""
+        scheduler = self.make(FakeBackend(need=6), {}, budget=10)
+        first = scheduler.acquire(None, "a", COMPLETION)
+        self.spawn.processes[0].ready.callback(None)
+        held = self.successResultOf(first)
+        second = scheduler.acquire(None, "a", COMPLETION)
+        self.assertEqual(len(self.spawn.processes), 1)
+        held.release()
+        self.successResultOf(second).release()
+
+    def test_instances_on_gpus_of_their_own(self) -> None:
+        backend = FakeBackend(need=NEED, layers=LAYERS, per_layer=PER_LAYER, per_device=PER_DEVICE)
+        scheduler = self.make(backend, {"CUDA0": 40 * MIB, "CUDA1": 40 * MIB}, budget=100 * MIB)
+        first = scheduler.acquire(None, "a", COMPLETION)
+        self.spawn.processes[0].ready.callback(None)
+        self.successResultOf(first)
+        scheduler.acquire(None, "a", COMPLETION)
+        placements = [settings.placement for settings in backend.started]
+        self.assertEqual([p.layers for p in placements if p], [(("CUDA0", 9),), (("CUDA1", 9),)])
+
+
+class InstancesConfigTests(SynchronousTestCase):
+    def load(self, value: str) -> config.Config:
+        path = Path(self.mktemp())
+        path.write_text(f'home = "{path.parent}/home"\n[models."ai/a"]\ninstances = {value}\n')
+        return config.load(path, environ={})
+
+    def test_instances(self) -> None:
+        self.assertEqual(self.load("3").models.settings[A].instances, 3)
+
+    def test_a_count_of_runners_is_positive(self) -> None:
+        for bad in ("0", "-1", "true", '"2"', "1.5"):
+            error = self.assertRaises(config.ConfigError, self.load, bad)
+            self.assertIn("instances: expected a positive integer", str(error), bad)
