@@ -86,6 +86,8 @@ class RunnerSnapshot:
     devices: tuple[tuple[str, int], ...] = ()
     #: How many of its layers are offloaded to GPUs.
     gpu_layers: int = 0
+    #: Which of its model's runners it is (C{[models."NAME"] instances}), 0 for the first.
+    instance: int = 0
 
     def shares(self) -> str:
         """Where its memory is, as C{"CUDA0 71% / CPU 29%"}: C{"CPU"} when all of it is in RAM."""

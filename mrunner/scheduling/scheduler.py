@@ -295,6 +295,7 @@ class Scheduler:
             context=self._backends[runner.key.backend].context(runner.request.model, runner.request.settings),
             devices=(*runner.on_gpus.items(), (HOST, runner.memory)),
             gpu_layers=runner.gpu_layers,
+            instance=runner.key.instance,
         )
 
     def unload(self, backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:

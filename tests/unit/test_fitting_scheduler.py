@@ -171,7 +171,7 @@ class InstancesTests(SynchronousTestCase):
         self.assertEqual(len(self.spawn.processes), 2)
         held.release()
         self.assertEqual(self.successResultOf(third).socket, self.spawn.processes[0].socket)
-        self.assertEqual([r.model_name for r in scheduler.snapshot()], [A, A])
+        self.assertEqual([(r.model_name, r.instance) for r in scheduler.snapshot()], [(A, 0), (A, 1)])
 
     def test_an_instance_that_does_not_fit_is_not_started(self) -> None:
         """Nothing is evicted for another instance: the request waits for the one running."""

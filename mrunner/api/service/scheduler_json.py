@@ -42,6 +42,7 @@ def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
         "devices": dict(runner.devices),
         "gpu_layers": runner.gpu_layers,
         "processor": runner.shares(),
+        "instance": runner.instance,
     }
 
 
@@ -92,6 +93,7 @@ def failed_preload_json(preload: Preload, backend: str) -> dict[str, Any]:
         "devices": {},
         "gpu_layers": 0,
         "processor": None,
+        "instance": 0,
         "error": preload.error,
     }
 
