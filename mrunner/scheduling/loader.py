@@ -131,9 +131,19 @@ class Loader:
         self._max_queue = max_queue
         self._pump()
 
-    def fits(self, memory: int) -> bool:
-        """Whether a runner of C{memory} bytes fits now beside every other, without stopping one."""
-        return self.roster.fits(memory, self._limits)
+    def fits(self, memory: int, footprint: Footprint | None = None) -> bool:
+        """Whether a runner of C{memory} bytes fits now beside every other, without stopping one.
+
+        With GPUs, C{footprint} is placed as the plan would place it in what each has free.
+        """
+        gpus = self.gpus()
+        if not gpus or footprint is None:
+            return self.roster.fits(memory, self._limits)
+        held = self.roster.on_gpus()
+        free = {device: budget - held.get(device, 0) for device, budget in gpus}
+        placement = policy.place(footprint, free, list(free))
+        in_room = all(size <= free[device] for device, size in placement.on_gpus.items())
+        return in_room and self.roster.fits(placement.in_ram, self._limits)
 
     def acquire(self, request: LoadRequest) -> Deferred[Lease]:
         """A lease on a ready runner for C{request.key}; cancel it to leave the queue."""

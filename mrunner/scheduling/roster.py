@@ -260,6 +260,14 @@ class Roster:
         budget = limits.memory_budget
         return len(self._alive) < limits.max_runners and (not budget or used + memory <= budget)
 
+    def on_gpus(self) -> dict[str, int]:
+        """Bytes every runner together holds on each GPU."""
+        held: dict[str, int] = {}
+        for runner in self._alive:
+            for device, size in runner.on_gpus.items():
+                held[device] = held.get(device, 0) + size
+        return held
+
     def when_empty(self) -> Deferred[None]:
         """Fires once every runner's process has ended."""
         if not self._alive:

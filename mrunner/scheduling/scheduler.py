@@ -182,7 +182,7 @@ class Scheduler:
 
     async def _preload_one(self, name: str) -> None:
         request = await self._request(None, name, COMPLETION, None, install_wait=None)
-        if request.key not in self.loader.runners and not self.loader.fits(request.memory):
+        if request.key not in self.loader.runners and not self.loader.fits(request.memory, request.footprint):
             raise Unprocessable(
                 f"preload {name} does not fit beside the runners already loaded"
                 f" ({format_size(request.memory)} needed); raise [scheduler] memory_budget or max_runners",

@@ -35,10 +35,11 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.store = FakeStore({name: model(name, name[3] * 64) for name in (A, B)})
         self.spawn = FakeSpawner()
 
-    def make(self, gpus: dict[str, int], budget: int = 100 * MIB) -> Scheduler:
+    def make(self, gpus: dict[str, int], budget: int = 100 * MIB, preload: tuple[str, ...] = ()) -> Scheduler:
         config = Config(
             home=Path(self.mktemp()),
             scheduler=SchedulerConfig(max_runners=4, memory_budget=budget, keep_alive=300),
+            models=ModelsConfig(preload=preload),
         )
         scheduler = Scheduler(
             self.clock,
@@ -116,6 +117,13 @@ class GpuSchedulerTests(SynchronousTestCase):
             "with 3 of its 9 layers on the GPUs (CUDA0 8.00 MiB), CPU needs 13.00 MiB, 3.00 MiB over",
             error.message,
         )
+
+    def test_a_preload_fits_with_the_gpus(self) -> None:
+        """A preload is checked against the GPUs and RAM together: 19 MiB with 10 MiB of RAM fits."""
+        scheduler = self.make({"CUDA0": 40 * MIB}, budget=10 * MIB, preload=(A,))
+        self.assertEqual(self.layers(), [("CUDA0", 9)])
+        self.spawn.processes[-1].ready.callback(None)
+        self.assertEqual([p.state.value for p in scheduler.preloads()], ["loaded"])
 
     def test_without_gpus_nothing_changes(self) -> None:
         """Only the host's RAM among the devices: no placement, the command line as before GPUs."""
