@@ -6,7 +6,7 @@ can name them without importing another layer's implementation.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from enum import Enum
 
 import attrs
@@ -82,8 +82,9 @@ class RunnerSnapshot:
     stale: bool
     #: The context its settings ask for, and what llama-server gives each request.
     context: ContextSize = attrs.Factory(ContextSize)
-    #: Bytes it holds on each device it uses, its GPUs first and C{CPU} (RAM) last.
-    devices: tuple[tuple[str, int], ...] = ()
+    #: Bytes it holds on each device it uses, its GPUs first and C{CPU} (RAM) last: what a
+    #: device's C{used} sums.
+    devices: Mapping[str, int] = attrs.field(factory=dict)
     #: How many of its layers are offloaded to GPUs.
     gpu_layers: int = 0
     #: Which of its model's runners it is (C{[models."NAME"] instances}), 0 for the first.
@@ -91,19 +92,10 @@ class RunnerSnapshot:
 
     def shares(self) -> str:
         """Where its memory is, as C{"CUDA0 71% / CPU 29%"}: C{"CPU"} when all of it is in RAM."""
-        total = sum(size for _, size in self.devices)
-        if not total or all(device == HOST for device, _ in self.devices):
+        total = sum(self.devices.values())
+        if not total or set(self.devices) <= {HOST}:
             return HOST
-        return " / ".join(f"{device} {round(100 * size / total)}%" for device, size in self.devices if size)
-
-
-def device_use(runners: Iterable[RunnerSnapshot]) -> dict[str, int]:
-    """Bytes the runners hold on each device together: a device's C{used} in L{Device}."""
-    used: dict[str, int] = {}
-    for runner in runners:
-        for device, size in runner.devices:
-            used[device] = used.get(device, 0) + size
-    return used
+        return " / ".join(f"{device} {round(100 * size / total)}%" for device, size in self.devices.items() if size)
 
 
 class PreloadState(Enum):

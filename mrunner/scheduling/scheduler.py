@@ -293,7 +293,7 @@ class Scheduler:
             pinned=runner.pinned,
             stale=runner.request.settings != wanted,
             context=self._backends[runner.key.backend].context(runner.request.model, runner.request.settings),
-            devices=(*runner.on_gpus.items(), (HOST, runner.memory)),
+            devices={**runner.on_gpus, HOST: runner.memory},
             gpu_layers=runner.gpu_layers,
             instance=runner.key.instance,
         )

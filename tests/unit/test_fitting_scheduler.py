@@ -13,7 +13,7 @@ from mrunner.backends.base import COMPLETION
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import RunnerFailed, Unprocessable
 from mrunner.scheduling.scheduler import Scheduler
-from mrunner.values import ModelSettings, device_use
+from mrunner.values import ModelSettings
 from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeSpawner, FakeStore, model
 
 A, B = "ai/a:latest", "ai/b:latest"
@@ -67,7 +67,6 @@ class GpuSchedulerTests(SynchronousTestCase):
         [runner] = scheduler.snapshot()
         self.assertEqual(dict(runner.devices), {"CUDA1": 20 * MIB, "CPU": 1 * MIB})
         self.assertEqual((runner.gpu_layers, runner.shares()), (9, "CUDA1 95% / CPU 5%"))
-        self.assertEqual(device_use(scheduler.snapshot()), {"CUDA1": 20 * MIB, "CPU": 1 * MIB})
 
     def test_spread(self) -> None:
         """A model no one GPU holds is spread over both, in proportion to their room."""
