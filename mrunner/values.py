@@ -95,7 +95,8 @@ class RunnerSnapshot:
         total = sum(self.devices.values())
         if not total or set(self.devices) <= {HOST}:
             return HOST
-        return " / ".join(f"{device} {round(100 * size / total)}%" for device, size in self.devices.items() if size)
+        shares = (f"{device} {round(100 * size / total)}%" for device, size in self.devices.items() if size)
+        return " / ".join(shares)
 
 
 class PreloadState(Enum):
