@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 MIB = 2**20
 UBATCH = 512
@@ -135,31 +137,79 @@ def option(argv: list[str], *names: str, default: str = "") -> str:
 def log(level: str, text: str) -> None:
     """One line as llama-server's common_log prints it: elapsed time, level, text."""
     micros = int((time.monotonic() - _START) * 1e6)
-    stamp = f"{micros // 60_000_000}.{micros // 1_000_000 % 60:02d}.{micros // 1000 % 1000:03d}.{micros % 1000:03d}"
+    minutes, seconds = micros // 60_000_000, micros // 1_000_000 % 60
+    stamp = f"{minutes}.{seconds:02d}.{micros // 1000 % 1000:03d}.{micros % 1000:03d}"
     sys.stderr.write(f"{stamp} {level} {text}\n")
+
+
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+
+
+def gguf_numbers(path: str) -> dict[str, float]:
+    """The GGUF header's numeric keys, read directly: gguf's reader takes seconds over a vocabulary."""
+    found: dict[str, float] = {}
+    with open(path, "rb") as f:
+
+        def read(fmt: str) -> Any:
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def text() -> bytes:
+            return f.read(read("<Q"))
+
+        def value(kind: int) -> Any:
+            if kind in _SCALARS:
+                return read(_SCALARS[kind])
+            if kind == 8:
+                return text()
+            if kind == 9:
+                item, count = read("<I"), read("<Q")
+                if item in _SCALARS:
+                    f.seek(struct.calcsize(_SCALARS[item]) * count, os.SEEK_CUR)
+                else:
+                    for _ in range(count):
+                        value(item)
+                return None
+            raise ValueError(f"GGUF value type {kind}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        read("<I")
+        read("<Q")
+        for _ in range(read("<Q")):
+            key = text().decode()
+            number = value(read("<I"))
+            if isinstance(number, int | float):
+                found[key] = number
+    return found
 
 
 def model_shape(path: str) -> tuple[int, int, int]:
     """The GGUF's file size, layer count and KV bytes per token per layer (f16 keys and values)."""
-    size = os.path.getsize(path)
     try:
-        from gguf import GGUFReader
+        numbers = gguf_numbers(path)
+    except (OSError, ValueError, struct.error):  # a file that is no GGUF: the real server will say so
+        numbers = {}
 
-        fields = GGUFReader(path).fields
+    def number(suffix: str, default: int) -> int:
+        return next((int(v) for k, v in numbers.items() if k.endswith("." + suffix)), default)
 
-        def number(suffix: str, default: int) -> int:
-            for name, field in fields.items():
-                if name.endswith("." + suffix) and field.data:
-                    return int(field.parts[field.data[0]][0])
-            return default
-
-        layers = number("block_count", 1) or 1
-        embedding = number("embedding_length", 64)
-        heads = number("attention.head_count", 1) or 1
-        kv_heads = number("attention.head_count_kv", heads)
-    except Exception:  # a file gguf cannot read: the real server will say so
-        layers, embedding, heads, kv_heads = 1, 64, 1, 1
-    return size, layers, 2 * kv_heads * (embedding // heads) * 2
+    layers = number("block_count", 1) or 1
+    embedding = number("embedding_length", 64)
+    heads = number("attention.head_count", 1) or 1
+    kv_heads = number("attention.head_count_kv", heads)
+    return os.path.getsize(path), layers, 2 * kv_heads * (embedding // heads) * 2
 
 
 def shares(count: int, weights: list[float]) -> list[int]:
@@ -202,8 +252,11 @@ def load(found: list[tuple[str, str, int, int]], gpu: dict[str, str], argv: list
     if limit is not None and on_gpu > int(limit):
         index = next(i for i, count in enumerate(per_device) if count)
         ident, request = found[index][0], int(per_device[index] * per_layer)
-        log("E", f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {request / MIB:.2f} MiB on device {index}:"
-            " cudaMalloc failed: out of memory")
+        log(
+            "E",
+            "ggml_backend_cuda_buffer_type_alloc_buffer:"
+            f" allocating {request / MIB:.2f} MiB on device {index}: cudaMalloc failed: out of memory",
+        )
         log("E", f"alloc_tensor_range: failed to allocate {ident} buffer of size {request}")
         log("E", f"llama_model_load: error loading model: unable to allocate {ident} buffer")
         log("E", "llama_model_load_from_file_impl: failed to load model")
@@ -215,18 +268,20 @@ def load(found: list[tuple[str, str, int, int]], gpu: dict[str, str], argv: list
     kv_layers = list(per_device)
     if on_gpu:
         kv_layers[max(i for i, count in enumerate(per_device) if count)] -= 1
-    for (ident, *_), count in zip(found, per_device):
+    for (ident, *_), count in zip(found, per_device, strict=True):
         if count:
             log("I", f"load_tensors: {ident:>12} model buffer size = {count * per_layer / MIB:8.2f} MiB")
     if on_gpu < offloadable:
-        log("I", f"load_tensors: {'CPU_Mapped':>12} model buffer size = {(offloadable - on_gpu) * per_layer / MIB:8.2f} MiB")
-    for (ident, *_), count in zip(found, kv_layers):
+        rest = (offloadable - on_gpu) * per_layer
+        log("I", f"load_tensors: {'CPU_Mapped':>12} model buffer size = {rest / MIB:8.2f} MiB")
+    for (ident, *_), count in zip(found, kv_layers, strict=True):
         if count:
             log("I", f"llama_kv_cache: {ident:>10} KV buffer size = {count * kv_layer / MIB:8.2f} MiB")
     if layers > sum(kv_layers):
-        log("I", f"llama_kv_cache: {'CPU':>10} KV buffer size = {(layers - sum(kv_layers)) * kv_layer / MIB:8.2f} MiB")
+        rest = (layers - sum(kv_layers)) * kv_layer
+        log("I", f"llama_kv_cache: {'CPU':>10} KV buffer size = {rest / MIB:8.2f} MiB")
     compute = UBATCH * context * 2 + UBATCH * (kv_per_token // 2) * 48
-    for (ident, *_), count in zip(found, per_device):
+    for (ident, *_), count in zip(found, per_device, strict=True):
         if count:
             log("I", f"sched_reserve: {ident:>10} compute buffer size = {compute / MIB:8.2f} MiB")
     host = found[0][0].rstrip("0123456789") + "_Host"
