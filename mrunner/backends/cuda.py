@@ -97,9 +97,7 @@ async def flags(
             )
             found = find_cublas([wheels], major)
         if found is None:
-            raise InstallFailed(
-                f"no cuBLAS for CUDA {major} in the toolkit or in {wheel_name(major)}"
-            )
+            raise InstallFailed(f"no cuBLAS for CUDA {major} in the toolkit or in {wheel_name(major)}")
         library, include = found
         lt = library.with_name(f"libcublasLt.so.{major}")
         result += [f"-DCUDA_cublas_LIBRARY={library}", f"-DCUDA_cublasLt_LIBRARY={lt}"]
