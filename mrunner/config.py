@@ -216,7 +216,7 @@ def parse_gpu_devices(value: object, key: str) -> str | tuple[str, ...]:
     """``"auto"`` (every GPU the build lists), ``"none"`` (the CPU only), or a list of ids (``["CUDA0"]``)."""
     if value in ("auto", "none"):
         return str(value)
-    if isinstance(value, list) and all(isinstance(item, str) and item for item in value):
+    if isinstance(value, list) and value and all(isinstance(item, str) and item for item in value):
         return tuple(value)
     raise ConfigError(f"{key}: expected 'auto', 'none' or a list of device ids like ['CUDA0'], got {value!r}")
 
