@@ -214,11 +214,9 @@ class LlamaCppBackend:
         except build.InstallFailed as e:
             self.log.warn("the {variant} build failed, using the CPU build: {error}", variant=wanted, error=e)
             version = await self._find_or_build("cpu", report)
-            await self._listing(version)
             return f"{version} (cpu: the {wanted} build failed: {e})"
-        await self._listing(version)
         self.variant = wanted
-        return f"{version} ({wanted})"
+        return await self._listing(version)
 
     async def _find_or_build(self, variant: str, report: Callable[[str], object]) -> str:
         """An earlier build of C{variant} (or for cpu one on PATH) if it runs, else a new one in the cache."""
