@@ -413,13 +413,26 @@ def _pooling(model: Model) -> str | None:
     return None if value is None else str(value)
 
 
-def main(reactor: Any, config_path: str | None = None) -> Deferred[None]:
-    """Install the backend as the daemon would, printing each progress report."""
+def main(reactor: Any, *argv: str) -> Deferred[None]:
+    """Install the backend as the daemon would, printing each progress report.
+
+    ``[CONFIG] [--variant=VARIANT]``: with a variant, that build only (``make cuda-build``):
+    falling back to another is a failure here.
+    """
     from mrunner import config
 
-    backend = LlamaCppBackend(config.load(config_path), reactor)
+    variant = next((arg.partition("=")[2] for arg in argv if arg.startswith("--variant=")), None)
+    config_path = next((arg for arg in argv if not arg.startswith("--")), None)
+    settings = config.load(config_path)
+    if variant is not None:
+        table = {**settings.backend("llama.cpp"), "variant": variant}
+        settings = attrs.evolve(settings, backends={**settings.backends, "llama.cpp": table})
+    backend = LlamaCppBackend(settings, reactor)
 
     def done(version: str) -> None:
+        if variant not in (None, "auto", backend.variant):
+            print(f"Error: {version}", file=sys.stderr, flush=True)
+            raise SystemExit(1)
         print(f"{version} ready: {backend.executable}", flush=True)
 
     def failed(failure: Failure) -> None:
@@ -434,4 +447,4 @@ def main(reactor: Any, config_path: str | None = None) -> Deferred[None]:
 if __name__ == "__main__":
     from twisted.internet.task import react
 
-    react(main, sys.argv[1:2])
+    react(main, sys.argv[1:])
