@@ -1,7 +1,8 @@
 """What a CUDA build of llama-server needs beyond ``-DGGML_CUDA=ON``: cuBLAS, architectures, rpath.
 
 - cuBLAS: the toolkit's own when it has it, else the PyPI wheel for the ``nvcc`` found
-  (``nvidia-cublas`` for CUDA 13, ``nvidia-cublas-cu12`` for 12), from mrunner's own
+  (``nvidia-cublas`` for CUDA 13, ``nvidia-cublas-cu12`` for 12, of the same minor
+  release, as cuBLAS numbers its releases after the toolkit's), from mrunner's own
   environment when installed there, else installed by pip beside the build (as the
   source is fetched), and named to CMake by path, with the wheel's headers.
 - architectures: each GPU's compute capability (NVML, else ``nvidia-smi``); without a
@@ -73,7 +74,7 @@ async def flags(
     release = _RELEASE.search(version)
     if release is None:
         raise InstallFailed(f"cannot read the CUDA release from `{nvcc} --version`")
-    major = int(release[1])
+    major, minor = int(release[1]), int(release[2])
     root = toolkit_root(nvcc)
     result = [f"-DCMAKE_CUDA_COMPILER={nvcc}"]
     rpath = [str(path) for path in toolkit_libraries(root)]
@@ -92,7 +93,7 @@ async def flags(
                         "--no-input",
                         "--disable-pip-version-check",
                     ),
-                    *("--target", str(wheels), f"{wheel_name(major)}=={major}.*"),
+                    *("--target", str(wheels), f"{wheel_name(major)}=={major}.{minor}.*"),
                 ]
             )
             found = find_cublas([wheels], major)
