@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import ClassVar, Protocol
 
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -67,28 +68,24 @@ def used_by_runners(runners: Iterable[RunnerSnapshot]) -> dict[str, int]:
 
 
 @implementer(IDevices)
+@attrs.define
 class Devices:
-    """The devices runners can use, as the build lists them and C{[gpu]} allows, and the RAM."""
+    """The devices runners can use, as the build lists them and C{[gpu]} allows, and the RAM.
 
-    log = Logger()
+    C{used} answers what runners hold per device id (L{used_by_runners}); C{nvml} is None
+    where NVML does not load; C{host} reads the RAM (total, available).
+    """
 
-    def __init__(
-        self,
-        source: DeviceSource,
-        settings: GPUConfig,
-        ram_budget: Callable[[], int],
-        used: Callable[[], Mapping[str, int]] = dict,
-        nvml: Nvml | None = None,
-        host: Callable[[], tuple[int, int]] = host_memory,
-    ):
-        self._source = source
-        self._settings = settings
-        self._ram_budget = ram_budget
-        self._used = used
-        self._nvml = nvml
-        self._host = host
-        self._live: dict[str, tuple[int, int]] = {}
-        self._budgets: dict[str, int] = {}
+    log: ClassVar[Logger] = Logger()
+
+    _source: DeviceSource
+    _settings: GPUConfig
+    _ram_budget: Callable[[], int]
+    _used: Callable[[], Mapping[str, int]] = dict
+    _nvml: Nvml | None = None
+    _host: Callable[[], tuple[int, int]] = host_memory
+    _live: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
+    _budgets: dict[str, int] = attrs.field(factory=dict, init=False)
 
     @property
     def variant(self) -> str:
