@@ -86,6 +86,7 @@ class Devices:
     _host: Callable[[], tuple[int, int]] = host_memory
     _live: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
     _budgets: dict[str, int] = attrs.field(factory=dict, init=False)
+    _waiters: list[Deferred[list[Device]]] = attrs.field(factory=list, init=False)
 
     @property
     def variant(self) -> str:
@@ -110,7 +111,16 @@ class Devices:
                 self._live = live
                 return succeed(self.devices())
         self._live = {}
-        return self._source.list_devices().addCallback(lambda _: self.devices())
+        waiter: Deferred[list[Device]] = Deferred()
+        self._waiters.append(waiter)
+        if len(self._waiters) == 1:  # one llama-server --list-devices at a time, for every caller
+            self._source.list_devices().addCallback(self._listed_again)
+        return waiter
+
+    def _listed_again(self, _: object) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(self.devices())
 
     def _allowed(self, listed: list[Listed]) -> list[Listed]:
         chosen = self._settings.devices

@@ -93,13 +93,15 @@ class FakeSource:
     found: list[Listed]
     variant: str = "cuda"
     asked: int = 0
+    #: When set, what list_devices answers (a listing still running).
+    pending: Deferred[list[Listed]] | None = None
 
     def listed(self) -> list[Listed]:
         return list(self.found)
 
     def list_devices(self) -> Deferred[list[Listed]]:
         self.asked += 1
-        return succeed(self.listed())
+        return self.pending or succeed(self.listed())
 
 
 class FakeNvml:
@@ -177,6 +179,18 @@ class DevicesTests(SynchronousTestCase):
         inventory, source = devices([CUDA0])
         self.successResultOf(inventory.refresh())
         self.assertEqual(source.asked, 1)
+
+    def test_refreshes_at_once_share_one_listing(self) -> None:
+        inventory, source = devices([CUDA0])
+        source.pending = Deferred()
+        first, second = inventory.refresh(), inventory.refresh()
+        self.assertNoResult(first)
+        self.assertEqual(source.asked, 1)
+        source.pending.callback([CUDA0])
+        self.assertEqual(self.successResultOf(first), self.successResultOf(second))
+        source.pending = None
+        self.successResultOf(inventory.refresh())
+        self.assertEqual(source.asked, 2, "a refresh after the last one ended lists again")
 
     def test_refresh_with_nvml_is_live(self) -> None:
         inventory, source = devices([CUDA0], nvml=FakeNvml({"CUDA0": (24 * GIB, 3 * GIB)}))
