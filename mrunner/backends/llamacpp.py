@@ -149,6 +149,11 @@ def build_dir(root: Path, variant: str = "cpu") -> Path:
     return root / "backends" / "llama.cpp" / variants.directory_name(build.PIN, variant)
 
 
+def failure_note(directory: Path) -> Path:
+    """Where a failed GPU build's reason is kept, so the next start does not spend a build failing again."""
+    return directory.with_name(directory.name + ".failed")
+
+
 def cached_executable(environ: Mapping[str, str] = os.environ, variant: str = "cpu") -> Path:
     """Where ``python -m mrunner.backends.llamacpp`` (``make backend``) puts the shared build."""
     return build.executable_in(build_dir(cache_root({}, environ), variant))
@@ -171,8 +176,11 @@ class LlamaCppBackend:
     manages_models = False
     log = Logger()
 
-    def __init__(self, config: Config, reactor: Any, environ: Mapping[str, str] = os.environ):
+    def __init__(
+        self, config: Config, reactor: Any, environ: Mapping[str, str] = os.environ, fallback: bool = True
+    ):
         self._reactor = reactor
+        self._fallback = fallback
         self._environ = environ
         self._settings = config.backend(self.name)
         self._home = config.home
@@ -209,12 +217,24 @@ class LlamaCppBackend:
             raise build.InstallFailed(str(e)) from None
         if wanted == "cpu":
             return await self._listing(await self._find_or_build("cpu", report))
+        failed = failure_note(build_dir(self._cache, wanted))
         try:
+            if self._fallback and failed.exists():
+                again = f"python -m mrunner.backends.llamacpp --variant={wanted}"
+                raise build.InstallFailed(
+                    f"{failed.read_text().strip()} (earlier: `{again}` or removing {failed} tries again)"
+                )
             version = await self._find_or_build(wanted, report)
         except build.InstallFailed as e:
+            if not failed.exists():
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                failed.write_text(str(e))
+            if not self._fallback:
+                raise
             self.log.warn("the {variant} build failed, using the CPU build: {error}", variant=wanted, error=e)
             version = await self._find_or_build("cpu", report)
             return f"{version} (cpu: the {wanted} build failed: {e})"
+        failed.unlink(missing_ok=True)
         self.variant = wanted
         return await self._listing(version)
 
@@ -427,12 +447,9 @@ def main(reactor: Any, *argv: str) -> Deferred[None]:
     if variant is not None:
         table = {**settings.backend("llama.cpp"), "variant": variant}
         settings = attrs.evolve(settings, backends={**settings.backends, "llama.cpp": table})
-    backend = LlamaCppBackend(settings, reactor)
+    backend = LlamaCppBackend(settings, reactor, fallback=variant is None)
 
     def done(version: str) -> None:
-        if variant not in (None, "auto", backend.variant):
-            print(f"Error: {version}", file=sys.stderr, flush=True)
-            raise SystemExit(1)
         print(f"{version} ready: {backend.executable}", flush=True)
 
     def failed(failure: Failure) -> None:

@@ -13,9 +13,11 @@ from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends import build
+from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.config import Config
 from mrunner.scheduling.installer import Installer
 from mrunner.values import InstallState
-from tests.real.test_llamacpp import VERSION_OUTPUT, Fixture, executable
+from tests.real.test_llamacpp import VERSION_OUTPUT, FakeProcessReactor, Fixture, executable
 from tests.support import gpu_server
 
 
@@ -55,6 +57,19 @@ class VariantInstallTests(SynchronousTestCase):
         self.assertIn("Could NOT find Vulkan (missing: glslc)", status.detail)
         self.assertEqual((fixture.backend.variant, fixture.backend.executable), ("cpu", cpu))
         self.assertFalse(any(fixture.cache.glob(f"backends/llama.cpp/{build.PIN}-vulkan")))
+
+        # The next start does not spend a build failing again: it says why, and how to try again.
+        reactor = FakeProcessReactor()
+        settings = {"cache": str(fixture.cache), "variant": "vulkan"}
+        again = LlamaCppBackend(
+            Config(home=fixture.home, backends={"llama.cpp": settings}), reactor, fixture.environ
+        )
+        installing = again.install(lambda _: None)
+        reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        detail = self.successResultOf(installing)
+        self.assertIn("Could NOT find Vulkan", detail)
+        self.assertIn("python -m mrunner.backends.llamacpp --variant=vulkan", detail)
+        self.assertEqual(len(reactor.children), 1, "only the CPU build's --version")
 
     def test_earlier_gpu_build_is_used_and_lists_its_devices(self) -> None:
         fixture = Fixture(self, variant="cuda")
