@@ -31,6 +31,9 @@ from mrunner.api.service.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.clientpool import QuietPool
+from mrunner.devices.inventory import Devices, used_by_runners
+from mrunner.devices.metrics import DeviceCollector
+from mrunner.devices.nvml import Nvml
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
 from mrunner.listening import AddressFile
@@ -137,6 +140,16 @@ def make_parts(
         events=metrics,
     )
     metrics.watch(scheduler)
+    llamacpp = backends["llama.cpp"]
+    assert isinstance(llamacpp, LlamaCppBackend)
+    devices = Devices(
+        llamacpp,
+        config.gpu,
+        scheduler.memory_budget,
+        lambda: used_by_runners(scheduler.snapshot()),
+        Nvml.load(),
+    )
+    metrics.registry.register(DeviceCollector(devices))
     scraper = RunnerScraper(checks.get, reactor)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
@@ -181,6 +194,7 @@ def make_parts(
         backends=backends,
         max_request_bytes=config.max_request_bytes,
         reload=reloader.reload,
+        devices=devices,
     )
     site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
     reloadable.append(site.configure)
