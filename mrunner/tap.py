@@ -130,6 +130,16 @@ def make_parts(
     metrics = Metrics()
     # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
     checks = RunnerChecks(runner_pool)
+    llamacpp = backends["llama.cpp"]
+    assert isinstance(llamacpp, LlamaCppBackend)
+    # The devices and the scheduler ask each other: the RAM's budget and what runners hold.
+    devices = Devices(
+        llamacpp,
+        config.gpu,
+        lambda: scheduler.memory_budget(),
+        lambda: used_by_runners(scheduler.snapshot()),
+        Nvml.load(),
+    )
     scheduler = Scheduler(
         reactor,
         config,
@@ -138,17 +148,9 @@ def make_parts(
         partial(start_runner, reactor, checks.healthy, options),
         home,
         events=metrics,
+        devices=devices,
     )
     metrics.watch(scheduler)
-    llamacpp = backends["llama.cpp"]
-    assert isinstance(llamacpp, LlamaCppBackend)
-    devices = Devices(
-        llamacpp,
-        config.gpu,
-        scheduler.memory_budget,
-        lambda: used_by_runners(scheduler.snapshot()),
-        Nvml.load(),
-    )
     metrics.registry.register(DeviceCollector(devices))
     scraper = RunnerScraper(checks.get, reactor)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:

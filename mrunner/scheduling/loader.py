@@ -109,6 +109,7 @@ class Loader:
     ):
         self._clock = clock
         self._devices = devices
+        self._gpus: tuple[tuple[str, int], ...] | None = None
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -321,7 +322,7 @@ class Loader:
             while self._repump:
                 self._repump = False
                 stopping = self.roster.stopping()
-                limits = attrs.evolve(self._limits, gpus=self.gpus())
+                limits = attrs.evolve(self._limits, gpus=self.gpus(fresh=bool(self._queue)))
                 on_gpus = Counter[str]()
                 for runner in stopping:
                     on_gpus.update(runner.on_gpus)
@@ -333,11 +334,18 @@ class Loader:
         finally:
             self._pumping = False
 
-    def gpus(self) -> tuple[tuple[str, int], ...]:
-        """Each GPU's budget, as the devices were last seen; none on a machine without GPUs."""
+    def gpus(self, fresh: bool = True) -> tuple[tuple[str, int], ...]:
+        """Each GPU's budget; none on a machine without GPUs.
+
+        Asking the devices costs a snapshot of every runner, so a caller that
+        will not load (a request for a runner that is there, a plan with no one
+        waiting) takes the answer of the last caller that asked afresh.
+        """
         if self._devices is None:
             return ()
-        return tuple((d.id, d.budget) for d in self._devices.devices() if d.id != HOST)
+        if fresh or self._gpus is None:
+            self._gpus = tuple((d.id, d.budget) for d in self._devices.devices() if d.id != HOST)
+        return self._gpus
 
     def _instances(self, waiter: _Waiter) -> list[RunnerKey]:
         """The runners that may serve C{waiter}, less other instances whose load failed just now."""

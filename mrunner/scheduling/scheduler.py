@@ -130,7 +130,7 @@ class Scheduler:
             memory = self._backends[backend].memory(model, mode, settings)
         footprint = self._backends[backend].footprint(model, mode, settings)
         budget = self._config.scheduler.memory_budget
-        gpus = self.loader.gpus()
+        gpus = self.loader.gpus(fresh=runner is None)
         if gpus:
             _check_fits(model.name, footprint, gpus, budget)
         elif budget and memory > budget:
