@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.utils import getProcessOutputAndValue
+from twisted.python.failure import Failure
 
 from mrunner.home import Home
 from tests.real.test_cli import MRUNNER
@@ -25,13 +28,15 @@ LAYERS = 31
 
 
 class FittingTests(LlamaCppTestCase):
-    async def start_with(self, scenario: str, oom_layers: int | None = None, config_text: str = "") -> None:
+    async def start_with(
+        self, scenario: str, oom_layers: int | None = None, config_text: str = "", parallel: int = 2
+    ) -> None:
         directory = Path(self.mktemp())
         directory.mkdir()
         wrapper = gpu_server.write_wrapper(
             directory, cached_llama_server(), scenario=scenario, oom_layers=oom_layers
         )
-        await self.start(f'[backends."llama.cpp"]\npath = "{wrapper}"\n{config_text}')
+        await self.start(f'[backends."llama.cpp"]\npath = "{wrapper}"\n{config_text}', parallel)
         await self.settled_status()
         await self.daemon.import_model(SMOL, smollm2())
 
@@ -104,3 +109,46 @@ class FittingTests(LlamaCppTestCase):
             "ran out of memory on CUDA0 while loading, with 23 layers offloaded", body["error"]["message"]
         )
         self.assertEqual(await self.runners(), [])
+
+    async def test_instances_on_gpus_of_their_own(self) -> None:
+        """With the first instance busy (its answer held unread), a request starts a second one, whole
+        on the other GPU, and it answers; both show in `ps`."""
+        await self.start_with("two", config_text='[models."ai/smollm2"]\ninstances = 2\n', parallel=1)
+        body = {
+            "model": SMOL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4000,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
+        self.assertEqual(response.code, 200)
+        held = _Held()
+        response.deliverBody(held)
+        self.addCleanup(lambda: held.transport.stopProducing() if not held.done.called else None)
+        code, answer = await self.post(
+            "/v1/chat/completions",
+            {"model": SMOL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2},
+        )
+        self.assertEqual(code, 200, answer)
+        runners = sorted(await self.runners(), key=lambda r: r["instance"])
+        self.assertEqual(
+            [(r["instance"], r["in_use"], [d for d in r["devices"] if d != "CPU"]) for r in runners],
+            [(0, 1, ["CUDA1"]), (1, 0, ["CUDA0"])],
+            "the first on the GPU it fits best, the second on the other",
+        )
+        held.transport.stopProducing()
+        await held.done
+
+
+class _Held(Protocol):
+    """An answer's body, not read: its runner stays busy until the test lets go."""
+
+    def __init__(self) -> None:
+        self.done: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        self.transport.pauseProducing()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.done.callback(None)
