@@ -10,19 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
-from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.python.failure import Failure
 
 from mrunner.home import Home
 from tests.real.test_cli import MRUNNER
 from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 from tests.real.test_llamacpp_real import cached_llama_server
+from tests.real.test_memory_budget_real import _Held
 from tests.support import gpu_server
 from tests.support.daemon import http
 
 SMOL = "ai/smollm2:latest"
+#: A chat request that loads SmolLM2 and answers at once.
+HELLO: dict[str, Any] = {"model": SMOL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 #: SmolLM2-135M's 30 blocks and its output layer: what -ngl counts.
 LAYERS = 31
 
@@ -41,12 +41,7 @@ class FittingTests(LlamaCppTestCase):
         await self.daemon.import_model(SMOL, smollm2())
 
     async def ask(self) -> Any:
-        return await self.call(
-            self.client.chat.completions.create,
-            model=SMOL,
-            messages=[{"role": "user", "content": "hello"}],
-            max_tokens=2,
-        )
+        return await self.call(self.client.chat.completions.create, **HELLO)
 
     async def runners(self) -> list[dict[str, Any]]:
         return json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())  # type: ignore[no-any-return]
@@ -100,10 +95,7 @@ class FittingTests(LlamaCppTestCase):
 
     async def test_out_of_memory_twice_names_the_device(self) -> None:
         await self.start_with("one", oom_layers=10)
-        code, body = await self.post(
-            "/engines/v1/chat/completions",
-            {"model": SMOL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2},
-        )
+        code, body = await self.post("/engines/v1/chat/completions", HELLO)
         self.assertEqual((code, body["error"]["code"]), (500, "runner_failed"), body)
         self.assertIn(
             "ran out of memory on CUDA0 while loading, with 23 layers offloaded", body["error"]["message"]
@@ -114,13 +106,7 @@ class FittingTests(LlamaCppTestCase):
         """With the first instance busy (its answer held unread), a request starts a second one, whole
         on the other GPU, and it answers; both show in `ps`."""
         await self.start_with("two", config_text='[models."ai/smollm2"]\ninstances = 2\n', parallel=1)
-        body = {
-            "model": SMOL,
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 4000,
-            "stream": True,
-            "ignore_eos": True,
-        }
+        body = {**HELLO, "max_tokens": 4000, "stream": True, "ignore_eos": True}
         response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
         self.assertEqual(response.code, 200)
         held = _Held()
@@ -128,7 +114,7 @@ class FittingTests(LlamaCppTestCase):
         self.addCleanup(lambda: held.transport.stopProducing() if not held.done.called else None)
         code, answer = await self.post(
             "/v1/chat/completions",
-            {"model": SMOL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2},
+            HELLO,
         )
         self.assertEqual(code, 200, answer)
         runners = sorted(await self.runners(), key=lambda r: r["instance"])
@@ -139,16 +125,3 @@ class FittingTests(LlamaCppTestCase):
         )
         held.transport.stopProducing()
         await held.done
-
-
-class _Held(Protocol):
-    """An answer's body, not read: its runner stays busy until the test lets go."""
-
-    def __init__(self) -> None:
-        self.done: Deferred[None] = Deferred()
-
-    def connectionMade(self) -> None:
-        self.transport.pauseProducing()
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.done.callback(None)

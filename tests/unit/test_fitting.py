@@ -16,18 +16,13 @@ from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, Footprint, Placement, place_on
 from tests.support.fakes import model
+from tests.unit import test_policy
 
 GPUS = (("CUDA0", 24), ("CUDA1", 12))
 
 
 @attrs.frozen
-class Runner:
-    state: State = State.READY
-    in_use: int = 0
-    parallel: int = 1
-    finished_at: float = 0.0
-    memory: int = 0
-    pinned: bool = False
+class Runner(test_policy.Runner):
     on_gpus: Mapping[str, int] = attrs.field(factory=dict)
 
 
