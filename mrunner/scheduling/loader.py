@@ -229,6 +229,7 @@ class Loader:
     # What the runners' machines tell the loader (L{roster.Keeper})
 
     def opened(self, runner: Runner) -> None:
+        self._backoff.pop(runner.key, None)
         self._backoff.pop(_first(runner.key), None)
 
     def failed(self, runner: Runner, reason: Failure) -> None:

@@ -124,14 +124,15 @@ class Scheduler:
         settings = self._runner_settings(configured)
         if configured.draft_model and runner is None:
             await self._store.ready(configured.draft_model)
-        if runner is not None and runner.request.settings == settings:
-            memory = runner.request.memory  # the same estimate, already made
+        footprint: Footprint | None
+        if runner is not None and runner.request.settings == settings:  # the same estimate, already made
+            memory, footprint = runner.request.memory, runner.request.footprint
         else:
             memory = self._backends[backend].memory(model, mode, settings)
-        footprint = self._backends[backend].footprint(model, mode, settings)
+            footprint = self._backends[backend].footprint(model, mode, settings)
         budget = self._config.scheduler.memory_budget
         gpus = self.loader.gpus(fresh=runner is None)
-        if gpus:
+        if gpus and footprint is not None:
             _check_fits(model.name, footprint, gpus, budget)
         elif budget and memory > budget:
             raise Unprocessable(

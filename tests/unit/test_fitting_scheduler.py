@@ -191,6 +191,19 @@ class InstancesTests(SynchronousTestCase):
         held.release()
         self.successResultOf(second).release()
 
+    def test_another_instance_that_fails_is_not_retried_at_once(self) -> None:
+        """Its waiter is not failed: the first instance serves it; the other waits out a back-off."""
+        scheduler = self.make(FakeBackend(need=4), {}, budget=10)
+        first = scheduler.acquire(None, "a", COMPLETION)
+        self.spawn.processes[0].ready.callback(None)
+        held = self.successResultOf(first)
+        second = scheduler.acquire(None, "a", COMPLETION)
+        self.spawn.processes[1].exit()  # the second instance fails to start
+        self.assertNoResult(second)
+        self.assertEqual(len(self.spawn.processes), 2, "not started again at once")
+        held.release()
+        self.assertEqual(self.successResultOf(second).socket, self.spawn.processes[0].socket)
+
     def test_instances_on_gpus_of_their_own(self) -> None:
         backend = FakeBackend(need=NEED, layers=LAYERS, per_layer=PER_LAYER, per_device=PER_DEVICE)
         scheduler = self.make(backend, {"CUDA0": 40 * MIB, "CUDA1": 40 * MIB}, budget=100 * MIB)
