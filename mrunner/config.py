@@ -62,6 +62,13 @@ def parse_keep_alive(value: object, key: str = "keep_alive") -> float:
     return durations.keep_alive(parse_duration(value, key))
 
 
+def parse_instances(value: object, key: str = "instances") -> int:
+    """A count of runners: a positive integer."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    return value
+
+
 def parse_size(value: object, key: str = "size") -> int:
     """Bytes from ``1073741824``, ``"512MiB"``, ``"8GiB"``, ``"2GB"``, or ``"60%"`` of RAM.
 
@@ -115,6 +122,8 @@ class ModelConfig:
     context_size: int | None = None
     keep_alive: float | None = attrs.field(default=None, metadata={"parse": parse_duration})
     pinned: bool = False
+    #: Runners of the model at most: another starts when all are busy and it fits beside them.
+    instances: int = attrs.field(default=1, metadata={"parse": parse_instances})
 
 
 @attrs.frozen
@@ -212,6 +221,33 @@ class LogConfig:
     format: str = attrs.field(default="text", metadata={"parse": _log_format})
 
 
+def parse_gpu_devices(value: object, key: str) -> str | tuple[str, ...]:
+    """``"auto"`` (every GPU the build lists), ``"none"`` (the CPU only), or a list of ids (``["CUDA0"]``)."""
+    if value in ("auto", "none"):
+        return str(value)
+    if isinstance(value, list) and value and all(isinstance(item, str) and item for item in value):
+        return tuple(value)
+    raise ConfigError(f"{key}: expected 'auto', 'none' or a list of device ids like ['CUDA0'], got {value!r}")
+
+
+def parse_device_budget(value: object, key: str) -> int | float:
+    """A share of each device's memory (``"90%"``, as a float 0.9) or bytes (``"20GiB"``, an int)."""
+    percent = _PERCENT.match(str(value))
+    if percent is not None and 0 < float(percent.group(1)) <= 100 and not isinstance(value, bool):
+        return float(percent.group(1)) / 100
+    if value == "auto":
+        raise ConfigError(f"{key}: expected a size like '20GiB' or a share like '90%', got 'auto'")
+    return parse_size(value, key)
+
+
+@attrs.frozen
+class GPUConfig:
+    """``[gpu]``: which GPUs runners may use, and how much of each (default 90% of what was free at start)."""
+
+    devices: str | tuple[str, ...] = attrs.field(default="auto", metadata={"parse": parse_gpu_devices})
+    memory_budget: int | float = attrs.field(default=0.9, metadata={"parse": parse_device_budget})
+
+
 @attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
@@ -230,6 +266,7 @@ class Config:
     records: RecordsConfig = RecordsConfig()
     log: LogConfig = LogConfig()
     aliases: Mapping[str, str] = attrs.field(factory=dict)
+    gpu: GPUConfig = GPUConfig()
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
     unread: tuple[Path, ...] = attrs.field(default=(), eq=False)  # other tap.conf files, not read
 
@@ -358,6 +395,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "store": StoreConfig,
         "huggingface": HuggingFaceConfig,
         "responses": ResponsesConfig,
+        "gpu": GPUConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

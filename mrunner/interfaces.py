@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from mrunner.values import (
         ContextSize,
         Device,
+        Footprint,
         InstallStatus,
         ModelSettings,
         Preload,
@@ -145,6 +146,9 @@ class IBackend(Interface):
     def memory(model: Model, mode: str, settings: RunnerSettings) -> int:
         """Bytes a runner of C{model} in C{mode} with C{settings} is estimated to need."""
 
+    def footprint(model: Model, mode: str, settings: RunnerSettings) -> Footprint:
+        """L{memory} split into what can be offloaded to GPUs, layer by layer, and what stays in RAM."""
+
     def context(model: Model, settings: RunnerSettings) -> ContextSize:
         """The context a runner of C{model} with C{settings} asks for, and the one in force."""
 
@@ -174,6 +178,10 @@ class IRunnerProcess(Interface):
     pid = Attribute("Its process id, or None once it has ended.")
     ready = Attribute("Deferred: fires when it answers, fails (L{RunnerFailed}) if it cannot start.")
     ended = Attribute("Deferred: fires once the process has exited, whatever the reason.")
+    load_report = Attribute(
+        "L{mrunner.backends.loadlines.LoadReport}: each device's buffers as its load output gave"
+        " them, and the device that ran out of memory, if one did."
+    )
 
     def stop() -> None:
         """SIGTERM now, SIGKILL after the grace period; a no-op once it has ended."""

@@ -35,6 +35,7 @@ RESTART_KEYS = (
     "runner.log_keep",
     "records",
     "log",
+    "gpu",
 )
 
 

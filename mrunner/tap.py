@@ -32,6 +32,9 @@ from mrunner.api.service.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.clientpool import QuietPool
+from mrunner.devices.inventory import Devices, used_by_runners
+from mrunner.devices.metrics import DeviceCollector
+from mrunner.devices.nvml import Nvml
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
 from mrunner.listening import AddressFile
@@ -129,6 +132,16 @@ def make_parts(
     metrics = Metrics()
     # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
     checks = RunnerChecks(runner_pool)
+    llamacpp = backends["llama.cpp"]
+    assert isinstance(llamacpp, LlamaCppBackend)
+    # The devices and the scheduler ask each other: the RAM's budget and what runners hold.
+    devices = Devices(
+        llamacpp,
+        config.gpu,
+        lambda: scheduler.memory_budget(),
+        lambda: used_by_runners(scheduler.snapshot()),
+        Nvml.load(),
+    )
     scheduler = Scheduler(
         reactor,
         config,
@@ -137,8 +150,10 @@ def make_parts(
         partial(start_runner, reactor, checks.healthy, options),
         home,
         events=metrics,
+        devices=devices,
     )
     metrics.watch(scheduler)
+    metrics.registry.register(DeviceCollector(devices))
     scraper = RunnerScraper(checks.get, reactor)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
@@ -187,6 +202,7 @@ def make_parts(
         backends=backends,
         max_request_bytes=config.max_request_bytes,
         reload=reloader.reload,
+        devices=devices,
     )
     site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
     reloadable.append(site.configure)

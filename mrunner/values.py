@@ -6,6 +6,7 @@ can name them without importing another layer's implementation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 
 import attrs
@@ -23,11 +24,13 @@ class State(Enum):
 
 @attrs.frozen
 class RunnerKey:
-    """One runner per (backend, model digest, mode): tags of a digest share it."""
+    """One runner per (backend, model digest, mode): tags of a digest share it; C{instance}
+    numbers the runners of a model configured with C{instances} (0 for the first)."""
 
     backend: str
     model: str
     mode: str
+    instance: int = 0
 
 
 @attrs.frozen
@@ -79,6 +82,21 @@ class RunnerSnapshot:
     stale: bool
     #: The context its settings ask for, and what llama-server gives each request.
     context: ContextSize = attrs.Factory(ContextSize)
+    #: Bytes it holds on each device it uses, its GPUs first and C{CPU} (RAM) last: what a
+    #: device's C{used} sums.
+    devices: Mapping[str, int] = attrs.field(factory=dict)
+    #: How many of its layers are offloaded to GPUs.
+    gpu_layers: int = 0
+    #: Which of its model's runners it is (C{[models."NAME"] instances}), 0 for the first.
+    instance: int = 0
+
+    def shares(self) -> str:
+        """Where its memory is, as C{"CUDA0 71% / CPU 29%"}: C{"CPU"} when all of it is in RAM."""
+        total = sum(self.devices.values())
+        if not total or set(self.devices) <= {HOST}:
+            return HOST
+        shares = (f"{device} {round(100 * size / total)}%" for device, size in self.devices.items() if size)
+        return " / ".join(shares)
 
 
 class PreloadState(Enum):
@@ -149,3 +167,75 @@ class Device:
     memory_free: int
     budget: int
     used: int = 0
+
+
+#: The host's RAM, as a device: where every layer not offloaded lives.
+HOST = "CPU"
+
+
+@attrs.frozen
+class Footprint:
+    """What a runner needs, in the units llama.cpp places (L{mrunner.backends.llamacpp.footprint}).
+
+    C{layers} offloadable layers (the repeating blocks and the output layer, as
+    C{-ngl} counts them) of C{per_layer} bytes each (weights and KV cache); a
+    compute buffer of C{per_device} bytes on each GPU the runner uses; and
+    C{host} bytes in RAM however many layers are offloaded (the process, the
+    token embeddings, the CPU's compute buffer). A backend that cannot offload
+    has no layers: all of it is C{host}. C{offload}, when set, caps the
+    layers offloaded: a load that ran out of device memory is retried with fewer.
+    """
+
+    host: int
+    layers: int = 0
+    per_layer: int = 0
+    per_device: int = 0
+    offload: int | None = None
+
+    @property
+    def offloadable(self) -> int:
+        """How many layers a placement may put on GPUs."""
+        return self.layers if self.offload is None else min(self.layers, self.offload)
+
+    @property
+    def total(self) -> int:
+        """Bytes with every layer on the CPU: the whole estimate on a machine without a GPU."""
+        return self.in_ram(0)
+
+    def in_ram(self, gpu_layers: int) -> int:
+        """Bytes left in RAM with C{gpu_layers} layers offloaded."""
+        return self.host + (self.layers - gpu_layers) * self.per_layer
+
+    def on_device(self, layers: int) -> int:
+        """Bytes a GPU holds for C{layers} of them (none and no compute buffer for none)."""
+        return layers * self.per_layer + self.per_device if layers else 0
+
+
+@attrs.frozen
+class Placement:
+    """Where one runner's layers go: C{layers} per GPU, in C{--device} order, the rest on the CPU;
+    C{memory} is the bytes each device (C{CPU} too) is planned to hold."""
+
+    layers: tuple[tuple[str, int], ...] = ()
+    memory: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def gpu_layers(self) -> int:
+        return sum(n for _, n in self.layers)
+
+    @property
+    def on_gpus(self) -> dict[str, int]:
+        """Bytes planned on each GPU it uses."""
+        return {device: size for device, size in self.memory if device != HOST}
+
+    @property
+    def in_ram(self) -> int:
+        return dict(self.memory).get(HOST, 0)
+
+
+def place_on(footprint: Footprint, layers: dict[str, int]) -> Placement:
+    """The L{Placement} of C{footprint} with C{layers} on each GPU (in order), the rest in RAM."""
+    used = {device: n for device, n in layers.items() if n > 0}
+    memory = {HOST: footprint.in_ram(sum(used.values()))}
+    memory.update({device: footprint.on_device(n) for device, n in used.items()})
+    return Placement(tuple(used.items()), tuple(memory.items()))

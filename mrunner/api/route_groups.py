@@ -19,11 +19,12 @@ from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
 from mrunner.api.service.admin import AdminAPI
+from mrunner.api.service.devices import DevicesAPI
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.api.service.openapi import OpenAPI
 from mrunner.api.service.status import StatusAPI
-from mrunner.interfaces import IBackend, IModelStoreAdmin
+from mrunner.interfaces import IBackend, IDevices, IModelStoreAdmin
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.answer import RunnerClient
 from mrunner.runners.forwarder import Forwarder
@@ -45,6 +46,7 @@ def route_groups(
     backends: Mapping[str, IBackend],
     max_request_bytes: int,
     reload: Callable[[], dict[str, Any]] | None = None,
+    devices: IDevices | None = None,
 ) -> list[RouteGroup]:
     """Every route group of the daemon, the OpenAPI document of them all last.
 
@@ -65,4 +67,6 @@ def route_groups(
         PageAPI(scheduler, clock),
         AdminAPI(scheduler, store, backends, max_request_bytes, reload),
     ]
+    if devices is not None:
+        groups.append(DevicesAPI(devices))
     return [*groups, OpenAPI(groups)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from mrunner.store.model import Model
+from mrunner.values import Placement
 
 COMPLETION = "completion"
 EMBEDDING = "embedding"
@@ -22,6 +23,8 @@ class RunnerSettings:
     flags: tuple[str, ...] = ()
     #: A smaller model of the same vocabulary that drafts tokens for speculative decoding.
     draft: Model | None = None
+    #: Where its layers go (the policy's plan); None on a machine without GPUs, as before them.
+    placement: Placement | None = None
 
 
 @attrs.frozen

@@ -103,8 +103,10 @@ class Build:
         *,
         environ: Mapping[str, str] = os.environ,
         python: str = sys.executable,
+        flags: Sequence[str] = (),
     ):
         self._reactor = reactor
+        self._flags = tuple(flags)
         self._dest = dest
         self._report = report
         self._environ = environ
@@ -187,7 +189,7 @@ class Build:
         await self._step(
             [
                 *(tools["cmake"], "-S", str(source), "-B", str(build)),
-                *("-G", "Ninja" if ninja else "Unix Makefiles", *CMAKE_FLAGS),
+                *("-G", "Ninja" if ninja else "Unix Makefiles", *CMAKE_FLAGS, *self._flags),
             ],
             "configuring",
             # Keep CMake's git lookup from taking an enclosing repository's history for ours.

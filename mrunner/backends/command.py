@@ -18,7 +18,7 @@ from zope.interface import implementer
 from mrunner.backends.base import Command, RunnerSettings
 from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
-from mrunner.values import ContextSize
+from mrunner.values import ContextSize, Footprint
 
 
 @implementer(IBackend)
@@ -56,6 +56,10 @@ class CommandBackend:
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         """Only the weights are known of an arbitrary server."""
         return sum(os.path.getsize(path) for path in model.weights)
+
+    def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
+        """An arbitrary server is not told where to put layers: it all counts in RAM."""
+        return Footprint(self.memory(model, mode, settings))
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         """An arbitrary server's context is what it is told, if anything."""

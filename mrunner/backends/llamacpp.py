@@ -20,13 +20,15 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mrunner.backends import build, childprocess
+from mrunner.backends import build, childprocess, cuda, variants
 from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
 from mrunner.config import Config
+from mrunner.devices import listing
+from mrunner.devices.listing import Listed
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
-from mrunner.values import ContextSize
+from mrunner.values import ContextSize, Footprint, Placement
 
 #: The context size when neither the runner settings nor the model's config name one.
 MAX_DEFAULT_CONTEXT_SIZE = 8192
@@ -107,6 +109,19 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
     draft = 0
     if settings.draft is not None:
         draft = memory_estimate(settings.draft, attrs.evolve(settings, draft=None)) - BASE_RSS
+    parts = _parts(model, settings)
+    return files_size(model) + parts.kv_cache + parts.compute + BASE_RSS + draft
+
+
+@attrs.frozen
+class _Parts:
+    blocks: int
+    kv_cache: int
+    compute: int
+
+
+def _parts(model: Model, settings: RunnerSettings) -> _Parts:
+    """The model's repeating blocks, its KV cache and its compute buffers for C{settings}."""
     metadata = model.config.get("gguf") or {}
     architecture = model.config.get("architecture") or metadata.get("general.architecture")
 
@@ -123,9 +138,57 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
     per_token = number("attention.head_count_kv", heads) * (
         number("attention.key_length", head_size) + number("attention.value_length", head_size)
     )
-    kv_cache = number("block_count", 0) * context * per_token * F16_BYTES
+    blocks = number("block_count", 0)
+    kv_cache = blocks * context * per_token * F16_BYTES
     compute = UBATCH * context * F16_BYTES + UBATCH * embedding * ACTIVATION_BYTES
-    return files_size(model) + kv_cache + compute + BASE_RSS + draft
+    return _Parts(blocks, kv_cache, compute)
+
+
+def footprint(model: Model, settings: RunnerSettings) -> Footprint:
+    """L{memory_estimate} split the way llama.cpp places a model over devices.
+
+    ``-ngl N`` offloads the last N of the model's layers, counting its blocks
+    and then the output layer (so blocks + 1 offloads everything): each block's
+    weights go with its KV cache to the device that holds it, and every GPU in
+    use reserves its own compute buffer, about as large as the CPU's. The
+    token embeddings, the vision projector, a draft model (run with
+    ``--gpu-layers-draft 0``) and the process itself stay in RAM. The layers
+    are taken as equal shares of the weights file and the KV cache: the file's
+    non-repeating tensors (embeddings, output) are a small part of any model
+    worth a GPU, and the measured use corrects the rest (L{loadlines}).
+    A model without GGUF metadata has no layers to offload.
+    """
+    total = memory_estimate(model, settings)
+    parts = _parts(model, settings)
+    if not parts.blocks:
+        return Footprint(total)
+    layers = parts.blocks + 1
+    weights = sum(os.path.getsize(path) if os.path.exists(path) else 0 for path in model.weights)
+    per_layer = (weights + parts.kv_cache) // layers
+    return Footprint(total - layers * per_layer, layers, per_layer, parts.compute)
+
+
+def placement_args(placement: Placement, draft: bool = False) -> list[str]:
+    """The flags that put a runner's layers where the plan says: ``--device`` lists the GPUs it
+    uses, ``-ngl`` counts the layers they hold, ``--tensor-split`` shares them out.
+
+    ``--fit off``: the pinned llama-server otherwise changes every unset
+    argument to fit the memory free when it starts, which another runner may
+    be about to take; mrunner has done the arithmetic against its budgets, so
+    two runners never plan for the same free memory. A flag of the model's
+    own ``runtime_flags`` comes later and still wins. ``-lv 4``: the pinned
+    build logs each device's buffers only at that verbosity, and the measured
+    use is read from those lines (L{mrunner.backends.loadlines}); it adds
+    about 30 lines to a runner's log per request.
+    """
+    devices = [device for device, _ in placement.layers]
+    args = ["--fit", "off", "-lv", "4", "--device", ",".join(devices) or "none"]
+    args += ["--n-gpu-layers", str(placement.gpu_layers)]
+    if len(devices) > 1:
+        args += ["--tensor-split", ",".join(str(n) for _, n in placement.layers)]
+    if draft:
+        args += ["--gpu-layers-draft", "0"]
+    return args
 
 
 def files_size(model: Model) -> int:
@@ -142,14 +205,19 @@ def cache_root(settings: Mapping[str, Any], environ: Mapping[str, str]) -> Path:
     return Path(xdg).expanduser() / "mrunner"
 
 
-def build_dir(root: Path) -> Path:
-    """The pinned build's directory under C{root} ($MRUNNER_HOME or the shared cache)."""
-    return root / "backends" / "llama.cpp" / build.PIN
+def build_dir(root: Path, variant: str = "cpu") -> Path:
+    """The pinned build of C{variant}'s directory under C{root} ($MRUNNER_HOME or the shared cache)."""
+    return root / "backends" / "llama.cpp" / variants.directory_name(build.PIN, variant)
 
 
-def cached_executable(environ: Mapping[str, str] = os.environ) -> Path:
+def failure_note(directory: Path) -> Path:
+    """Where a failed GPU build's reason is kept, so the next start does not spend a build failing again."""
+    return directory.with_name(directory.name + ".failed")
+
+
+def cached_executable(environ: Mapping[str, str] = os.environ, variant: str = "cpu") -> Path:
     """Where ``python -m mrunner.backends.llamacpp`` (``make backend``) puts the shared build."""
-    return build.executable_in(build_dir(cache_root({}, environ)))
+    return build.executable_in(build_dir(cache_root({}, environ), variant))
 
 
 @attrs.frozen
@@ -169,13 +237,19 @@ class LlamaCppBackend:
     manages_models = False
     log = Logger()
 
-    def __init__(self, config: Config, reactor: Any, environ: Mapping[str, str] = os.environ):
+    def __init__(
+        self, config: Config, reactor: Any, environ: Mapping[str, str] = os.environ, fallback: bool = True
+    ):
         self._reactor = reactor
+        self._fallback = fallback
         self._environ = environ
         self._settings = config.backend(self.name)
-        self._home_dir = build_dir(config.home)
-        self._cache_dir = build_dir(cache_root(self._settings, environ))
+        self._home = config.home
+        self._cache = cache_root(self._settings, environ)
         self._installed: _Installed | None = None
+        self._listed: list[Listed] = []
+        #: The build in use: C{cpu} until install() finds out otherwise.
+        self.variant = "cpu"
 
     @property
     def executable(self) -> Path | None:
@@ -187,34 +261,121 @@ class LlamaCppBackend:
         return Deferred.fromCoroutine(self._install(report))
 
     async def _install(self, report: Callable[[str], object]) -> str:
+        self.variant = "cpu"
         configured = self._settings.get("path")
         if configured:
             path = Path(str(configured)).expanduser()
             report(f"checking {path}")
             if not path.exists():
                 raise build.InstallFailed(f"llama-server not found at {path}: configured path does not exist")
-            return self._use(path, await self._probe(path), None)
+            version = await self._probe(path)
+            self._use(path, version, None)
+            return await self._listing(version)
+        try:
+            setting = str(self._settings.get("variant", "auto"))
+            wanted = variants.choose(setting, variants.Machine(self._environ))
+        except variants.UnknownVariant as e:
+            raise build.InstallFailed(str(e)) from None
+        if wanted == "cpu":
+            return await self._listing(await self._find_or_build("cpu", report))
+        failed = failure_note(build_dir(self._cache, wanted))
+        try:
+            if self._fallback and failed.exists():
+                again = f"python -m mrunner.backends.llamacpp --variant={wanted}"
+                raise build.InstallFailed(
+                    f"{failed.read_text().strip()} (earlier: `{again}` or removing {failed} tries again)"
+                )
+            version = await self._find_or_build(wanted, report)
+        except build.InstallFailed as e:
+            if not failed.exists():
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                failed.write_text(str(e))
+            if not self._fallback:
+                raise
+            self.log.warn("the {variant} build failed, using the CPU build: {error}", variant=wanted, error=e)
+            version = await self._find_or_build("cpu", report)
+            return f"{version} (cpu: the {wanted} build failed: {e})"
+        failed.unlink(missing_ok=True)
+        self.variant = wanted
+        return await self._listing(version)
+
+    async def _find_or_build(self, variant: str, report: Callable[[str], object]) -> str:
+        """An earlier build of C{variant} (or for cpu one on PATH) if it runs, else a new one in the cache."""
         report("looking for llama-server")
-        for path, directory in self._candidates():
+        for path, directory in self._candidates(variant):
             try:
                 version = await self._probe(path)
             except build.InstallFailed as e:
                 self.log.warn("ignoring {path}: {error}", path=path, error=e)
                 continue
             return self._use(path, version, directory)
-        builder = build.Build(self._reactor, self._cache_dir, report, environ=self._environ)
+        flags: list[str] = [*variants.CMAKE_FLAGS[variant]]
+        if variant == "cuda":
+            nvcc = shutil.which("nvcc", path=self._environ.get("PATH", os.defpath))
+            if nvcc is None:
+                raise build.InstallFailed("cannot build the cuda variant: nvcc not found on PATH")
+            report("finding cuBLAS")
+            try:
+                wheels = self._cache / "backends" / "llama.cpp"
+                flags += await cuda.flags(self._reactor, nvcc, wheels, self._environ)
+            except (childprocess.ChildFailed, OSError) as e:
+                raise build.InstallFailed(f"cannot build the cuda variant: {e}") from None
+        directory = build_dir(self._cache, variant)
+        builder = build.Build(self._reactor, directory, report, environ=self._environ, flags=flags)
         await builder.run()
-        return self._use(builder.executable, await self._probe(builder.executable), self._cache_dir)
+        return self._use(builder.executable, await self._probe(builder.executable), directory)
 
-    def _candidates(self) -> Iterator[tuple[Path, Path | None]]:
-        """Existing executables in order of preference: PATH, $MRUNNER_HOME, the shared cache."""
+    def _candidates(self, variant: str) -> Iterator[tuple[Path, Path | None]]:
+        """Existing executables in order of preference: PATH (cpu only), $MRUNNER_HOME, the shared cache."""
         on_path = shutil.which("llama-server", path=self._environ.get("PATH", os.defpath))
-        if on_path:
+        if on_path and variant == "cpu":
             yield Path(on_path), None
-        for directory in (self._home_dir, self._cache_dir):
+        for directory in (build_dir(self._home, variant), build_dir(self._cache, variant)):
             executable = build.executable_in(directory)
             if executable.is_file():
                 yield executable, directory
+
+    async def _listing(self, version: str) -> str:
+        """Ask the installed build for its devices; a build we did not make is of the variant it lists.
+
+        Our own CPU build lists none, so it is not asked (a CPU machine starts as it always did).
+        """
+        ours = self._installed is not None and self._installed.directory is not None
+        if ours and self.variant == "cpu":
+            return version
+        self._listed = await self.list_devices()
+        if not ours:
+            self.variant = listing.variant_of(self._listed)
+        return version if self.variant == "cpu" else f"{version} ({self.variant})"
+
+    def listed(self) -> list[Listed]:
+        """The GPUs the installed build listed last; none before install()."""
+        return list(self._listed)
+
+    def list_devices(self) -> Deferred[list[Listed]]:
+        """Run ``llama-server --list-devices``: the GPUs it prints; none (and a warning) if it fails or
+        prints something else."""
+        return Deferred.fromCoroutine(self._list_devices())
+
+    async def _list_devices(self) -> list[Listed]:
+        if self._installed is None:
+            return []
+        path = self._installed.executable
+        probe = childprocess.run(self._reactor, [str(path), "--list-devices"], keep=200)
+        probe.addTimeout(PROBE_TIMEOUT, self._reactor)
+        try:
+            output = "\n".join((await probe).tail)
+        except (childprocess.ChildFailed, OSError, TimeoutError) as e:
+            self.log.warn("{path} --list-devices failed, taking it as no GPUs: {error}", path=path, error=e)
+            output = ""
+        if output and not listing.looks_like_listing(output):
+            self.log.warn(
+                "{path} --list-devices printed no device list, taking it as no GPUs: {output!r:.200}",
+                path=path,
+                output=output,
+            )
+        self._listed = listing.parse(output)
+        return self.listed()
 
     async def _probe(self, path: Path) -> str:
         """Run C{path} ``--version``: the version string if it works, else L{InstallFailed}."""
@@ -266,6 +427,8 @@ class LlamaCppBackend:
             args += ["--model-draft", settings.draft.gguf, "--spec-type", "draft-simple"]
         if settings.threads > 0:
             args += ["--threads", str(settings.threads)]
+        if settings.placement is not None:
+            args += placement_args(settings.placement, draft=settings.draft is not None)
         if mode == RERANKING and not can_rerank(model):
             raise BadRequest(
                 f"model {model.name} cannot rerank: it has no ranking head (GGUF pooling type"
@@ -283,6 +446,9 @@ class LlamaCppBackend:
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         return memory_estimate(model, settings)
+
+    def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
+        return footprint(model, settings)
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         return context_in_force(model, settings)
@@ -333,11 +499,21 @@ def _pooling(model: Model) -> str | None:
     return None if value is None else str(value)
 
 
-def main(reactor: Any, config_path: str | None = None) -> Deferred[None]:
-    """Install the backend as the daemon would, printing each progress report."""
+def main(reactor: Any, *argv: str) -> Deferred[None]:
+    """Install the backend as the daemon would, printing each progress report.
+
+    ``[CONFIG] [--variant=VARIANT]``: with a variant, that build only (``make cuda-build``):
+    falling back to another is a failure here.
+    """
     from mrunner import config
 
-    backend = LlamaCppBackend(config.load(config_path), reactor)
+    variant = next((arg.partition("=")[2] for arg in argv if arg.startswith("--variant=")), None)
+    config_path = next((arg for arg in argv if not arg.startswith("--")), None)
+    settings = config.load(config_path)
+    if variant is not None:
+        table = {**settings.backend("llama.cpp"), "variant": variant}
+        settings = attrs.evolve(settings, backends={**settings.backends, "llama.cpp": table})
+    backend = LlamaCppBackend(settings, reactor, fallback=variant is None)
 
     def done(version: str) -> None:
         print(f"{version} ready: {backend.executable}", flush=True)
@@ -354,4 +530,4 @@ def main(reactor: Any, config_path: str | None = None) -> Deferred[None]:
 if __name__ == "__main__":
     from twisted.internet.task import react
 
-    react(main, sys.argv[1:2])
+    react(main, sys.argv[1:])

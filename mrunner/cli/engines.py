@@ -52,7 +52,12 @@ def ps(ctx: Context, args: Namespace) -> None:
         ]
         for runner in runners
     ]
-    table(ctx.out, ["model", "id", "backend", "mode", "state", "memory", "until"], rows)
+    headers = ["model", "id", "backend", "mode", "state", "memory", "until"]
+    if any(runner.get("gpu_layers") for runner in runners):  # only where a GPU is used: "CUDA0 71% / CPU 29%"
+        headers.append("processor")
+        for row, runner in zip(rows, runners, strict=True):
+            row.append(runner.get("processor") or "-")
+    table(ctx.out, headers, rows)
     for runner in runners:
         if runner.get("warning"):  # a context_size above what the model gives
             ctx.out.print(runner["warning"], markup=False, highlight=False)

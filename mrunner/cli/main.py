@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from mrunner.cli import bench, engines, launch, login, models
+from mrunner.cli import bench, devices, engines, launch, login, models
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -86,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
     tag.add_argument("target", metavar="TARGET")
     command("ps", engines.ps, "list the running models", json=True)
     command("df", engines.df, "show disk usage of models and backends", json=True)
+    command("devices", devices.devices, "show the GPUs and RAM runners use: memory, budget, use", json=True)
     unload = command("unload", engines.unload, "unload the named models' runners, or all of them")
     unload.add_argument("models", nargs="*", metavar="MODEL")
     unload.add_argument("--all", action="store_true", help="unload every runner")

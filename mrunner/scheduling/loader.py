@@ -9,7 +9,7 @@ each runner's machine what happened to it.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -22,12 +22,12 @@ from zope.interface import implementer
 
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
-from mrunner.interfaces import ILease, ILoaderEvents, IRunnerProcess
+from mrunner.interfaces import IDevices, ILease, ILoaderEvents, IRunnerProcess
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import LoadRequest, Roster, Runner
 from mrunner.store.model import Model
-from mrunner.values import RunnerKey, State
+from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
 
 SHUTTING_DOWN = "mrunner is shutting down; try again once it has restarted"
 
@@ -47,6 +47,10 @@ class _Waiter:
     @property
     def memory(self) -> int:
         return self.request.memory
+
+    @property
+    def footprint(self) -> Footprint:
+        return self.request.footprint or Footprint(self.request.memory)
 
 
 @implementer(ILease)
@@ -101,8 +105,11 @@ class Loader:
         limits: Limits,
         max_queue: int,
         events: ILoaderEvents | None = None,
+        devices: IDevices | None = None,
     ):
         self._clock = clock
+        self._devices = devices
+        self._gpus: tuple[tuple[str, int], ...] | None = None
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -125,9 +132,19 @@ class Loader:
         self._max_queue = max_queue
         self._pump()
 
-    def fits(self, memory: int) -> bool:
-        """Whether a runner of C{memory} bytes fits now beside every other, without stopping one."""
-        return self.roster.fits(memory, self._limits)
+    def fits(self, memory: int, footprint: Footprint | None = None) -> bool:
+        """Whether a runner of C{memory} bytes fits now beside every other, without stopping one.
+
+        With GPUs, C{footprint} is placed as the plan would place it in what each has free.
+        """
+        gpus = self.gpus()
+        if not gpus or footprint is None:
+            return self.roster.fits(memory, self._limits)
+        held = self.roster.on_gpus()
+        free = {device: budget - held.get(device, 0) for device, budget in gpus}
+        placement = policy.place(footprint, free, list(free))
+        in_room = all(size <= free[device] for device, size in placement.on_gpus.items())
+        return in_room and self.roster.fits(placement.in_ram, self._limits)
 
     def acquire(self, request: LoadRequest) -> Deferred[Lease]:
         """A lease on a ready runner for C{request.key}; cancel it to leave the queue."""
@@ -142,7 +159,8 @@ class Loader:
                     retry_after=backoff.until - self._clock.seconds(),
                 )
             )
-        runner = self.runners.get(request.key)
+        running = [r for r in map(self.runners.get, _instances(request)) if r is not None]
+        runner = _least_busy(running)
         room = runner is not None and runner.has_room
         if len(self._queue) >= self._max_queue and not room:
             return fail(
@@ -156,9 +174,9 @@ class Loader:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
         self._queue.append(waiter)
-        if runner is None or room:
-            # A waiter for a runner that exists but has no free slot changes no decision:
-            # the plan passes over it until that runner frees a slot (see _release).
+        if len(running) < request.instances or room:
+            # A waiter for runners that all exist but have no free slot changes no decision:
+            # the plan passes over it until one of them frees a slot (see _release).
             self._pump()
         return waiter.deferred
 
@@ -212,9 +230,23 @@ class Loader:
 
     def opened(self, runner: Runner) -> None:
         self._backoff.pop(runner.key, None)
+        self._backoff.pop(_first(runner.key), None)
 
     def failed(self, runner: Runner, reason: Failure) -> None:
-        key = runner.key
+        key = _first(runner.key)
+        if runner.key != key and key in self.runners:
+            # The first instance serves its model's requests; this one is not tried again for a while.
+            previous = self._backoff.get(runner.key)
+            delay = policy.next_backoff(previous.delay if previous else None)
+            self._backoff[runner.key] = _Backoff(delay, self._clock.seconds() + delay)
+            error = reason.getErrorMessage()
+            self.log.warn("instance {key} failed to load: {error}", key=runner.key, error=error)
+            return
+        device = runner.process.load_report.out_of_memory
+        if device is not None:
+            if self._retry_smaller(runner, device):
+                return
+            reason = Failure(out_of_memory(runner, device, reason.getErrorMessage()))
         previous = self._backoff.get(key)
         delay = policy.next_backoff(previous.delay if previous else None)
         self._backoff[key] = _Backoff(delay, self._clock.seconds() + delay)
@@ -225,6 +257,25 @@ class Loader:
             delay=delay,
         )
         self._fail_waiters(key, reason)  # before its machine stops it: that must not start a load for them
+
+    def _retry_smaller(self, runner: Runner, device: str) -> bool:
+        """Once per load: plan again for C{runner}'s waiters with fewer layers offloaded."""
+        footprint = runner.request.footprint
+        if footprint is None or footprint.offload is not None or not runner.gpu_layers:
+            return False
+        fewer = attrs.evolve(footprint, offload=runner.gpu_layers * 3 // 4)
+        request = attrs.evolve(runner.request, footprint=fewer)
+        self.log.warn(
+            "runner {key} ran out of memory on {device} with {layers} layers offloaded; trying {fewer}",
+            key=runner.key,
+            device=device,
+            layers=runner.gpu_layers,
+            fewer=fewer.offload,
+        )
+        for waiter in self._queue:
+            if waiter.key == _first(runner.key):
+                waiter.request = request
+        return True
 
     def replan(self) -> None:
         if not self._closed:
@@ -248,7 +299,7 @@ class Loader:
             self._pump()
         elif not self._queue:
             self._rest(runner)  # with no one waiting, the plan would decide nothing
-        elif self._queue[0].key == runner.key:
+        elif self._queue[0].key == _first(runner.key):
             # The plan serves the queue in order and free slots first: the head takes this slot.
             waiter = self._queue.popleft()
             waiter.deferred.callback(self._lease(runner, waiter.request))
@@ -271,14 +322,44 @@ class Loader:
         try:
             while self._repump:
                 self._repump = False
-                stopping = [runner.memory for runner in self.roster.stopping()]
-                self._act(policy.plan(self._queue, self.runners, stopping, self._limits))
+                stopping = self.roster.stopping()
+                limits = attrs.evolve(self._limits, gpus=self.gpus(fresh=bool(self._queue)))
+                on_gpus = Counter[str]()
+                for runner in stopping:
+                    on_gpus.update(runner.on_gpus)
+                memory = [runner.memory for runner in stopping]
+                decision = policy.plan(
+                    self._queue, self.runners, memory, limits, dict(on_gpus), self._instances
+                )
+                self._act(decision)
         finally:
             self._pumping = False
 
+    def gpus(self, fresh: bool = True) -> tuple[tuple[str, int], ...]:
+        """Each GPU's budget; none on a machine without GPUs.
+
+        Asking the devices costs a snapshot of every runner, so a caller that
+        will not load (a request for a runner that is there, a plan with no one
+        waiting) takes the answer of the last caller that asked afresh.
+        """
+        if self._devices is None:
+            return ()
+        if fresh or self._gpus is None:
+            self._gpus = tuple((d.id, d.budget) for d in self._devices.devices() if d.id != HOST)
+        return self._gpus
+
+    def _instances(self, waiter: _Waiter) -> list[RunnerKey]:
+        """The runners that may serve C{waiter}, less other instances whose load failed just now."""
+        now = self._clock.seconds()
+        return [
+            key
+            for key in _instances(waiter.request)
+            if key == waiter.key or key not in self._backoff or self._backoff[key].until <= now
+        ]
+
     def _act(self, decision: policy.Plan[_Waiter, RunnerKey]) -> None:
-        for waiter in decision.assign:
-            runner = self.runners.get(waiter.key)
+        for waiter, key in zip(decision.assign, decision.assign_to, strict=True):
+            runner = self.runners.get(key)
             if waiter in self._queue and runner is not None and runner.in_use < runner.parallel:
                 self._queue.remove(waiter)
                 waiter.deferred.callback(self._lease(runner, waiter.request))
@@ -292,9 +373,10 @@ class Loader:
             if runner is not None and runner.state is State.READY:
                 self.log.info("draining busy runner {key} to make room", key=key)
                 self._retire(runner, "memory", drain=True)
-        for waiter in decision.load:
-            if waiter.key not in self.runners:
-                self._load(waiter.request)
+        placements: tuple[Placement | None, ...] = decision.placements or (None,) * len(decision.load)
+        for waiter, placement, key in zip(decision.load, placements, decision.load_as, strict=True):
+            if key not in self.runners:
+                self._load(attrs.evolve(waiter.request, key=key), placement)
         for key in policy.drained(self.runners):
             self.runners[key].stop()
         for runner in list(self.runners.values()):
@@ -320,10 +402,11 @@ class Loader:
 
     # Loads
 
-    def _load(self, request: LoadRequest) -> None:
+    def _load(self, request: LoadRequest, placement: Placement | None = None) -> None:
         self.log.info("loading {model} for {key}", model=request.model.name, key=request.key)
+        settings = attrs.evolve(request.settings, placement=placement)
         try:
-            process = self._spawn(request.key, request.model, request.settings)
+            process = self._spawn(request.key, request.model, settings)
         except MrunnerError as e:
             self._events.load_failed(request.key, request.model.name)
             self._fail_waiters(request.key, Failure(e))  # e.g. a model the backend cannot serve
@@ -333,7 +416,7 @@ class Loader:
             error = RunnerFailed(f"mrunner could not start a runner for {request.model.name}: {e}")
             self._fail_waiters(request.key, Failure(error))
             return
-        self.roster.add(request, process)
+        self.roster.add(request, process, placement)
 
     def _fail_waiters(self, key: RunnerKey, reason: Failure) -> None:
         for waiter in [w for w in self._queue if w.key == key]:
@@ -343,6 +426,30 @@ class Loader:
     @property
     def _events(self) -> ILoaderEvents:
         return self.roster.events
+
+
+def _instances(request: LoadRequest) -> list[RunnerKey]:
+    """The keys of the runners that may serve C{request}: one per instance of its model."""
+    return [attrs.evolve(request.key, instance=n) for n in range(request.instances)]
+
+
+def _first(key: RunnerKey) -> RunnerKey:
+    """The key of the first instance of C{key}'s model, which its waiters and back-off go by."""
+    return attrs.evolve(key, instance=0) if key.instance else key
+
+
+def _least_busy(runners: list[Runner]) -> Runner | None:
+    """The runner with the most free slots (the first of equals), ready ones before the others."""
+    return max(runners, key=lambda r: (r.has_room, r.parallel - r.in_use), default=None)
+
+
+def out_of_memory(runner: Runner, device: str, output: str) -> RunnerFailed:
+    """The error for a runner that ran out of C{device}'s memory while loading, even with fewer layers."""
+    return RunnerFailed(
+        f"model {runner.model_name} ran out of memory on {device} while loading, with"
+        f" {runner.gpu_layers} layers offloaded; lower [gpu] memory_budget for {device}, or use a"
+        f" smaller context size ({output})"
+    )
 
 
 def _when_ended(runner: Runner) -> Deferred[None]:

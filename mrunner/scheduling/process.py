@@ -29,6 +29,7 @@ from zope.interface import implementer
 
 from mrunner.backends import childprocess
 from mrunner.backends.base import Command
+from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import RunnerFailed
 from mrunner.home import PRIVATE_FILE, Home, write_private
 from mrunner.interfaces import IRunnerProcess
@@ -119,6 +120,8 @@ class RunnerProcess:
         self._output: LogFile | None = None
         self._deadline: IDelayedCall | None = None
         self._poll_call: IDelayedCall | None = None
+        #: What its output said while it loaded: each device's buffers, or that one ran out.
+        self.load_report = LoadReport()
 
     def start(self) -> None:
         """Open the log, spawn the process, write its pid file, and start looking for readiness."""
@@ -233,6 +236,8 @@ class RunnerProcess:
     def _lines(self, lines: list[str]) -> None:
         """The runner wrote: the log gets the lines at once, and the runner may just have become ready."""
         self._write("\n".join(lines))
+        if self.readiness is Readiness.STARTING:
+            self.load_report.read(lines)
         self._look_sooner()
 
     def _write(self, text: str) -> None:

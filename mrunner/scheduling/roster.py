@@ -23,7 +23,7 @@ from mrunner.scheduling.keepalive import KeepAlive
 from mrunner.scheduling.lifecycle import Input
 from mrunner.scheduling.policy import Limits
 from mrunner.store.model import Model
-from mrunner.values import RunnerKey, State
+from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
 
 #: Seconds between two readings of a runner's resident memory, which is read from /proc when it goes idle.
 MEASURE_EVERY = 1.0
@@ -40,6 +40,10 @@ class LoadRequest:
     memory: int = 0
     sets_keep_alive: bool = False
     pinned: bool = False
+    #: C{memory} split per layer, for a plan over GPUs; None: all of it in RAM.
+    footprint: Footprint | None = None
+    #: How many runners of the model may serve (C{[models."NAME"] instances}).
+    instances: int = 1
 
 
 class Keeper(Protocol):
@@ -60,9 +64,17 @@ class Runner:
 
     log = Logger()
 
-    def __init__(self, request: LoadRequest, process: IRunnerProcess, roster: Roster):
+    def __init__(
+        self,
+        request: LoadRequest,
+        process: IRunnerProcess,
+        roster: Roster,
+        placement: Placement | None = None,
+    ):
         self.request = request
         self.process = process
+        #: Where the plan put its layers; None on a machine without GPUs.
+        self.placement = placement
         self._roster = roster
         self.state = State.LOADING
         self.in_use = 0
@@ -195,7 +207,23 @@ class Runner:
         only pages touched so far, and buffers llama-server has allocated
         but not yet used are touched by the first long prompt.
         """
-        return max(self.request.memory, self.measured)
+        estimate = self.request.memory if self.placement is None else self.placement.in_ram
+        return max(estimate, self.measured)
+
+    @property
+    def on_gpus(self) -> dict[str, int]:
+        """Bytes it holds on each GPU: as planned, or what its load output gave once larger.
+
+        Like L{memory}, the estimate stays the floor: the buffers llama.cpp
+        logs leave out the GPU runtime's own context.
+        """
+        planned = {} if self.placement is None else self.placement.on_gpus
+        measured = {d: n for d, n in self.process.load_report.buffers.items() if d != HOST}
+        return {d: max(planned.get(d, 0), measured.get(d, 0)) for d in {**planned, **measured}}
+
+    @property
+    def gpu_layers(self) -> int:
+        return 0 if self.placement is None else self.placement.gpu_layers
 
 
 class Roster:
@@ -210,9 +238,12 @@ class Roster:
         self._alive: dict[Runner, None] = {}  # in order of loading
         self._empty: list[Deferred[None]] = []
 
-    def add(self, request: LoadRequest, process: IRunnerProcess) -> Runner:
-        """Record C{process}, just started for C{request}; its Deferreds drive the runner's machine."""
-        runner = Runner(request, process, self)
+    def add(
+        self, request: LoadRequest, process: IRunnerProcess, placement: Placement | None = None
+    ) -> Runner:
+        """Record C{process}, just started for C{request} (its layers where C{placement} says);
+        its Deferreds drive the runner's machine."""
+        runner = Runner(request, process, self, placement)
         self.by_key[request.key] = runner
         self._alive[runner] = None
         process.ready.addCallbacks(lambda _: runner.answer(), runner.fail)
@@ -228,6 +259,14 @@ class Roster:
         used = sum(runner.memory for runner in self._alive)
         budget = limits.memory_budget
         return len(self._alive) < limits.max_runners and (not budget or used + memory <= budget)
+
+    def on_gpus(self) -> dict[str, int]:
+        """Bytes every runner together holds on each GPU."""
+        held: dict[str, int] = {}
+        for runner in self._alive:
+            for device, size in runner.on_gpus.items():
+                held[device] = held.get(device, 0) + size
+        return held
 
     def when_empty(self) -> Deferred[None]:
         """Fires once every runner's process has ended."""

@@ -17,15 +17,23 @@ from mrunner.backends.base import COMPLETION, Command, RunnerSettings
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unprocessable
 from mrunner.home import Home
-from mrunner.interfaces import IBackend, ILease, ILoaderEvents, IModelStore, IRunnerProcess, IScheduler
+from mrunner.interfaces import (
+    IBackend,
+    IDevices,
+    ILease,
+    ILoaderEvents,
+    IModelStore,
+    IRunnerProcess,
+    IScheduler,
+)
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import Loader
-from mrunner.scheduling.policy import Limits
+from mrunner.scheduling.policy import Limits, place
 from mrunner.scheduling.preloads import Preloads
 from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
-from mrunner.values import InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
+from mrunner.values import HOST, Footprint, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 
@@ -45,6 +53,7 @@ class Scheduler:
         start_runner: StartRunner,
         home: Home | None = None,
         events: ILoaderEvents | None = None,
+        devices: IDevices | None = None,
     ):
         self._config = config
         self._backends = backends
@@ -52,7 +61,7 @@ class Scheduler:
         self._start_runner = start_runner
         self.home = home or Home(config.home)
         self.installer = Installer(backends, clock)
-        self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue, events)
+        self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue, events, devices)
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
         self._preloads = Preloads()
@@ -115,12 +124,17 @@ class Scheduler:
         settings = self._runner_settings(configured)
         if configured.draft_model and runner is None:
             await self._store.ready(configured.draft_model)
-        if runner is not None and runner.request.settings == settings:
-            memory = runner.request.memory  # the same estimate, already made
+        footprint: Footprint | None
+        if runner is not None and runner.request.settings == settings:  # the same estimate, already made
+            memory, footprint = runner.request.memory, runner.request.footprint
         else:
             memory = self._backends[backend].memory(model, mode, settings)
+            footprint = self._backends[backend].footprint(model, mode, settings)
         budget = self._config.scheduler.memory_budget
-        if budget and memory > budget:
+        gpus = self.loader.gpus(fresh=runner is None)
+        if gpus and footprint is not None:
+            _check_fits(model.name, footprint, gpus, budget)
+        elif budget and memory > budget:
             raise Unprocessable(
                 f"model {model.name} needs about {format_size(memory)} of memory but the whole memory budget"
                 f" is {format_size(budget)}; raise [scheduler] memory_budget or use a smaller context size",
@@ -134,6 +148,8 @@ class Scheduler:
             memory,
             sets_keep_alive=keep_alive is not None,
             pinned=bool(configured.pinned),
+            footprint=footprint,
+            instances=self._instances(model),
         )
         return request
 
@@ -167,7 +183,7 @@ class Scheduler:
 
     async def _preload_one(self, name: str) -> None:
         request = await self._request(None, name, COMPLETION, None, install_wait=None)
-        if request.key not in self.loader.runners and not self.loader.fits(request.memory):
+        if request.key not in self.loader.runners and not self.loader.fits(request.memory, request.footprint):
             raise Unprocessable(
                 f"preload {name} does not fit beside the runners already loaded"
                 f" ({format_size(request.memory)} needed); raise [scheduler] memory_budget or max_runners",
@@ -236,6 +252,11 @@ class Scheduler:
         )
         return configured.over(base)
 
+    def _instances(self, model: Model) -> int:
+        """C{[models."NAME"] instances}: how many runners of C{model} may serve at once."""
+        files = self._config.models.settings
+        return next((files[tag].instances for tag in model.tags if tag in files), 1)
+
     def _spawn(self, key: RunnerKey, model: Model, settings: RunnerSettings) -> IRunnerProcess:
         socket = self.home.socket(next(self._names))
         backend = self._backends[key.backend]
@@ -273,6 +294,9 @@ class Scheduler:
             pinned=runner.pinned,
             stale=runner.request.settings != wanted,
             context=self._backends[runner.key.backend].context(runner.request.model, runner.request.settings),
+            devices={**runner.on_gpus, HOST: runner.memory},
+            gpu_layers=runner.gpu_layers,
+            instance=runner.key.instance,
         )
 
     def unload(self, backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:
@@ -368,3 +392,19 @@ class Scheduler:
 
 def _limits(config: Config) -> Limits:
     return Limits(config.scheduler.max_runners, config.scheduler.memory_budget)
+
+
+def _check_fits(name: str, footprint: Footprint, gpus: Sequence[tuple[str, int]], budget: int) -> None:
+    """L{Unprocessable} naming where C{footprint} falls short with every GPU's whole budget its own."""
+    placement = place(footprint, dict(gpus), [device for device, _ in gpus])
+    if not budget or placement.in_ram <= budget:
+        return
+    on_gpus = ", ".join(f"{device} {format_size(size)}" for device, size in placement.on_gpus.items())
+    raise Unprocessable(
+        f"model {name} needs about {format_size(footprint.total)} of memory; with"
+        f" {placement.gpu_layers} of its {footprint.layers} layers on the GPUs ({on_gpus or 'none fits'}),"
+        f" CPU needs {format_size(placement.in_ram)}, {format_size(placement.in_ram - budget)} over the"
+        f" memory budget of {format_size(budget)}; raise [scheduler] memory_budget or [gpu] memory_budget,"
+        " or use a smaller context size",
+        code="model_too_large",
+    )

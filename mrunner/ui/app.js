@@ -190,6 +190,41 @@ function showRunners(overview) {
     " of " + (budget ? size(budget) : "no budget");
 }
 
+// Devices (GPUs, and the host's RAM as CPU): polled every few seconds, as each look may run llama-server.
+const DEVICES_POLL_MS = 5000;
+
+function showDevices(answer) {
+  const rows = answer.devices.map((device) => {
+    const row = element("div", null, "device");
+    const bar = element("div", null, "bar");
+    const used = element("span");
+    used.style.width = device.budget ? Math.min(100, (100 * device.used) / device.budget) + "%" : "0";
+    const taken = element("i");
+    taken.style.left = Math.min(100, (100 * (device.memory_total - device.memory_free)) / device.budget) + "%";
+    taken.title = "in use on the device, by anything";
+    bar.append(used, taken);
+    bar.title = size(device.used) + " of a budget of " + size(device.budget);
+    row.append(
+      element("b", device.id),
+      bar,
+      element("small", device.name + " · runners " + size(device.used) + " of " + size(device.budget) +
+        " · free " + size(device.memory_free) + " of " + size(device.memory_total)),
+    );
+    return row;
+  });
+  $("device-bars").replaceChildren(...rows);
+  $("device-bars").title = "llama-server build: " + answer.variant;
+}
+
+async function pollDevices() {
+  try {
+    showDevices(await getJSON("/engines/devices"));
+  } catch (e) {
+    // The runners' poll says when the daemon is unreachable.
+  }
+  setTimeout(pollDevices, DEVICES_POLL_MS);
+}
+
 async function pollRunners() {
   try {
     showRunners(await getJSON("/engines/overview"));
@@ -468,3 +503,4 @@ $("log-follow").addEventListener("change", followLogs);
 
 show("models");
 pollRunners();
+pollDevices();

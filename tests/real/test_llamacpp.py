@@ -34,6 +34,7 @@ from mrunner.interfaces import IBackend
 from mrunner.store.model import Model
 
 VERSION_OUTPUT = b"version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0\n"
+NO_DEVICES = b"Available devices:\n  (none)\n"
 
 
 @attrs.define(eq=False)
@@ -147,9 +148,12 @@ class InstallTests(SynchronousTestCase):
         probe = fixture.reactor.next("llama-server")
         self.assertEqual(probe.argv, (str(configured), "--version"))
         probe.finish(0, stderr=VERSION_OUTPUT)
+        listing = fixture.reactor.next("llama-server")
+        self.assertEqual(listing.argv, (str(configured), "--list-devices"))
+        listing.finish(0, stdout=NO_DEVICES)
         self.assertEqual(self.successResultOf(installing), "llama.cpp 0c1e570")
         self.assertEqual(fixture.backend.executable, configured)
-        self.assertEqual(len(fixture.reactor.children), 1)
+        self.assertEqual(len(fixture.reactor.children), 2)
 
     def test_configured_path_does_not_run(self) -> None:
         configured = executable(Path(self.mktemp()) / "llama-server")
@@ -206,6 +210,7 @@ class InstallTests(SynchronousTestCase):
         executable(fixture.bin / "llama-server")
         installing = fixture.install()
         fixture.reactor.next("llama-server").finish(0, stderr=b"version: 0 (unknown)\n")
+        fixture.reactor.next("llama-server").finish(0, stdout=NO_DEVICES)
         self.assertEqual(self.successResultOf(installing), "llama.cpp (unknown version)")
 
     def test_uninstall_removes_only_our_build(self) -> None:
@@ -229,6 +234,7 @@ class InstallTests(SynchronousTestCase):
         on_path = executable(fixture.bin / "llama-server")
         installing = fixture.install()
         fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        fixture.reactor.next("llama-server").finish(0, stdout=NO_DEVICES)
         self.successResultOf(installing)
         self.assertEqual(fixture.backend.disk_usage(), 0)
         self.successResultOf(fixture.backend.uninstall())
@@ -397,6 +403,7 @@ class CommandTests(SynchronousTestCase):
         self.executable = executable(fixture.bin / "llama-server")
         installing = fixture.install()
         fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
+        fixture.reactor.next("llama-server").finish(0, stdout=NO_DEVICES)
         self.successResultOf(installing)
         return fixture.backend
 

@@ -74,6 +74,8 @@ def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
             page.goto(base + "/")  # a browser's GET / goes to the page
             seen["url"] = page.url
             page.wait_for_selector(f'#model-rows tr[data-model="{TINY}"]')
+            page.wait_for_selector('#device-bars .device:has-text("CPU")')
+            seen["devices"] = page.inner_text("#device-bars")
             seen["weight"] = page.evaluate(WEIGHT)
             page.screenshot(path=str(shots / "models.png"), full_page=True)
 
@@ -191,6 +193,7 @@ class PageTests(LlamaCppTestCase):
         strangers = [url for url in seen["requests"] if not url.startswith(self.daemon.url + "/")]
         self.assertEqual(strangers, [], "every request stays on this machine, with the daemon")
         self.assertTrue(seen["second_answer"])
+        self.assertIn("host memory", seen["devices"], "a memory bar for the RAM (device CPU)")
         self.assertIn("(stopped)", seen["stopped_text"])
         self.assertIn(f"no longer fits in the model's context of {CONTEXT} tokens", seen["too_long"])
         self.assertIn("Start a new conversation", seen["too_long"])

@@ -9,10 +9,11 @@ from twisted.internet.defer import Deferred, fail, succeed
 from zope.interface import implementer
 
 from mrunner.backends.base import Command, RunnerSettings
+from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import NotFound, RunnerFailed
-from mrunner.interfaces import IBackend, ILoaderEvents, IModelStore, IRunnerProcess
+from mrunner.interfaces import IBackend, IDevices, ILoaderEvents, IModelStore, IRunnerProcess
 from mrunner.store.model import Model
-from mrunner.values import ContextSize, RunnerKey
+from mrunner.values import ContextSize, Device, Footprint, RunnerKey
 
 
 @implementer(IRunnerProcess)
@@ -27,6 +28,7 @@ class FakeProcess:
     stops: int = 0
     exits_on_stop: bool = True
     resident: int | None = None
+    load_report: LoadReport = attrs.field(factory=LoadReport)
 
     def stop(self) -> None:
         self.stops += 1
@@ -126,6 +128,11 @@ class FakeBackend:
     manages_models: bool = False
     need: int = 0
     trained: int | None = None
+    layers: int = 0
+    per_layer: int = 0
+    per_device: int = 0
+    #: The settings of each runner it was asked to start (the plan's placement among them).
+    started: list[RunnerSettings] = attrs.field(factory=list)
     installs: list[Deferred[str]] = attrs.field(factory=list)
     reports: list[Any] = attrs.field(factory=list)
 
@@ -136,10 +143,16 @@ class FakeBackend:
         return d
 
     def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
+        self.started.append(settings)
         return Command("/bin/true", (socket,))
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         return self.need
+
+    def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
+        """C{need} in RAM, plus C{layers} offloadable layers of C{per_layer} bytes when set."""
+        host = self.need - self.layers * self.per_layer
+        return Footprint(host, self.layers, self.per_layer, self.per_device)
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         """As llama-server: at most C{trained} tokens a request, when set."""
@@ -151,6 +164,22 @@ class FakeBackend:
 
     def uninstall(self) -> Deferred[None]:
         return succeed(None)
+
+
+@implementer(IDevices)
+@attrs.define
+class FakeDeviceBudgets:
+    """Devices as the test sets them: GPUs with a budget each, and the host's RAM last."""
+
+    gpus: dict[str, int] = attrs.field(factory=dict)
+    variant: str = "cuda"
+
+    def devices(self) -> list[Device]:
+        listed = [Device(id, id, budget, budget, budget) for id, budget in self.gpus.items()]
+        return [*listed, Device("CPU", "host", 2**40, 2**40, 0)]
+
+    def refresh(self) -> Deferred[list[Device]]:
+        return succeed(self.devices())
 
 
 def unreachable_runners(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 
 from mrunner.api.compat.responses.response_store import ResponseStore
@@ -22,12 +23,26 @@ from mrunner.api.route_groups import route_groups
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.config import Config
+from mrunner.devices.inventory import Devices
+from mrunner.devices.listing import Listed
 from mrunner.interfaces import IBackend
 from mrunner.metrics import Metrics
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.answer import RunnerClient
 from mrunner.runners.forwarder import Forwarder
 from tests.support.fakes import unreachable_runners
+
+
+class NoGPUs:
+    """A llama.cpp build that lists no GPU: the devices of a CPU machine."""
+
+    variant = "cpu"
+
+    def listed(self) -> list[Listed]:
+        return []
+
+    def list_devices(self) -> Deferred[list[Listed]]:
+        return succeed([])
 
 
 def daemon_groups(
@@ -59,4 +74,5 @@ def daemon_groups(
         history=RecordsAPI(records),
         backends=backends,
         max_request_bytes=max_request_bytes,
+        devices=Devices(NoGPUs(), Config().gpu, scheduler.memory_budget),
     )

@@ -8,11 +8,19 @@ from zope.interface.verify import verifyClass, verifyObject
 
 from mrunner.backends.command import CommandBackend
 from mrunner.config import Config
-from mrunner.interfaces import IBackend, IModelPuller, IModelPusher, IModelStore, IRunnerProcess, IScheduler
+from mrunner.interfaces import (
+    IBackend,
+    IDevices,
+    IModelPuller,
+    IModelPusher,
+    IModelStore,
+    IRunnerProcess,
+    IScheduler,
+)
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
-from tests.support.fakes import FakeBackend, FakeProcess, FakeSpawner, FakeStore
+from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeProcess, FakeSpawner, FakeStore
 
 
 class InterfaceTests(SynchronousTestCase):
@@ -38,3 +46,4 @@ class InterfaceTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IBackend, FakeBackend()))
         self.assertTrue(verifyObject(IModelStore, FakeStore()))
         self.assertTrue(verifyObject(IRunnerProcess, FakeProcess("/run/r.sock")))
+        self.assertTrue(verifyObject(IDevices, FakeDeviceBudgets({"CUDA0": 1})))

@@ -39,6 +39,10 @@ def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
         "context_size": runner.context.in_force,
         "context_size_configured": runner.context.asked,
         "warning": runner.context.note(runner.model_name),
+        "devices": dict(runner.devices),
+        "gpu_layers": runner.gpu_layers,
+        "processor": runner.shares(),
+        "instance": runner.instance,
     }
 
 
@@ -86,6 +90,10 @@ def failed_preload_json(preload: Preload, backend: str) -> dict[str, Any]:
         "memory_measured": None,
         "pid": None,
         "socket": None,
+        "devices": {},
+        "gpu_layers": 0,
+        "processor": None,
+        "instance": 0,
         "error": preload.error,
     }
 

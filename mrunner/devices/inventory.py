@@ -1,0 +1,143 @@
+"""L{Devices}: the GPUs a llama-server build lists, NVML's live numbers for them, and the host's RAM.
+
+A GPU's budget is fixed the first time it is seen (``[gpu] memory_budget``: a share of
+what was free then, or bytes), so memory that runners take later does not shrink it.
+The RAM's budget is the scheduler's ``memory_budget``. What runners hold on each
+device comes from L{used_by_runners}.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar, Protocol
+
+import attrs
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from mrunner.config import GPUConfig, physical_memory
+from mrunner.devices.listing import Listed
+from mrunner.devices.nvml import Nvml
+from mrunner.interfaces import IDevices
+from mrunner.values import Device, RunnerSnapshot
+
+CPU = "CPU"
+
+
+class DeviceSource(Protocol):
+    """What lists the GPUs: the llama.cpp backend, through the build it installed."""
+
+    @property
+    def variant(self) -> str: ...
+
+    def listed(self) -> list[Listed]:
+        """The GPUs as last listed; none before the build is installed."""
+
+    def list_devices(self) -> Deferred[list[Listed]]:
+        """Run ``--list-devices`` again; L{listed} then answers with what it printed."""
+
+
+def host_memory() -> tuple[int, int]:
+    """The host's RAM: total, and available (C{MemAvailable}: free plus what the kernel can reclaim)."""
+    total = physical_memory()
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return total, int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return total, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def used_by_runners(runners: Iterable[RunnerSnapshot]) -> dict[str, int]:
+    """Bytes the runners hold per device id: each runner's C{devices} when it reports them, else
+    its whole memory on the C{CPU}.
+
+    This is the hook for per-device runner memory: a snapshot with a C{devices} mapping
+    (C{{"CUDA0": bytes, "CPU": bytes}}) is summed per id; one without counts as RAM.
+    """
+    used: dict[str, int] = {}
+    for runner in runners:
+        per_device: Mapping[str, int] = getattr(runner, "devices", None) or {CPU: runner.memory}
+        for ident, size in per_device.items():
+            used[ident] = used.get(ident, 0) + size
+    return used
+
+
+@implementer(IDevices)
+@attrs.define
+class Devices:
+    """The devices runners can use, as the build lists them and C{[gpu]} allows, and the RAM.
+
+    C{used} answers what runners hold per device id (L{used_by_runners}); C{nvml} is None
+    where NVML does not load; C{host} reads the RAM (total, available).
+    """
+
+    log: ClassVar[Logger] = Logger()
+
+    _source: DeviceSource
+    _settings: GPUConfig
+    _ram_budget: Callable[[], int]
+    _used: Callable[[], Mapping[str, int]] = dict
+    _nvml: Nvml | None = None
+    _host: Callable[[], tuple[int, int]] = host_memory
+    _live: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
+    _budgets: dict[str, int] = attrs.field(factory=dict, init=False)
+    _waiters: list[Deferred[list[Device]]] = attrs.field(factory=list, init=False)
+
+    @property
+    def variant(self) -> str:
+        return self._source.variant
+
+    def devices(self) -> list[Device]:
+        used = self._used()
+        gpus = []
+        for listed in self._allowed(self._source.listed()):
+            total, free = self._live.get(listed.id, (listed.total, listed.free))
+            budget = self._budget(listed.id, total, free)
+            gpus.append(Device(listed.id, listed.name, total, free, budget, used.get(listed.id, 0)))
+        total, free = self._host()
+        return [*gpus, Device(CPU, "host memory", total, free, self._ram_budget(), used.get(CPU, 0))]
+
+    def refresh(self) -> Deferred[list[Device]]:
+        """NVML's numbers when it answers for every listed NVIDIA GPU, else the build's list again."""
+        if self._nvml is not None:
+            live = self._nvml.memory()
+            wanted = {listed.id for listed in self._source.listed()}
+            if live and wanted <= live.keys():
+                self._live = live
+                return succeed(self.devices())
+        self._live = {}
+        waiter: Deferred[list[Device]] = Deferred()
+        self._waiters.append(waiter)
+        if len(self._waiters) == 1:  # one llama-server --list-devices at a time, for every caller
+            self._source.list_devices().addCallback(self._listed_again)
+        return waiter
+
+    def _listed_again(self, _: object) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(self.devices())
+
+    def _allowed(self, listed: list[Listed]) -> list[Listed]:
+        chosen = self._settings.devices
+        if chosen == "none":
+            return []
+        if chosen == "auto":
+            return listed
+        return [device for device in listed if device.id in chosen]
+
+    def _budget(self, ident: str, total: int, free: int) -> int:
+        if ident not in self._budgets:
+            share = self._settings.memory_budget
+            self._budgets[ident] = int(free * share) if isinstance(share, float) else min(share, total)
+            self.log.info(
+                "device {device}: budget {budget} bytes of {total}",
+                device=ident,
+                budget=self._budgets[ident],
+                total=total,
+            )
+        return self._budgets[ident]

@@ -1,0 +1,127 @@
+"""Fitting end to end: the daemon plans SmolLM2 over the fake GPU llama-server's devices
+(tests/support/gpu_server.py over the real CPU one) and starts it with the plan's flags; the
+fake prints llama.cpp's load lines for those flags, or runs out of memory, and the real server answers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.utils import getProcessOutputAndValue
+
+from mrunner.home import Home
+from tests.real.test_cli import MRUNNER
+from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
+from tests.real.test_llamacpp_real import cached_llama_server
+from tests.real.test_memory_budget_real import _Held
+from tests.support import gpu_server
+from tests.support.daemon import http
+
+SMOL = "ai/smollm2:latest"
+#: A chat request that loads SmolLM2 and answers at once.
+HELLO: dict[str, Any] = {"model": SMOL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+#: SmolLM2-135M's 30 blocks and its output layer: what -ngl counts.
+LAYERS = 31
+
+
+class FittingTests(LlamaCppTestCase):
+    async def start_with(
+        self, scenario: str, oom_layers: int | None = None, config_text: str = "", parallel: int = 2
+    ) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        wrapper = gpu_server.write_wrapper(
+            directory, cached_llama_server(), scenario=scenario, oom_layers=oom_layers
+        )
+        await self.start(f'[backends."llama.cpp"]\npath = "{wrapper}"\n{config_text}', parallel)
+        await self.settled_status()
+        await self.daemon.import_model(SMOL, smollm2())
+
+    async def ask(self) -> Any:
+        return await self.call(self.client.chat.completions.create, **HELLO)
+
+    async def runners(self) -> list[dict[str, Any]]:
+        return json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())  # type: ignore[no-any-return]
+
+    def log(self) -> str:
+        return Home(self.home).runner_log(SMOL, "completion").read_text()
+
+    async def test_spread_over_two_gpus(self) -> None:
+        """No GPU holds it whole (about 316 MiB: 31 layers of 9.5 MiB and a 21.5 MiB compute buffer,
+        against budgets of 270 and 180 MiB): spread, in proportion to their room; the buffers the
+        load printed are what the devices' used sums."""
+        await self.start_with("CUDA0=300/300,CUDA1=200/200")
+        self.assertTrue((await self.ask()).choices)
+        [runner] = await self.runners()
+        self.assertEqual(runner["gpu_layers"], LAYERS)
+        self.assertEqual(list(runner["devices"]), ["CUDA0", "CUDA1", "CPU"])
+        self.assertIn("--device CUDA0,CUDA1 --n-gpu-layers 31 --tensor-split", self.log())
+        self.assertIn("load_tensors: offloaded 31/31 layers to GPU", self.log())
+        printed = sum(
+            float(line.split("=")[1].split()[0]) * 2**20
+            for line in self.log().splitlines()
+            if " CUDA0 " in line and "buffer size" in line
+        )
+        self.assertGreaterEqual(runner["devices"]["CUDA0"], printed - 2**20, "what the load printed counts")
+        devices = json.loads(await (await http.get(self.daemon.url + "/engines/devices")).text())
+        used = {d["id"]: d["used"] for d in devices["devices"]}
+        self.assertEqual(
+            (used["CUDA0"], used["CUDA1"]), (runner["devices"]["CUDA0"], runner["devices"]["CUDA1"])
+        )
+
+    async def test_partly_offloaded(self) -> None:
+        """One small GPU (a 90 MiB budget): as many layers as fit, the rest on the CPU, as `ps` shows."""
+        await self.start_with("CUDA0=100/100")
+        self.assertTrue((await self.ask()).choices)
+        [runner] = await self.runners()
+        self.assertGreater(runner["gpu_layers"], 0)
+        self.assertLess(runner["gpu_layers"], LAYERS)
+        self.assertIn(f"load_tensors: offloaded {runner['gpu_layers']}/31 layers to GPU", self.log())
+        env = {**os.environ, "MRUNNER_HOST": self.daemon.url}
+        out, err, code = await getProcessOutputAndValue(MRUNNER, ["ps"], env=env, reactor=reactor)
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out.decode(), r"CUDA0 \d+% / CPU \d+%")
+
+    async def test_out_of_memory_retries_with_fewer_layers(self) -> None:
+        """The fake runs out of memory above 25 layers: all 31 fail, the retry with 23 loads."""
+        await self.start_with("one", oom_layers=25)
+        self.assertTrue((await self.ask()).choices)
+        [runner] = await self.runners()
+        self.assertEqual(runner["gpu_layers"], 23)
+        self.assertIn("cudaMalloc failed: out of memory", self.log())
+
+    async def test_out_of_memory_twice_names_the_device(self) -> None:
+        await self.start_with("one", oom_layers=10)
+        code, body = await self.post("/engines/v1/chat/completions", HELLO)
+        self.assertEqual((code, body["error"]["code"]), (500, "runner_failed"), body)
+        self.assertIn(
+            "ran out of memory on CUDA0 while loading, with 23 layers offloaded", body["error"]["message"]
+        )
+        self.assertEqual(await self.runners(), [])
+
+    async def test_instances_on_gpus_of_their_own(self) -> None:
+        """With the first instance busy (its answer held unread), a request starts a second one, whole
+        on the other GPU, and it answers; both show in `ps`."""
+        await self.start_with("two", config_text='[models."ai/smollm2"]\ninstances = 2\n', parallel=1)
+        body = {**HELLO, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+        response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
+        self.assertEqual(response.code, 200)
+        held = _Held()
+        response.deliverBody(held)
+        self.addCleanup(lambda: held.transport.stopProducing() if not held.done.called else None)
+        code, answer = await self.post(
+            "/v1/chat/completions",
+            HELLO,
+        )
+        self.assertEqual(code, 200, answer)
+        runners = sorted(await self.runners(), key=lambda r: r["instance"])
+        self.assertEqual(
+            [(r["instance"], r["in_use"], [d for d in r["devices"] if d != "CPU"]) for r in runners],
+            [(0, 1, ["CUDA1"]), (1, 0, ["CUDA0"])],
+            "the first on the GPU it fits best, the second on the other",
+        )
+        held.transport.stopProducing()
+        await held.done
