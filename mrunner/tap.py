@@ -51,6 +51,9 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+from mrunner.teams.admission import Teams
+from mrunner.teams.key_metrics import KeyMetrics
+from mrunner.teams.usage import UsageBook, UsageService
 
 log = Logger()
 TWISTD_PIDFILE = "twistd.pid"  # twistd's default --pidfile
@@ -108,6 +111,7 @@ class Parts:
     history: RecordsAPI
     closers: tuple[Callable[[], object], ...]
     reloader: Reloader
+    teams: Teams
 
 
 def make_parts(
@@ -164,7 +168,9 @@ def make_parts(
         else None
     )
     history = RecordsAPI(records, followers)
-    gateway = Gateway(scheduler, store, metrics, reactor, config.max_request_bytes, records)
+    usage_book = UsageBook(config.home, reactor, reactor.seconds)
+    teams = Teams(reactor.seconds, usage_book, KeyMetrics(metrics.registry))
+    gateway = Gateway(scheduler, store, metrics, reactor, config.max_request_bytes, records, teams)
     responses = config.responses
     groups = route_groups(
         gateway=gateway,
@@ -181,11 +187,12 @@ def make_parts(
         backends=backends,
         max_request_bytes=config.max_request_bytes,
         reload=reloader.reload,
+        usage=teams.book,
     )
     site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
-    return Parts(site, scheduler, logs, history, closers, reloader)
+    return Parts(site, scheduler, logs, history, closers, reloader, teams)
 
 
 def make_service(
@@ -211,6 +218,7 @@ def make_service(
     SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     parts.history.setServiceParent(service)
+    UsageService(parts.teams.book, reactor).setServiceParent(service)
     address = AddressFile(Home(config.home), config.listen)
     address.setServiceParent(service)
     Listener(reactor, private_listen(config.listen), parts.site, address.listening).setServiceParent(service)

@@ -16,6 +16,7 @@ from mrunner.api.door.route_group import RouteGroup
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.page import PageAPI
 from mrunner.api.observe.records_api import RecordsAPI
+from mrunner.api.observe.usage_api import UsageAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
 from mrunner.api.service.admin import AdminAPI
@@ -27,6 +28,7 @@ from mrunner.interfaces import IBackend, IModelStoreAdmin
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.answer import RunnerClient
 from mrunner.runners.forwarder import Forwarder
+from mrunner.teams.usage import UsageBook
 
 
 def route_groups(
@@ -45,6 +47,7 @@ def route_groups(
     backends: Mapping[str, IBackend],
     max_request_bytes: int,
     reload: Callable[[], dict[str, Any]] | None = None,
+    usage: UsageBook | None = None,
 ) -> list[RouteGroup]:
     """Every route group of the daemon, the OpenAPI document of them all last.
 
@@ -64,5 +67,6 @@ def route_groups(
         history,
         PageAPI(scheduler, clock),
         AdminAPI(scheduler, store, backends, max_request_bytes, reload),
+        UsageAPI(usage),
     ]
     return [*groups, OpenAPI(groups)]

@@ -23,7 +23,7 @@ from zope.interface import implementer
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import ILease, ILoaderEvents, IRunnerProcess
-from mrunner.scheduling import policy
+from mrunner.scheduling import policy, priority
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import LoadRequest, Roster, Runner
 from mrunner.store.model import Model
@@ -39,6 +39,9 @@ Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]
 class _Waiter:
     request: LoadRequest
     deferred: Deferred[Lease]
+    #: Its class (L{priority}: 0 is served first) and when it came, for the queue's order.
+    priority: int = priority.NORMAL
+    since: float = 0.0
 
     @property
     def key(self) -> RunnerKey:
@@ -101,8 +104,11 @@ class Loader:
         limits: Limits,
         max_queue: int,
         events: ILoaderEvents | None = None,
+        starvation: float = 60.0,
     ):
         self._clock = clock
+        #: Seconds of waiting after which a waiter moves up a priority class (L{priority}).
+        self.starvation = starvation
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -129,8 +135,11 @@ class Loader:
         """Whether a runner of C{memory} bytes fits now beside every other, without stopping one."""
         return self.roster.fits(memory, self._limits)
 
-    def acquire(self, request: LoadRequest) -> Deferred[Lease]:
-        """A lease on a ready runner for C{request.key}; cancel it to leave the queue."""
+    def acquire(self, request: LoadRequest, rank: int = priority.NORMAL) -> Deferred[Lease]:
+        """A lease on a ready runner for C{request.key}; cancel it to leave the queue.
+
+        C{rank}: the request's priority class, which orders the queue (L{priority}).
+        """
         if self._closed:
             return fail(Unavailable(SHUTTING_DOWN, code="shutting_down"))
         backoff = self._backoff.get(request.key)
@@ -154,7 +163,7 @@ class Loader:
             )
         if not self._queue and runner is not None and room:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
-        waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
+        waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)), rank, self._clock.seconds())
         self._queue.append(waiter)
         if runner is None or room:
             # A waiter for a runner that exists but has no free slot changes no decision:
@@ -246,12 +255,15 @@ class Loader:
         runner.release()
         if runner.state is not State.READY:
             self._pump()
-        elif not self._queue:
+            return
+        if not self._queue:
             self._rest(runner)  # with no one waiting, the plan would decide nothing
-        elif self._queue[0].key == runner.key:
+            return
+        head = priority.first(self._queue, self._clock.seconds(), self.starvation)
+        if head is not None and head.key == runner.key:
             # The plan serves the queue in order and free slots first: the head takes this slot.
-            waiter = self._queue.popleft()
-            waiter.deferred.callback(self._lease(runner, waiter.request))
+            self._queue.remove(head)
+            head.deferred.callback(self._lease(runner, head.request))
         else:
             self._pump()
 
@@ -272,7 +284,8 @@ class Loader:
             while self._repump:
                 self._repump = False
                 stopping = [runner.memory for runner in self.roster.stopping()]
-                self._act(policy.plan(self._queue, self.runners, stopping, self._limits))
+                ordered = priority.order(self._queue, self._clock.seconds(), self.starvation)
+                self._act(policy.plan(ordered, self.runners, stopping, self._limits))
         finally:
             self._pumping = False
 
