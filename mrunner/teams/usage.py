@@ -21,6 +21,7 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 FILE = "usage.sqlite"
@@ -169,10 +170,18 @@ class UsageBook:
 class UsageService(Service):
     """Opens the book at start, writes it once a second, and writes the rest at stop."""
 
+    log = Logger()
+
     def __init__(self, book: UsageBook, reactor: Any):
         self._book = book
-        self._writes = LoopingCall(book.flush)
+        self._writes = LoopingCall(self._write)
         self._writes.clock = reactor
+
+    def _write(self) -> Deferred[None]:
+        """One second's sums; a failed write (a full disk) is logged, and the next second tries again."""
+        return self._book.flush().addErrback(
+            lambda failure: self.log.failure("usage not written to {file}", failure, file=FILE)
+        )
 
     def startService(self) -> None:
         super().startService()
