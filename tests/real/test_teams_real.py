@@ -1,0 +1,290 @@
+"""Named keys for real: the official openai and anthropic clients → mrunner → llama-server (tiny model).
+
+A key limited to one model, a rate limit the client's own retry honours, a
+concurrency limit under 50 parallel requests, priority classes with one runner
+slot, a reload that changes keys without dropping a stream, and usage kept
+across a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import anthropic
+import openai
+import openai._base_client
+from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.threads import deferToThread
+
+from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
+from tests.support.daemon import InProcessDaemon, eventually, http
+
+HI = [{"role": "user", "content": "hi"}]
+CLOSE = {"Connection": "close"}
+KEYS = """
+[http]
+admin_api_keys = ["old-admin"]
+[keys.alice]
+key = "alice-key"
+models = ["ai/tiny"]
+requests_per_minute = 5
+[keys.bob]
+key = "bob-key"
+max_concurrent = 2
+[keys.root]
+key = "root-key"
+admin = true
+[keys.high]
+key = "high-key"
+priority = "high"
+[keys.low]
+key = "low-key"
+priority = "low"
+"""
+#: A stream the client holds unread stays busy: 4,000 tokens with their 20 likeliest neighbours
+#: (7.5 MB) are more than the sockets hold, however fast the machine generates.
+HELD = {"max_tokens": 4000, "stream": True, "logprobs": True, "top_logprobs": 20}
+
+
+class TeamsTests(LlamaCppTestCase):
+    timeout = 240
+
+    async def start_keyed(self, extra: str = "", parallel: int = 2) -> None:
+        await self.start(extra + KEYS, parallel=parallel)
+        await self.tiny()
+
+    def openai(self, key: str, retries: int = 0) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.daemon.url + "/v1", api_key=key, max_retries=retries, default_headers=CLOSE
+        )
+
+    def chat(self, client: openai.OpenAI, **extra: Any) -> Any:
+        return self.call(
+            client.chat.completions.create, model=TINY, messages=HI, **{"max_tokens": 2, **extra}
+        )
+
+    async def usage(self, **query: str) -> list[dict[str, Any]]:
+        response = await http.get(
+            self.daemon.url + "/engines/usage", params=query, headers={"Authorization": "Bearer root-key"}
+        )
+        self.assertEqual(response.code, 200)
+        return list(json.loads(await response.text())["data"])
+
+    async def test_models_and_rate_limit(self) -> None:
+        """alice may use ai/tiny only (403 naming the model elsewhere); her sixth request in a minute is
+        a 429 the client waits out with Retry-After, as its own retry logic reads it."""
+        await self.start_keyed()
+        alice = self.openai("alice-key")
+        with self.assertRaises(openai.PermissionDeniedError) as denied:
+            await self.call(alice.chat.completions.create, model="ai/other", messages=HI, max_tokens=2)
+        self.assertIn("ai/other:latest", denied.exception.message)
+        claude = anthropic.Anthropic(
+            base_url=self.daemon.url + "/anthropic", api_key="alice-key", max_retries=0, default_headers=CLOSE
+        )
+        with self.assertRaises(anthropic.PermissionDeniedError) as refused:
+            await self.call(claude.messages.create, model="ai/other", max_tokens=2, messages=HI)
+        self.assertEqual(refused.exception.body["error"]["type"], "permission_error")
+
+        for _ in range(5):
+            answer = await self.chat(alice)
+            self.assertEqual(answer.usage.completion_tokens, 2)
+        with self.assertRaises(openai.RateLimitError) as limited:
+            await self.chat(alice)
+        error = limited.exception
+        self.assertEqual(error.code, "rate_limit_exceeded")
+        headers = error.response.headers
+        self.assertEqual(headers["x-ratelimit-limit-requests"], "5")
+        self.assertEqual(headers["x-ratelimit-remaining-requests"], "0")
+        self.assertTrue(headers["x-ratelimit-reset-requests"].endswith("s"))
+        retry_after = int(headers["retry-after"])
+        self.assertTrue(0 < retry_after <= 60, retry_after)
+        with self.assertRaises(anthropic.RateLimitError) as slowed:
+            await self.call(claude.messages.create, model=TINY, max_tokens=2, messages=HI)
+        self.assertEqual(slowed.exception.body["error"]["type"], "rate_limit_error")
+        response = await http.post(
+            self.daemon.url + "/api/chat",
+            json={"model": TINY, "messages": HI},
+            headers={"Authorization": "Bearer alice-key"},
+        )
+        self.assertEqual((response.code, list(json.loads(await response.text()))), (429, ["error"]))
+
+        # The client's retry sleeps what the headers say; here that sleep moves the key's clock instead.
+        slept: list[float] = []
+        teams, now = self.daemon.teams, self.daemon.teams.now
+        skew = [0.0]
+        teams.now = lambda: now() + skew[0]
+
+        class Sleepless:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(time, name)
+
+            def sleep(self, seconds: float) -> None:
+                slept.append(seconds)
+                skew[0] += seconds
+
+        self.patch(openai._base_client, "time", Sleepless())
+        answer = await self.chat(self.openai("alice-key", retries=2))
+        self.assertEqual(answer.usage.completion_tokens, 2)
+        self.assertEqual(len(slept), 1, "one wait, as long as the server said, was enough")
+        self.assertLess(abs(slept[0] - retry_after), 1, "retry-after-ms says it more exactly")
+
+    async def test_max_concurrent_under_50_parallel(self) -> None:
+        """bob (max_concurrent = 2) sends 50 at once and holds the streams he gets: two, and 48 429s."""
+        await self.start_keyed()
+        bob = self.openai("bob-key")
+        results: list[str] = []
+        streams: list[Any] = []
+        lock, release = threading.Lock(), threading.Event()
+
+        def one() -> None:
+            try:
+                stream = bob.chat.completions.create(model=TINY, messages=HI, **HELD)
+            except openai.RateLimitError as e:
+                with lock:
+                    results.append(e.code or "")
+                return
+            with lock:
+                results.append("streaming")
+                streams.append(stream)
+            release.wait(60)
+            stream.close()
+
+        threads = [threading.Thread(target=one) for _ in range(50)]
+        for thread in threads:
+            thread.start()
+        await eventually(lambda: len(results) == 50, 60, what=lambda: f"50 answers, have {len(results)}")
+        release.set()
+        await deferToThread(lambda: [thread.join() for thread in threads])
+        self.assertEqual(sorted(set(results)), ["rate_limit_exceeded", "streaming"])
+        self.assertEqual(results.count("streaming"), 2)
+        await eventually(lambda: self.daemon.teams._allowances["bob"].in_flight == 0, 30)
+        await self.chat(bob)
+
+    async def test_high_overtakes_low_and_the_starved_are_served(self) -> None:
+        """One runner slot: queued lows wait while a high goes first; a low that waits long enough is
+        served however many highs keep coming."""
+        await self.start_keyed('max_runners = 1\nstarvation_seconds = "1h"\n', parallel=1)
+        low, high = self.openai("low-key"), self.openai("high-key")
+        served: list[str] = []
+        held = await self.call(low.chat.completions.create, model=TINY, messages=HI, **HELD)
+        queued = self.daemon.scheduler.queued
+        waiting = []
+        for name, client in (("low 1", low), ("low 2", low), ("high", high)):
+            d = self.chat(client)
+            d.addCallback(lambda answer, name=name: served.append(name))
+            waiting.append(d)
+            count = len(waiting)
+            await eventually(lambda count=count: queued() == count, 30)
+        await self.call(held.close)
+        for d in waiting:
+            await d
+        self.assertEqual(served, ["high", "low 1", "low 2"])
+
+        # A starved low: highs keep coming, one waiting beside it at every moment, until it has waited
+        # two periods (the loader's clock is moved on two hours after the third high): then it goes next.
+        served.clear()
+        loader = self.daemon.scheduler.loader
+        skew = [0.0]
+
+        class Skewed:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(reactor, name)
+
+            def seconds(self) -> float:
+                return float(reactor.seconds()) + skew[0]
+
+        self.patch(loader, "_clock", Skewed())
+        held = await self.call(high.chat.completions.create, model=TINY, messages=HI, **HELD)
+        starved = self.chat(low).addCallback(lambda answer: served.append("low"))
+        await eventually(lambda: queued() == 1, 30)
+        pending = []
+
+        def more(answer: object = None) -> None:
+            served.append("high")
+            if "low" not in served:
+                if served.count("high") == 3:
+                    skew[0] += 7200
+                pending.append(self.chat(high).addCallback(more))
+
+        pending.append(self.chat(high).addCallback(more))
+        await eventually(lambda: queued() == 2, 30)
+        await self.call(held.close)
+        await starved
+        while pending:
+            await pending.pop()
+        self.assertIn(served.index("low"), (3, 4, 5), served)
+
+    async def test_usage_survives_a_restart_and_reload_applies_keys(self) -> None:
+        await self.start_keyed()
+        print("STEP 1", time.time(), flush=True)
+        root = self.openai("root-key")
+        print("STEP 2", time.time(), flush=True)
+        stream = await self.call(
+            root.chat.completions.create, model=TINY, messages=HI, max_tokens=300, stream=True
+        )
+        print("STEP 3", time.time(), flush=True)
+        answer = await self.chat(self.openai("bob-key"), max_tokens=3)
+        print("STEP 4", time.time(), flush=True)
+
+        # bob's key goes; root's stream, begun before, goes on.
+        config = self.daemon.config_path
+        config.write_text(config.read_text().replace('key = "bob-key"', 'key = "bob-new-key"'))
+        print("STEP 8", time.time(), flush=True)
+        response = await http.post(
+            self.daemon.url + "/engines/_reload", headers={"Authorization": "Bearer old-admin"}
+        )
+        self.assertEqual(response.code, 200, await response.text())
+        print("STEP 12", time.time(), flush=True)
+        with self.assertRaises(openai.AuthenticationError):
+            await self.chat(self.openai("bob-key"))
+        await self.chat(self.openai("bob-new-key"), max_tokens=1)
+        print("STEP 15", time.time(), flush=True)
+        chunks = await self.call(lambda: sum(1 for _ in stream))
+        print("STEP 16", time.time(), flush=True)
+        self.assertGreaterEqual(chunks, 300, "the stream was not cut")
+        print("STEP 17", time.time(), flush=True)
+
+        rows = {row["key"]: row for row in await self.usage(model="tiny")}
+        self.assertEqual(set(rows), {"bob", "root"})
+        print("STEP 20", time.time(), flush=True)
+        self.assertEqual((rows["bob"]["requests"], rows["bob"]["completion_tokens"]), (2, 4))
+        print("STEP 21", time.time(), flush=True)
+        self.assertEqual(rows["root"]["completion_tokens"], 300)
+        print("STEP 22", time.time(), flush=True)
+        self.assertEqual(rows["bob"]["prompt_tokens"], answer.usage.prompt_tokens * 2)
+        print("STEP 23", time.time(), flush=True)
+        self.assertEqual(await self.usage(key="nobody"), [])
+        print("STEP 24", time.time(), flush=True)
+        response = await http.get(
+            self.daemon.url + "/engines/usage", headers={"Authorization": "Bearer bob-new-key"}
+        )
+        self.assertEqual(response.code, 403, "usage names every key: admins only")
+        print("STEP 28", time.time(), flush=True)
+        response = await http.get(
+            self.daemon.url + "/engines/usage?from=yesterday", headers={"Authorization": "Bearer root-key"}
+        )
+        self.assertEqual(response.code, 400)
+        print("STEP 32", time.time(), flush=True)
+        metrics = await (
+            await http.get(self.daemon.url + "/metrics", headers={"Authorization": "Bearer root-key"})
+        ).text()
+        self.assertIn('mrunner_key_tokens_total{key="bob",kind="completion"} 4.0', metrics)
+        print("STEP 36", time.time(), flush=True)
+        self.assertNotIn("bob-new-key", metrics)
+        print("STEP 37", time.time(), flush=True)
+
+        await self.daemon.stop()
+        print("STEP 39", time.time(), flush=True)
+        self.daemon = InProcessDaemon(config)
+        print("STEP 40", time.time(), flush=True)
+        self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
+        print("STEP 41", time.time(), flush=True)
+        again = {row["key"]: row for row in await self.usage()}
+        self.assertEqual(again["bob"]["completion_tokens"], 4)
+        print("STEP 43", time.time(), flush=True)
+        self.assertEqual(again["root"]["completion_tokens"], 300)
+        print("STEP 44", time.time(), flush=True)
