@@ -1,4 +1,4 @@
-"""The page's Usage view in headless Chromium: the chart of tokens per day per key, drawn by the page, and the table.
+"""The page's Usage view in headless Chromium: its chart of tokens per day per key, and the table.
 
 The scripted runner (tests/support/runner_program.py) answers each chat with 1 prompt and 1
 completion token, so alice's three requests and bob's one are 6 and 2 tokens today.
