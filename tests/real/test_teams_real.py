@@ -9,8 +9,15 @@ across a restart.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -19,11 +26,23 @@ import openai._base_client
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
 
 from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
-from tests.support.daemon import InProcessDaemon, eventually, http
+from tests.support.daemon import (
+    InProcessDaemon,
+    eventually,
+    http,
+    short_home,
+    spawn_twistd,
+    stop_twistd,
+    unix_client,
+    write_config,
+)
+from tests.support.ggufs import write_tiny_gguf
 
 HI = [{"role": "user", "content": "hi"}]
+MRUNNER = str(Path(sys.executable).with_name("mrunner"))
 CLOSE = {"Connection": "close"}
 KEYS = """
 [http]
@@ -264,3 +283,80 @@ class TeamsTests(LlamaCppTestCase):
         again = {row["key"]: row for row in await self.usage()}
         self.assertEqual(again["bob"]["completion_tokens"], 4)
         self.assertEqual(again["root"]["completion_tokens"], 300)
+
+
+class UsageDurabilityTests(TestCase):
+    """``twistd mrunner`` killed with SIGKILL keeps the usage it had written (once a second); the next
+    daemon reads it, and ``mrunner usage`` shows it. The scripted runner answers 1 + 1 tokens."""
+
+    timeout = 120
+
+    async def daemon(self, home: Path, config: Path, output: str) -> Any:
+        process = spawn_twistd(config, home, output_name=output)
+        self.addCleanup(lambda: ensureDeferred(stop_twistd(process)) if process.pid else None)
+        await eventually(lambda: (home / "api.sock").exists(), 30)
+        return process
+
+    async def test_usage_survives_sigkill(self) -> None:
+        home = short_home(self)
+        config = write_config(home, 'listen = "unix:{}"\n{}'.format(home / "api.sock", KEYS))
+        process = await self.daemon(home, config, "first.out")
+        client = unix_client(str(home / "api.sock"))
+        gguf = home / "tiny.gguf"
+        write_tiny_gguf(gguf)
+        admin = {"Authorization": "Bearer old-admin"}
+        with gguf.open("rb") as f:
+            response = await client.post("http://d/models/load", params={"name": TINY}, data=f, headers=admin)
+            await response.content()
+        for _ in range(3):
+            response = await client.post(
+                "http://d/v1/chat/completions",
+                json={"model": TINY, "messages": HI},
+                headers={"Authorization": "Bearer bob-key"},
+            )
+            self.assertEqual(response.code, 200, await response.text())
+
+        def written() -> list[Any]:
+            with closing(sqlite3.connect(home / "usage.sqlite")) as db:
+                return db.execute(
+                    "SELECT key, requests, prompt_tokens, completion_tokens FROM usage"
+                ).fetchall()
+
+        await eventually(
+            lambda: written() == [("bob", 3, 3, 3)], 30, what=lambda: f"the file, with {written()}"
+        )
+        os.kill(process.pid, signal.SIGKILL)
+        await process.output.ended
+        os.unlink(home / "api.sock")
+
+        await self.daemon(home, config, "second.out")
+        response = await client.get("http://d/engines/usage?key=bob", headers=admin)
+        rows = (await response.json())["data"]
+        self.assertEqual(
+            [(r["key"], r["model"], r["requests"], r["completion_tokens"]) for r in rows],
+            [("bob", TINY, 3, 3)],
+        )
+        socket = "unix:" + str(home / "api.sock")
+        shown = await deferToThread(
+            subprocess.run,
+            [MRUNNER, "--host", socket, "--api-key", "old-admin", "usage"],
+            capture_output=True,
+            text=True,
+        )
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        header, line = shown.stdout.splitlines()
+        self.assertEqual(
+            header.split(),
+            [
+                c.upper()
+                for c in ("day", "key", "model", "requests", "prompt", "completion", "errors", "seconds")
+            ],
+        )
+        self.assertEqual(line.split()[1:7], ["bob", TINY, "3", "3", "3", "0"])
+        shown = await deferToThread(
+            subprocess.run,
+            [MRUNNER, "--host", socket, "--api-key", "old-admin", "usage", "--json", "--key", "alice"],
+            capture_output=True,
+            text=True,
+        )
+        self.assertEqual(json.loads(shown.stdout), {"object": "list", "data": []})
