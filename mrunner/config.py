@@ -405,6 +405,8 @@ def _keys_with_secrets(keys: Mapping[str, KeyConfig], environ: Mapping[str, str]
             secret = environ.get(entry.key_env, "").strip()
         if not secret:
             raise ConfigError(f"keys.{name}: give the key as key, key_file or key_env (a non-empty value)")
+        if any(other.key == secret for other in resolved.values()):
+            raise ConfigError(f"keys.{name}: its key is another named key's too; give each its own")
         resolved[name] = attrs.evolve(entry, key=secret)
     return resolved
 

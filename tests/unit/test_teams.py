@@ -188,6 +188,7 @@ class KeyConfigTests(SynchronousTestCase):
             ('[keys."a b"]\nkey = "k"\n', "a key's name"),
             ('[keys.anonymous]\nkey = "k"\n', "a key's name"),
             ('[keys.alice]\nkey_file = "/absent/file"\n', "cannot read"),
+            ('[keys.a]\nkey = "k"\n[keys.b]\nkey = "k"\n', "another named key's"),
         ]:
             with self.assertRaises(ConfigError, msg=text) as caught:
                 self.load(text)
