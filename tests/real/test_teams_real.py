@@ -271,6 +271,10 @@ class TeamsTests(LlamaCppTestCase):
             self.daemon.url + "/engines/usage?from=yesterday", headers={"Authorization": "Bearer root-key"}
         )
         self.assertEqual(response.code, 400)
+        response = await http.get(
+            self.daemon.url + "/engines/usage?to=", headers={"Authorization": "Bearer root-key"}
+        )
+        self.assertEqual(response.code, 400, "an empty day is no day (the fuzzer's find)")
         metrics = await (
             await http.get(self.daemon.url + "/metrics", headers={"Authorization": "Bearer root-key"})
         ).text()

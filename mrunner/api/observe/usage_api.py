@@ -79,7 +79,7 @@ class UsageAPI:
 
 def _day(request: IRequest, key: str) -> str | None:
     value = query(request, key)
-    if value is None or value == "":
+    if value is None:
         return None
     if not _DAY.fullmatch(value):
         raise BadRequest(
