@@ -393,7 +393,7 @@ def _with_environment(config: Config, environ: Mapping[str, str]) -> Config:
 
 def _keys_with_secrets(keys: Mapping[str, KeyConfig], environ: Mapping[str, str]) -> dict[str, KeyConfig]:
     """Each named key with its C{key} read from C{key_file} or C{key_env} when it names one there."""
-    resolved = {}
+    resolved: dict[str, KeyConfig] = {}
     for name, entry in keys.items():
         secret = entry.key
         if secret is None and entry.key_file is not None:
