@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx2
 
-from bench import daemon, inputs, loading, report, servers, small, soak, store, streaming
+from bench import daemon, inputs, keyed, loading, report, servers, small, soak, store, streaming
 from bench.client import BadResponse
 from bench.report import Row
 from bench.servers import Target
@@ -88,6 +88,8 @@ def llama_scenarios(tmp: Path, executable: Path, settings: Settings) -> list[Row
         mrunner = targets["mrunner"]
         progress(f"1 and 6: small chats through wrk, {settings.rounds} rounds")
         rows = small.measure(targets, model, settings, tmp)
+        progress(f"9: small chats, keyed and open, {settings.rounds} rounds")
+        rows += keyed.measure(mrunner, executable, model, paths.ggufs[0], settings, tmp)
         progress(f"2: streams, {settings.rounds} rounds")
         rows += streaming.measure(targets, model, settings)
         progress(f"3: cold loads, {settings.load_rounds} rounds")

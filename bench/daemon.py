@@ -63,8 +63,9 @@ def trickle_conf(command: list[str], streams: int) -> str:
 
 
 @contextmanager
-def started(home: Path, conf: str, backend: str) -> Iterator[Target]:
-    """``twistd -n mrunner`` with C{conf} and its state in C{home}, once C{backend} is installed."""
+def started(home: Path, conf: str, backend: str, headers: dict[str, str] | None = None) -> Iterator[Target]:
+    """``twistd -n mrunner`` with C{conf} and its state in C{home}, once C{backend} is installed
+    (asked with C{headers}: a key, where C{conf} needs one)."""
     home.mkdir()
     (home / "tap.conf").write_text(conf)
     port = free_port()
@@ -79,14 +80,16 @@ def started(home: Path, conf: str, backend: str) -> Iterator[Target]:
             lambda response: (
                 response.status_code == 200 and response.json().get(backend, "").startswith("Running")
             ),
+            headers=headers,
         )
         yield Target(url, (process.pid,))
 
 
-def import_model(url: str, name: str, gguf: Path) -> None:
+def import_model(url: str, name: str, gguf: Path, headers: dict[str, str] | None = None) -> None:
     """Put C{gguf} into mrunner's store as C{name}, streaming the file as the request body."""
     with gguf.open("rb") as body, http.client(timeout=120.0) as client:
-        client.post(f"{url}/models/load", params={"name": name}, content=body).raise_for_status()
+        response = client.post(f"{url}/models/load", params={"name": name}, content=body, headers=headers)
+        response.raise_for_status()
 
 
 def unload_all(url: str) -> None:

@@ -78,6 +78,7 @@ class Process:
         url: str,
         ready: Callable[[httpx2.Response], bool] = lambda response: response.status_code == 200,
         uds: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> float:
         """Poll GET C{url} (over the UNIX socket C{uds} if given) until C{ready}; the time it first was."""
         deadline = time.perf_counter() + START_TIMEOUT
@@ -87,7 +88,7 @@ class Process:
                     code = self.popen.returncode
                     raise ServerFailed(f"{self.log.stem} exited with {code}:{tail(self.log)}")
                 try:
-                    if ready(client.get(url)):
+                    if ready(client.get(url, headers=headers)):
                         return time.perf_counter()
                 except httpx2.TransportError:
                     pass  # not listening yet

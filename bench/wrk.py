@@ -41,10 +41,13 @@ class Run:
     cpu_ms_per_request: float
 
 
-def script(directory: Path, body: dict[str, Any]) -> Path:
-    """Write the wrk script that sends C{body}; its path."""
-    path = directory / "post.lua"
-    path.write_text(SCRIPT.format(body=json.dumps(body)))
+def script(
+    directory: Path, body: dict[str, Any], headers: dict[str, str] | None = None, name: str = "post.lua"
+) -> Path:
+    """Write the wrk script that sends C{body} (with C{headers}); its path."""
+    path = directory / name
+    extra = "".join(f'wrk.headers["{field}"] = "{value}"\n' for field, value in (headers or {}).items())
+    path.write_text(SCRIPT.format(body=json.dumps(body)) + extra)
     return path
 
 

@@ -105,6 +105,7 @@ class SchedulerConfig:
     stop_grace: float = _duration(10.0)
     install_wait: float = _duration(5.0)
     memory_budget: int = attrs.field(factory=lambda: parse_size("auto"), metadata={"parse": parse_size})
+    starvation_seconds: float = _duration(60.0)
 
 
 @attrs.frozen
@@ -246,6 +247,48 @@ class GPUConfig:
 
     devices: str | tuple[str, ...] = attrs.field(default="auto", metadata={"parse": parse_gpu_devices})
     memory_budget: int | float = attrs.field(default=0.9, metadata={"parse": parse_device_budget})
+PRIORITIES = ("high", "normal", "low")
+
+
+def _priority(value: object, key: str) -> str:
+    if value not in PRIORITIES:
+        raise ConfigError(f"{key}: expected one of {', '.join(PRIORITIES)}, got {value!r}")
+    return str(value)
+
+
+def _limit(value: object, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{key}: expected a whole number, 0 for no limit, got {value!r}")
+    return value
+
+
+def _text(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key}: expected a non-empty string")
+    return value.strip()
+
+
+def _limit_field() -> Any:
+    return attrs.field(default=0, metadata={"parse": _limit})
+
+
+@attrs.frozen
+class KeyConfig:
+    """``[keys."NAME"]``: a named key, what it may use and how much (0: no limit); the key is never shown.
+
+    The key comes from C{key}, else the file C{key_file}, else the environment variable C{key_env}.
+    """
+
+    key: str | None = attrs.field(default=None, repr=False, metadata={"parse": _text})
+    key_file: str | None = attrs.field(default=None, metadata={"parse": _text})
+    key_env: str | None = attrs.field(default=None, metadata={"parse": _text})
+    models: tuple[str, ...] = ()
+    admin: bool = False
+    requests_per_minute: int = _limit_field()
+    tokens_per_minute: int = _limit_field()
+    tokens_per_day: int = _limit_field()
+    max_concurrent: int = _limit_field()
+    priority: str = attrs.field(default="normal", metadata={"parse": _priority})
 
 
 @attrs.frozen
@@ -267,6 +310,7 @@ class Config:
     log: LogConfig = LogConfig()
     aliases: Mapping[str, str] = attrs.field(factory=dict)
     gpu: GPUConfig = GPUConfig()
+    keys: Mapping[str, KeyConfig] = attrs.field(factory=dict, repr=False)
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
     unread: tuple[Path, ...] = attrs.field(default=(), eq=False)  # other tap.conf files, not read
 
@@ -380,7 +424,27 @@ def _with_environment(config: Config, environ: Mapping[str, str]) -> Config:
     origins = [origin.strip() for origin in environ.get("MRUNNER_ORIGINS", "").split(",")]
     if any(origins):
         http = attrs.evolve(http, cors_origins=(*http.cors_origins, *filter(None, origins)))
-    return attrs.evolve(config, http=http)
+    return attrs.evolve(config, http=http, keys=_keys_with_secrets(config.keys, environ))
+
+
+def _keys_with_secrets(keys: Mapping[str, KeyConfig], environ: Mapping[str, str]) -> dict[str, KeyConfig]:
+    """Each named key with its C{key} read from C{key_file} or C{key_env} when it names one there."""
+    resolved: dict[str, KeyConfig] = {}
+    for name, entry in keys.items():
+        secret = entry.key
+        if secret is None and entry.key_file is not None:
+            try:
+                secret = Path(entry.key_file).expanduser().read_text().strip()
+            except OSError as e:
+                raise ConfigError(f"keys.{name}.key_file: cannot read {entry.key_file}: {e.strerror}") from e
+        elif secret is None and entry.key_env is not None:
+            secret = environ.get(entry.key_env, "").strip()
+        if not secret:
+            raise ConfigError(f"keys.{name}: give the key as key, key_file or key_env (a non-empty value)")
+        if any(other.key == secret for other in resolved.values()):
+            raise ConfigError(f"keys.{name}: its key is another named key's too; give each its own")
+        resolved[name] = attrs.evolve(entry, key=secret)
+    return resolved
 
 
 def _config(table: Mapping[str, Any]) -> Config:
@@ -401,6 +465,7 @@ def _config(table: Mapping[str, Any]) -> Config:
     values["backends"] = top.pop("backends", {})
     values["models"] = _models(top.pop("models", {}))
     values["aliases"] = _aliases(top.pop("aliases", {}))
+    values["keys"] = _keys(top.pop("keys", {}))
     if "home" in top:
         values["home"] = Path(str(top.pop("home"))).expanduser()
     scalars = _section(_Scalars, top, "tap.conf")
@@ -457,3 +522,21 @@ def _aliases(table: object) -> dict[str, str]:
         if target in keys:
             raise ConfigError(f"aliases.{alias}: {target} is itself an alias; name a stored model")
     return aliases
+#: A name usage and metrics give requests that no named key made.
+ANONYMOUS = "anonymous"
+
+
+def _keys(table: object) -> dict[str, KeyConfig]:
+    """``[keys."NAME"]``: named keys; their secrets are found by L{_keys_with_secrets}."""
+    if not isinstance(table, Mapping):
+        raise ConfigError('keys: expected tables of named keys ([keys."alice"])')
+    keys = {}
+    for name, value in table.items():
+        if not isinstance(value, Mapping):
+            raise ConfigError(f'keys.{name}: expected a table ([keys."{name}"] with key = "...")')
+        if name == ANONYMOUS or not re.fullmatch(r"[\w.@-]{1,64}", name):
+            raise ConfigError(
+                f"keys.{name}: a key's name is 1-64 letters, digits, '_', '.', '@' or '-', not {ANONYMOUS!r}"
+            )
+        keys[name] = _section(KeyConfig, value, f"keys.{name}")
+    return keys

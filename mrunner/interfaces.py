@@ -236,12 +236,13 @@ class IScheduler(Interface):
         """Each backend's install status."""
 
     def acquire(
-        backend: str | None, model: str, mode: str, keep_alive: float | None = None
+        backend: str | None, model: str, mode: str, keep_alive: float | None = None, rank: int = 1
     ) -> Deferred[ILease]:
         """An L{ILease} on a ready runner for C{model} in C{mode}.
 
         A C{keep_alive} (seconds, -1 for ever) replaces the runner's own from
-        this request on. Cancelling the result drops the request from the
+        this request on. C{rank} is the request's priority class (0 high, 1
+        normal, 2 low): waiters are served best class first. Cancelling the result drops the request from the
         wait queue. Every failure comes through the Deferred.
         """
 

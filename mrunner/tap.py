@@ -56,6 +56,9 @@ from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+from mrunner.teams.admission import Teams
+from mrunner.teams.key_metrics import KeyMetrics
+from mrunner.teams.usage import UsageBook, UsageService
 
 log = Logger()
 TWISTD_PIDFILE = "twistd.pid"  # twistd's default --pidfile
@@ -113,6 +116,7 @@ class Parts:
     history: RecordsAPI
     closers: tuple[Callable[[], object], ...]
     reloader: Reloader
+    teams: Teams
 
 
 def make_parts(
@@ -185,7 +189,11 @@ def make_parts(
     history = RecordsAPI(records, followers)
     aliases = Aliases(config.aliases, store)
     reloadable.append(aliases.configure)
-    gateway = Gateway(scheduler, store, metrics, reactor, config.max_request_bytes, records, aliases)
+    usage_book = UsageBook(config.home, reactor, reactor.seconds)
+    teams = Teams(reactor.seconds, usage_book, KeyMetrics(metrics.registry))
+    gateway = Gateway(
+        scheduler, store, metrics, reactor, config.max_request_bytes, records, aliases=aliases, teams=teams
+    )
     responses = config.responses
     groups = route_groups(
         gateway=gateway,
@@ -203,11 +211,12 @@ def make_parts(
         max_request_bytes=config.max_request_bytes,
         reload=reloader.reload,
         devices=devices,
+        usage=teams.book,
     )
     site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
-    return Parts(site, scheduler, logs, history, closers, reloader)
+    return Parts(site, scheduler, logs, history, closers, reloader, teams)
 
 
 def make_service(
@@ -233,6 +242,7 @@ def make_service(
     SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
     parts.logs.setServiceParent(service)
     parts.history.setServiceParent(service)
+    UsageService(parts.teams.book, reactor).setServiceParent(service)
     address = AddressFile(Home(config.home), config.listen)
     address.setServiceParent(service)
     Listener(reactor, private_listen(config.listen), parts.site, address.listening).setServiceParent(service)

@@ -16,6 +16,7 @@ from mrunner.api.door.route_group import RouteGroup
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.page import PageAPI
 from mrunner.api.observe.records_api import RecordsAPI
+from mrunner.api.observe.usage_api import UsageAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
 from mrunner.api.service.admin import AdminAPI
@@ -28,6 +29,7 @@ from mrunner.interfaces import IBackend, IDevices, IModelStoreAdmin
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.answer import RunnerClient
 from mrunner.runners.forwarder import Forwarder
+from mrunner.teams.usage import UsageBook
 
 
 def route_groups(
@@ -47,6 +49,7 @@ def route_groups(
     max_request_bytes: int,
     reload: Callable[[], dict[str, Any]] | None = None,
     devices: IDevices | None = None,
+    usage: UsageBook | None = None,
 ) -> list[RouteGroup]:
     """Every route group of the daemon, the OpenAPI document of them all last.
 
@@ -66,6 +69,7 @@ def route_groups(
         history,
         PageAPI(scheduler, clock),
         AdminAPI(scheduler, store, backends, max_request_bytes, reload),
+        UsageAPI(usage),
     ]
     if devices is not None:
         groups.append(DevicesAPI(devices))

@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from mrunner.cli import bench, devices, engines, launch, login, models
+from mrunner.cli import bench, devices, engines, launch, login, models, usage
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -117,6 +117,7 @@ def parser() -> argparse.ArgumentParser:
     requests = command("requests", engines.requests, "show the recorded requests, newest first", json=True)
     requests.add_argument("--model", help="only this model's requests")
     requests.add_argument("-f", "--follow", action="store_true", help="show each new request as it ends")
+    usage.add_arguments(command("usage", usage.usage, "show usage per day, key and model", json=True))
     package = command(
         "package", models.package, "store a GGUF file (or shard set) as a model, with its files"
     )

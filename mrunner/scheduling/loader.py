@@ -23,7 +23,7 @@ from zope.interface import implementer
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import IDevices, ILease, ILoaderEvents, IRunnerProcess
-from mrunner.scheduling import policy
+from mrunner.scheduling import policy, priority
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import LoadRequest, Roster, Runner
 from mrunner.store.model import Model
@@ -39,6 +39,9 @@ Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]
 class _Waiter:
     request: LoadRequest
     deferred: Deferred[Lease]
+    #: Its class (L{priority}: 0 is served first) and when it came, for the queue's order.
+    priority: int = priority.NORMAL
+    since: float = 0.0
 
     @property
     def key(self) -> RunnerKey:
@@ -106,10 +109,13 @@ class Loader:
         max_queue: int,
         events: ILoaderEvents | None = None,
         devices: IDevices | None = None,
+        starvation: float = 60.0,
     ):
         self._clock = clock
         self._devices = devices
         self._gpus: tuple[tuple[str, int], ...] | None = None
+        #: Seconds of waiting after which a waiter moves up a priority class (L{priority}).
+        self.starvation = starvation
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -146,8 +152,11 @@ class Loader:
         in_room = all(size <= free[device] for device, size in placement.on_gpus.items())
         return in_room and self.roster.fits(placement.in_ram, self._limits)
 
-    def acquire(self, request: LoadRequest) -> Deferred[Lease]:
-        """A lease on a ready runner for C{request.key}; cancel it to leave the queue."""
+    def acquire(self, request: LoadRequest, rank: int = priority.NORMAL) -> Deferred[Lease]:
+        """A lease on a ready runner for C{request.key}; cancel it to leave the queue.
+
+        C{rank}: the request's priority class, which orders the queue (L{priority}).
+        """
         if self._closed:
             return fail(Unavailable(SHUTTING_DOWN, code="shutting_down"))
         backoff = self._backoff.get(request.key)
@@ -172,7 +181,7 @@ class Loader:
             )
         if not self._queue and runner is not None and room:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
-        waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)))
+        waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)), rank, self._clock.seconds())
         self._queue.append(waiter)
         if len(running) < request.instances or room:
             # A waiter for runners that all exist but have no free slot changes no decision:
@@ -297,12 +306,15 @@ class Loader:
         runner.release()
         if runner.state is not State.READY:
             self._pump()
-        elif not self._queue:
+            return
+        if not self._queue:
             self._rest(runner)  # with no one waiting, the plan would decide nothing
-        elif self._queue[0].key == _first(runner.key):
+            return
+        head = priority.first(self._queue, self._clock.seconds(), self.starvation)
+        if head is not None and head.key == _first(runner.key):
             # The plan serves the queue in order and free slots first: the head takes this slot.
-            waiter = self._queue.popleft()
-            waiter.deferred.callback(self._lease(runner, waiter.request))
+            self._queue.remove(head)
+            head.deferred.callback(self._lease(runner, head.request))
         else:
             self._pump()
 
@@ -328,9 +340,8 @@ class Loader:
                 for runner in stopping:
                     on_gpus.update(runner.on_gpus)
                 memory = [runner.memory for runner in stopping]
-                decision = policy.plan(
-                    self._queue, self.runners, memory, limits, dict(on_gpus), self._instances
-                )
+                ordered = priority.order(self._queue, self._clock.seconds(), self.starvation)
+                decision = policy.plan(ordered, self.runners, memory, limits, dict(on_gpus), self._instances)
                 self._act(decision)
         finally:
             self._pumping = False

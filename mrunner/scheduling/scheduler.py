@@ -26,6 +26,7 @@ from mrunner.interfaces import (
     IRunnerProcess,
     IScheduler,
 )
+from mrunner.scheduling import priority
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits, place
@@ -62,6 +63,7 @@ class Scheduler:
         self.home = home or Home(config.home)
         self.installer = Installer(backends, clock)
         self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue, events, devices)
+        self.loader.starvation = config.scheduler.starvation_seconds
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
         self._preloads = Preloads()
@@ -94,13 +96,20 @@ class Scheduler:
         return self.loader.close()
 
     def acquire(
-        self, backend: str | None, model: str, mode: str, keep_alive: float | None = None
+        self,
+        backend: str | None,
+        model: str,
+        mode: str,
+        keep_alive: float | None = None,
+        rank: int = priority.NORMAL,
     ) -> Deferred[ILease]:
-        return ensureDeferred(self._acquire(backend, model, mode, keep_alive))
+        return ensureDeferred(self._acquire(backend, model, mode, keep_alive, rank))
 
-    async def _acquire(self, backend: str | None, name: str, mode: str, keep_alive: float | None) -> ILease:
+    async def _acquire(
+        self, backend: str | None, name: str, mode: str, keep_alive: float | None, rank: int
+    ) -> ILease:
         request = await self._request(backend, name, mode, keep_alive, self._config.scheduler.install_wait)
-        return await self.loader.acquire(request)
+        return await self.loader.acquire(request, rank)
 
     async def _request(
         self,
@@ -204,6 +213,7 @@ class Scheduler:
             for runner in self.loader.runners.values()
         }
         self._config = config
+        self.loader.starvation = config.scheduler.starvation_seconds
         self.loader.reconfigure(_limits(config), config.scheduler.max_queue)
         for runner, old in before.items():
             configured = self._model_settings(runner.key.backend, runner.request.model)

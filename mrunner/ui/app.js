@@ -501,6 +501,74 @@ for (const button of $("tabs").children) button.addEventListener("click", () => 
 $("log-source").addEventListener("change", followLogs);
 $("log-follow").addEventListener("change", followLogs);
 
+// Usage: tokens per UTC day per key, as an SVG chart the page draws itself, and the table beneath it.
+const SVG = "http://www.w3.org/2000/svg";
+const KEY_COLORS = ["#2563eb", "#15803d", "#c2410c", "#7c3aed", "#0891b2", "#a16207", "#db2777", "#4b5563"];
+
+function svg(tag, attributes, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// Stacked bars: one per day, a segment per key, scaled to the busiest day.
+function usageChart(rows) {
+  const days = [...new Set(rows.map((r) => r.day))].sort();
+  const keys = [...new Set(rows.map((r) => r.key))].sort();
+  const tokens = {};
+  for (const r of rows) {
+    const day = (tokens[r.day] = tokens[r.day] || {});
+    day[r.key] = (day[r.key] || 0) + r.prompt_tokens + r.completion_tokens;
+  }
+  const busiest = Math.max(1, ...days.map((d) => Object.values(tokens[d]).reduce((a, b) => a + b, 0)));
+  const [width, height, left, bottom, top] = [640, 220, 64, 22, 10];
+  const chart = svg("svg", { id: "usage-svg", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "tokens per day per key" });
+  chart.append(svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, class: "axis" }));
+  chart.append(svg("text", { x: left - 6, y: top + 4, "text-anchor": "end", class: "axis" }, busiest.toLocaleString()));
+  chart.append(svg("text", { x: left - 6, y: height - bottom, "text-anchor": "end", class: "axis" }, "0"));
+  const band = (width - left) / Math.max(1, days.length);
+  const barWidth = Math.min(48, band * 0.7);
+  days.forEach((day, i) => {
+    const x = left + i * band + (band - barWidth) / 2;
+    let y = height - bottom;
+    keys.forEach((key, k) => {
+      const value = tokens[day][key] || 0;
+      if (!value) return;
+      const h = ((height - bottom - top) * value) / busiest;
+      y -= h;
+      const bar = svg("rect", { x, y, width: barWidth, height: h, fill: KEY_COLORS[k % KEY_COLORS.length] });
+      Object.assign(bar.dataset, { key, day, tokens: value });
+      bar.append(svg("title", {}, `${key}, ${day}: ${value.toLocaleString()} tokens`));
+      chart.append(bar);
+    });
+    chart.append(svg("text", { x: x + barWidth / 2, y: height - 6, "text-anchor": "middle", class: "axis" }, day.slice(5)));
+  });
+  const legend = element("div", null, "legend");
+  keys.forEach((key, k) => {
+    const swatch = element("span", key);
+    swatch.style.setProperty("--swatch", KEY_COLORS[k % KEY_COLORS.length]);
+    legend.append(swatch);
+  });
+  $("usage-chart").replaceChildren(chart, legend);
+}
+
+async function loadUsage() {
+  try {
+    const rows = (await getJSON("/engines/usage")).data;
+    $("no-usage").hidden = rows.length > 0;
+    usageChart(rows);
+    $("usage-rows").replaceChildren(
+      ...rows.map((r) =>
+        row([r.day, r.key, r.model, r.requests, r.prompt_tokens, r.completion_tokens, r.errors, seconds(r.seconds)]),
+      ),
+    );
+  } catch (e) {
+    say("usage: " + e.message);
+  }
+}
+views.usage = loadUsage;
+
 show("models");
 pollRunners();
 pollDevices();

@@ -104,6 +104,7 @@ class InProcessDaemon:
         self.service, parts = make_service(self.config, reactor, read)
         self.scheduler = parts.scheduler
         self.site = parts.site
+        self.teams = parts.teams
         self.service.startService()
         self.url = f"https://localhost:{port}" if tls is not None else f"http://127.0.0.1:{port}"
 

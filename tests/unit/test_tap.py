@@ -146,6 +146,7 @@ class OptionsTests(SynchronousTestCase):
                 "SchedulerService",
                 "LogsAPI",
                 "RecordsAPI",
+                "UsageService",
                 "AddressFile",
                 "Listener",
             ],

@@ -12,16 +12,33 @@ import hashlib
 import attrs
 from twisted.web.iweb import IRequest
 
+from mrunner.config import ANONYMOUS
+from mrunner.teams.members import Member
+
 #: The longest keep-alive a normal key's request may ask for; an admin's is not bounded.
 MAX_KEEP_ALIVE = 3600.0
 
 
 @attrs.frozen
 class Caller:
-    """C{admin}: reaches the admin routes (every caller, without keys). C{owner}: the key's SHA-256."""
+    """C{admin}: reaches the admin routes (every caller, without keys). C{owner}: the key's SHA-256.
+
+    C{member}: the named key's rules (C{[keys."NAME"]}); None for an anonymous key or none.
+    """
 
     admin: bool
     owner: str | None
+    member: Member | None = None
+
+    @property
+    def name(self) -> str:
+        """The key's name, as usage, metrics and records show it (never the key)."""
+        return ANONYMOUS if self.member is None else self.member.name
+
+    @property
+    def rank(self) -> int:
+        """The priority class of this caller's requests (0: high)."""
+        return 1 if self.member is None else self.member.priority
 
     def sees(self, owner: str | None) -> bool:
         """Whether this caller may read what the key C{owner} made: its own, or anything as an admin."""
@@ -42,8 +59,8 @@ class Caller:
 OPEN = Caller(admin=True, owner=None)
 
 
-def key_caller(key: bytes | None, admin: bool) -> Caller:
-    return Caller(admin=admin, owner=None if key is None else hashlib.sha256(key).hexdigest())
+def key_caller(key: bytes | None, admin: bool, member: Member | None = None) -> Caller:
+    return Caller(admin=admin, owner=None if key is None else hashlib.sha256(key).hexdigest(), member=member)
 
 
 def caller(request: IRequest) -> Caller:

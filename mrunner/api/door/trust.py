@@ -22,12 +22,14 @@ from mrunner.api.door.callers import OPEN, Caller, key_caller
 from mrunner.api.service.models import MAX_CREATE_BODY
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
+from mrunner.teams.members import KeyRing, Member
 
 LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
 # Routes that manage models or control runners: with admin_api_keys set, only those keys reach
 # them. Ollama's model-management names are listed for the compat routes.
 ADMIN_FIRST = frozenset({b"models", b"logs"})
-ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"requests"})  # records hold prompts
+# records hold prompts; usage names every key
+ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"requests", b"usage"})
 ADMIN_OLLAMA = frozenset({b"pull", b"push", b"delete", b"copy", b"create"})
 # A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
 # and the page asks for a key when the API answers 401.
@@ -54,7 +56,9 @@ class Trust:
         # routes; with both, an admin key reaches every route too.
         keys = tuple(key.encode() for key in http.api_keys)
         admin = tuple(key.encode() for key in http.admin_api_keys)
-        self._keys = keys + admin if keys else ()
+        # Named keys ([keys."NAME"]) make a key needed on every route: anonymous ones still work.
+        self._members = KeyRing(config.keys)
+        self._keys = keys + admin if keys or self._members else ()
         self._admin_keys = admin or keys
         self._limits = {b"/models/load": http.max_load_bytes, b"/models/create": MAX_CREATE_BODY}
         self._default_limit = config.max_request_bytes
@@ -72,12 +76,19 @@ class Trust:
     def check_key(self, method: bytes, target: bytes, headers: Headers, origin: bytes | None) -> Caller:
         """Who sent the request; raise unless it carries a key that reaches C{target}, if keys are on.
 
-        A browser's preflight never carries a key, so it needs none.
+        A browser's preflight never carries a key, so it needs none. A named key's
+        caller carries its rules (L{Member}), which L{mrunner.teams.admission} applies.
         """
-        if not self._admin_keys:
+        if not self._admin_keys and not self._members:
             return OPEN
         presented = presented_key(headers)
-        if not (origin is not None and method == b"OPTIONS"):
+        member = self._members.find(presented)
+        preflight = origin is not None and method == b"OPTIONS"
+        if member is not None:
+            if not preflight:
+                _check_member(route_path(target), member)
+            return key_caller(presented, member.admin, member)
+        if not preflight:
             self._check_key(route_path(target), presented)
         return key_caller(presented, presented is not None and _matches(presented, self._admin_keys))
 
@@ -135,7 +146,7 @@ class Trust:
             return
         admin = is_admin(path)
         keys = self._admin_keys if admin else self._keys
-        if not keys:
+        if not keys and not self._members:
             return
         if presented is None:
             raise Unauthorized(
@@ -148,6 +159,15 @@ class Trust:
                     code="admin_key_required",
                 )
             raise Unauthorized("the API key is not valid for this mrunner")
+
+
+def _check_member(path: bytes, member: Member) -> None:
+    if not member.admin and path.rstrip(b"/") not in OPEN_PATHS and is_admin(path):
+        raise Forbidden(
+            f"this route manages models or runners: key {member.name!r} is not an admin key"
+            " (admin = true in its [keys] table)",
+            code="admin_key_required",
+        )
 
 
 def presented_key(headers: Headers) -> bytes | None:

@@ -60,6 +60,8 @@ class Record:
     answer: bytearray = attrs.field(factory=bytearray)
     answer_size: int = 0
     now: Callable[[], float] = attrs.field(default=lambda: 0.0, repr=False)
+    #: The name of the key that sent it (never the key), where keys are named.
+    key: str | None = None
 
     def start(self, chunked: bool) -> None:
         """The runner's answer head is in; C{chunked} when the body chunks arrive with their framing."""
@@ -88,6 +90,7 @@ class Record:
         return {
             "id": self.id,
             "model": self.model,
+            "key": self.key,
             "mode": self.mode,
             "method": self.method,
             "route": self.route,

@@ -31,6 +31,10 @@ from mrunner.api.reading.bodies import (
 )
 from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
+from mrunner.runners.relay import Observer
+from mrunner.teams.admission import Teams, Ticket
+from mrunner.teams.members import normal_name
+from mrunner.teams.meter import Tee
 
 T = TypeVar("T")
 
@@ -48,6 +52,15 @@ class Asked(Generic[T]):
     record: Record | None
     #: What the route's check returned of the payload (None for a body forwarded as it came).
     checked: T
+    #: The key's admission (L{Teams.admit}); None where no teams are kept.
+    ticket: Ticket | None = None
+
+    @property
+    def observer(self) -> Observer | None:
+        """What sees the answer as it goes out: the record, and the meter of the key's tokens."""
+        if self.ticket is None:
+            return self.record
+        return Tee(self.record, self.ticket.meter)
 
 
 class Gateway:
@@ -62,6 +75,7 @@ class Gateway:
         max_request_bytes: int,
         records: Records | None = None,
         aliases: Aliases | None = None,
+        teams: Teams | None = None,
     ):
         self.scheduler = scheduler
         self.aliases = aliases or Aliases({}, store)
@@ -70,6 +84,7 @@ class Gateway:
         self.clock = clock
         self._max_request_bytes = max_request_bytes
         self._records = records
+        self._teams = teams
 
     def begin(
         self,
@@ -104,10 +119,26 @@ class Gateway:
         checked = check(payload)
         if has_image_parts(payload):
             check_vision(self._store, model)
+        ticket = self._admit(request, model, payload)
         record = self._record(request, model, mode, body)
-        if record is not None and writes_answer:
-            _record_writes(request, record)
-        return Asked(backend, mode, model, seconds, body, record, checked)
+        if record is not None and ticket is not None:
+            record.key = ticket.key
+        asked = Asked(backend, mode, model, seconds, body, record, checked, ticket)
+        observer = asked.observer
+        if observer is not None and writes_answer:
+            _record_writes(request, observer)
+        return asked
+
+    def _admit(self, request: Request, model: str, payload: dict[str, Any]) -> Ticket | None:
+        """The key's check (L{Teams.admit}: its models, its limits), its headers, and its end when the
+        answer ends."""
+        if self._teams is None:
+            return None
+        ticket = self._teams.admit(caller(request).member, normal_name(model), payload)
+        for name, value in ticket.headers:
+            request.setHeader(name, value)
+        request.notifyFinish().addBoth(lambda result: ticket.end(request.code))
+        return ticket
 
     def _measure(self, request: Request, mode: str) -> None:
         """Count C{request} in C{/metrics} by C{mode} and final status, and time it."""
@@ -140,8 +171,9 @@ class Gateway:
         key's C{keep_alive} is bounded here, whichever API asked (L{Caller.keep_alive}).
         """
         started = self.clock.seconds()
-        seconds = caller(request).keep_alive(asked.keep_alive)
-        lease = await self.scheduler.acquire(asked.backend, asked.model, asked.mode, seconds)
+        who = caller(request)
+        seconds = who.keep_alive(asked.keep_alive)
+        lease = await self.scheduler.acquire(asked.backend, asked.model, asked.mode, seconds, who.rank)
         leased = self.clock.seconds()
         self._metrics.waited(lease.model, leased - started)
         if asked.record is not None:
@@ -152,8 +184,9 @@ class Gateway:
             lease.release()
 
 
-def _record_writes(request: Request, record: Record) -> None:
-    """For a route that writes its own answer: what the client receives is what the record keeps."""
+def _record_writes(request: Request, record: Observer) -> None:
+    """For a route that writes its own answer: what the client receives is what the record (and the
+    key's meter) sees."""
     write = request.write
 
     def recorded(data: bytes) -> None:

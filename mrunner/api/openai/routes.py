@@ -126,11 +126,11 @@ class InferenceAPI:
         asked = self._gateway.begin(
             request, mode, backend, _unchecked if preload else check, writes_answer=False
         )
-        body, record = asked.body, asked.record
+        body = asked.body
         async with self._gateway.lease(request, asked) as lease:
             if preload:
                 return json_body(request, {"status": "loaded", "model": lease.model})
-            await self._forwarder.forward(request, lease.socket, path, body, record)
+            await self._forwarder.forward(request, lease.socket, path, body, asked.observer)
         return None
 
     def openapi(self) -> Piece:

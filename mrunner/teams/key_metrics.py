@@ -1,0 +1,45 @@
+"""Prometheus counters by key: labelled with the key's name (C{anonymous} for others), never the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+
+class KeyMetrics:
+    """Requests, tokens and refusals per key name; labelled children kept, as in L{mrunner.metrics}."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self._requests = Counter(
+            "mrunner_key_requests",
+            "Inference requests by key name and HTTP status.",
+            ["key", "status"],
+            registry=registry,
+        )
+        self._tokens = Counter(
+            "mrunner_key_tokens",
+            "Tokens by key name and kind (prompt, completion).",
+            ["key", "kind"],
+            registry=registry,
+        )
+        self._limited = Counter(
+            "mrunner_key_rate_limited", "Requests refused with a 429 by key name.", ["key"], registry=registry
+        )
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, counter: Counter, *labels: str) -> Any:
+        child = self._children.get((counter._name, *labels))
+        if child is None:
+            child = self._children[(counter._name, *labels)] = counter.labels(*labels)
+        return child
+
+    def ended(self, key: str, status: int, prompt: int, completion: int) -> None:
+        self._child(self._requests, key, str(status)).inc()
+        if prompt:
+            self._child(self._tokens, key, "prompt").inc(prompt)
+        if completion:
+            self._child(self._tokens, key, "completion").inc(completion)
+
+    def limited(self, key: str) -> None:
+        self._child(self._limited, key).inc()
