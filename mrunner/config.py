@@ -247,6 +247,8 @@ class GPUConfig:
 
     devices: str | tuple[str, ...] = attrs.field(default="auto", metadata={"parse": parse_gpu_devices})
     memory_budget: int | float = attrs.field(default=0.9, metadata={"parse": parse_device_budget})
+
+
 PRIORITIES = ("high", "normal", "low")
 
 
@@ -522,6 +524,8 @@ def _aliases(table: object) -> dict[str, str]:
         if target in keys:
             raise ConfigError(f"aliases.{alias}: {target} is itself an alias; name a stored model")
     return aliases
+
+
 #: A name usage and metrics give requests that no named key made.
 ANONYMOUS = "anonymous"
 
