@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import attrs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -61,7 +61,6 @@ class OrderTests(SynchronousTestCase):
         self.assertEqual(priority.order([], 0, 60), [])
         self.assertIsNone(priority.first([], 0, 60))
 
-    @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a loaded machine is slow
     @given(
         st.lists(st.tuples(st.integers(0, 2), st.floats(0, 1000)), max_size=30),
         st.floats(0, 2000),
