@@ -29,8 +29,13 @@ def url_of(description: str, address: object) -> str:
     host = ANY_HOST.get(address.host, address.host)
     if ":" in host:
         host = f"[{host}]"
-    scheme = "https" if description.split(":", 1)[0] in ("ssl", "tls") else "http"
+    scheme = "https" if uses_tls(description) else "http"
     return f"{scheme}://{host}:{address.port}"
+
+
+def uses_tls(description: str) -> bool:
+    """Whether the listen endpoint C{description} serves TLS."""
+    return description.split(":", 1)[0] in ("ssl", "tls")
 
 
 class AddressFile(Service):

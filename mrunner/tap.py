@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# First: the imports below load Twisted without pyOpenSSL, until TLS is used (see lazytls).
+import mrunner.lazytls  # isort: skip
+
 import gc
 import os
 from collections.abc import Callable
@@ -37,7 +40,7 @@ from mrunner.devices.metrics import DeviceCollector
 from mrunner.devices.nvml import Nvml
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
-from mrunner.listening import AddressFile
+from mrunner.listening import AddressFile, uses_tls
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
@@ -87,6 +90,8 @@ class Options(usage.Options):
             self.config = self.read_config()
         except configuration.ConfigError as e:
             raise StartupError(str(e)) from None
+        if uses_tls(self.config.listen):
+            mrunner.lazytls.arm()
         check_listen(self.config.listen)
 
     def read_config(self) -> configuration.Config:

@@ -145,6 +145,20 @@ class ResolveTests(StoreTestCase):
         named = self.import_model("abcdef123456")
         self.assertEqual(self.store.resolve("abcdef123456"), named)
 
+    def test_a_name_found_follows_every_change_of_the_tags(self) -> None:
+        """Names found are remembered (L{Index.lookup}) only until the tags change."""
+        old = self.import_model("x")
+        for name in ("x", "ai/x:latest", old.short_id):
+            self.assertEqual(self.store.resolve(name), old)
+        new = self.import_model("x", seed=1)
+        self.assertEqual(self.store.resolve("x"), new)
+        self.assertEqual(self.store.resolve("ai/x:latest"), new)
+        self.store.tag(old.short_id, "y")
+        self.assertEqual(self.store.resolve("y").id, old.id)
+        self.store.delete("y")
+        for name in ("y", old.short_id):
+            self.assertRaises(NotFound, self.store.resolve, name)
+
     def test_corrupt_index(self) -> None:
         (self.home / "models" / "index.json").write_text("{")
         self.assertRaises(StoreCorrupt, ModelStore, self.home, self.clock)
