@@ -130,6 +130,16 @@ def make_parts(
     metrics = Metrics()
     # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
     checks = RunnerChecks(runner_pool)
+    llamacpp = backends["llama.cpp"]
+    assert isinstance(llamacpp, LlamaCppBackend)
+    # Built before the scheduler (which may plan with it); it reads the scheduler only when asked.
+    devices = Devices(
+        llamacpp,
+        config.gpu,
+        lambda: scheduler.memory_budget(),
+        lambda: used_by_runners(scheduler.snapshot()),
+        Nvml.load(),
+    )
     scheduler = Scheduler(
         reactor,
         config,
@@ -140,15 +150,6 @@ def make_parts(
         events=metrics,
     )
     metrics.watch(scheduler)
-    llamacpp = backends["llama.cpp"]
-    assert isinstance(llamacpp, LlamaCppBackend)
-    devices = Devices(
-        llamacpp,
-        config.gpu,
-        scheduler.memory_budget,
-        lambda: used_by_runners(scheduler.snapshot()),
-        Nvml.load(),
-    )
     metrics.registry.register(DeviceCollector(devices))
     scraper = RunnerScraper(checks.get, reactor)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
