@@ -243,7 +243,7 @@ def parse_device_budget(value: object, key: str) -> int | float:
 
 @attrs.frozen
 class GPUConfig:
-    """``[gpu]``: which GPUs runners may use, and how much of each (default 90% of what was free at start)."""
+    """``[gpu]``: which GPUs runners may use, and how much of each (default 90% of its memory)."""
 
     devices: str | tuple[str, ...] = attrs.field(default="auto", metadata={"parse": parse_gpu_devices})
     memory_budget: int | float = attrs.field(default=0.9, metadata={"parse": parse_device_budget})

@@ -167,9 +167,11 @@ class Build:
 
     async def _build(self, work: Path, tools: Mapping[str, str]) -> None:
         self._report("downloading source")
+        # The sdist of llama-cpp-python only: pip prepares its metadata, and with ":all:" it
+        # would build each build dependency from source too (CMake itself, 30+ minutes here).
         await self._step(
             [
-                *(self._python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"),
+                *(self._python, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python"),
                 *("--no-input", "--disable-pip-version-check"),
                 *(f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)),
             ],

@@ -1,20 +1,19 @@
 """L{Devices}: the GPUs a llama-server build lists, NVML's live numbers for them, and the host's RAM.
 
-A GPU's budget is fixed the first time it is seen (``[gpu] memory_budget``: a share of
-what was free then, or bytes), so memory that runners take later does not shrink it.
-The RAM's budget is the scheduler's ``memory_budget``. What runners hold on each
-device comes from L{used_by_runners}.
+A GPU's budget is ``[gpu] memory_budget`` of its total memory (a share, or bytes): a
+number that runners' own use, or another process's, never moves. The RAM's budget is
+the scheduler's ``memory_budget``. What runners hold on each device comes from
+L{used_by_runners}.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
-from twisted.logger import Logger
 from zope.interface import implementer
 
 from mrunner.config import GPUConfig, physical_memory
@@ -76,8 +75,6 @@ class Devices:
     where NVML does not load; C{host} reads the RAM (total, available).
     """
 
-    log: ClassVar[Logger] = Logger()
-
     _source: DeviceSource
     _settings: GPUConfig
     _ram_budget: Callable[[], int]
@@ -85,7 +82,6 @@ class Devices:
     _nvml: Nvml | None = None
     _host: Callable[[], tuple[int, int]] = host_memory
     _live: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
-    _budgets: dict[str, int] = attrs.field(factory=dict, init=False)
     _waiters: list[Deferred[list[Device]]] = attrs.field(factory=list, init=False)
 
     @property
@@ -97,7 +93,7 @@ class Devices:
         gpus = []
         for listed in self._allowed(self._source.listed()):
             total, free = self._live.get(listed.id, (listed.total, listed.free))
-            budget = self._budget(listed.id, total, free)
+            budget = self._budget(total)
             gpus.append(Device(listed.id, listed.name, total, free, budget, used.get(listed.id, 0)))
         total, free = self._host()
         return [*gpus, Device(CPU, "host memory", total, free, self._ram_budget(), used.get(CPU, 0))]
@@ -130,14 +126,6 @@ class Devices:
             return listed
         return [device for device in listed if device.id in chosen]
 
-    def _budget(self, ident: str, total: int, free: int) -> int:
-        if ident not in self._budgets:
-            share = self._settings.memory_budget
-            self._budgets[ident] = int(free * share) if isinstance(share, float) else min(share, total)
-            self.log.info(
-                "device {device}: budget {budget} bytes of {total}",
-                device=ident,
-                budget=self._budgets[ident],
-                total=total,
-            )
-        return self._budgets[ident]
+    def _budget(self, total: int) -> int:
+        share = self._settings.memory_budget
+        return int(total * share) if isinstance(share, float) else min(share, total)

@@ -54,7 +54,7 @@ class DevicesDaemonTests(LlamaCppTestCase):
                     "name": "NVIDIA GeForce RTX 4090",
                     "memory_total": 24080 * MIB,
                     "memory_free": 23700 * MIB,
-                    "budget": int(23700 * MIB * 0.9),
+                    "budget": int(24080 * MIB * 0.9),
                     "used": 0,
                 }
             ],

@@ -259,7 +259,7 @@ class BuildTests(SynchronousTestCase):
         self.assertEqual(
             pip.argv[1:],
             (
-                *("-m", "pip", "download", "--no-deps", "--no-binary", ":all:"),
+                *("-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python"),
                 *("--no-input", "--disable-pip-version-check"),
                 *("llama-cpp-python==0.3.36", "-d", str(self.work())),
             ),

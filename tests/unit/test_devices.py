@@ -135,12 +135,12 @@ class DevicesTests(SynchronousTestCase):
         verifyObject(IDevices, devices([CUDA0])[0])
 
     def test_gpu_then_ram(self) -> None:
-        """A GPU budgets 90% of what was free at first sight; the RAM is CPU, with the scheduler's budget."""
+        """A GPU budgets 90% of its memory; the RAM is CPU, with the scheduler's budget."""
         inventory, _ = devices([CUDA0], used={"CUDA0": GIB, "CPU": 2 * GIB})
         first, ram = inventory.devices()
         self.assertEqual(first.id, "CUDA0")
         self.assertEqual((first.memory_total, first.memory_free), (24080 * MIB, 23700 * MIB))
-        self.assertEqual(first.budget, int(23700 * MIB * 0.9))
+        self.assertEqual(first.budget, int(24080 * MIB * 0.9))
         self.assertEqual(first.used, GIB)
         self.assertEqual(
             (ram.id, ram.memory_total, ram.memory_free, ram.budget, ram.used),
@@ -151,8 +151,8 @@ class DevicesTests(SynchronousTestCase):
         inventory, _ = devices([])
         self.assertEqual([device.id for device in inventory.devices()], ["CPU"])
 
-    def test_budget_is_fixed_at_start(self) -> None:
-        """Memory runners take later does not shrink a device's budget."""
+    def test_budget_does_not_move_with_use(self) -> None:
+        """Memory runners (or others) take does not shrink a device's budget."""
         inventory, source = devices([CUDA0])
         budget = inventory.devices()[0].budget
         source.found = [attrs.evolve(CUDA0, free=GIB)]
