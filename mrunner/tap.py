@@ -37,6 +37,7 @@ from mrunner.listening import AddressFile
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
+from mrunner.router_metrics import RouterSignals
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.answer import RunnerClient
 from mrunner.runners.checks import RunnerChecks
@@ -47,6 +48,7 @@ from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.store.huggingface import HubClient
+from mrunner.store.names import parse
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
@@ -135,9 +137,15 @@ def make_parts(
         partial(start_runner, reactor, checks.healthy, options),
         home,
         events=metrics,
+        # A preload missing from the store is pulled (operations is built below, before any start).
+        pull=lambda name: operations.pull(parse(name), operations.progress(lambda line: None, "pull")),
     )
     metrics.watch(scheduler)
-    scraper = RunnerScraper(checks.get, reactor)
+    scraper = (
+        RouterSignals(checks.get, reactor, scheduler.queued, config.scheduler.max_runners)
+        if config.cluster.metric_names
+        else RunnerScraper(checks.get, reactor)
+    )
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
     reloadable: list[Reconfigure] = [scheduler.reconfigure]
@@ -208,7 +216,8 @@ def make_service(
     service = MultiService()
     lock.setServiceParent(service)
     DaemonLogFile(parts.scheduler.home, json=config.log.format == "json").setServiceParent(service)
-    SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
+    scheduling = SchedulerService(parts.scheduler, list(parts.closers), reactor, config.http.drain_timeout)
+    scheduling.setServiceParent(service)
     parts.logs.setServiceParent(service)
     parts.history.setServiceParent(service)
     address = AddressFile(Home(config.home), config.listen)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from mrunner.store.model import Model
 from mrunner.values import InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
+#: Fetches a model that is not in the store from its registry (a preload's, at start).
+PullModel = Callable[[str], Awaitable[object]]
 
 
 @implementer(IScheduler)
@@ -45,8 +47,10 @@ class Scheduler:
         start_runner: StartRunner,
         home: Home | None = None,
         events: ILoaderEvents | None = None,
+        pull: PullModel | None = None,
     ):
         self._config = config
+        self._pull = pull
         self._backends = backends
         self._store = store
         self._start_runner = start_runner
@@ -84,12 +88,24 @@ class Scheduler:
     def close(self) -> Deferred[None]:
         return self.loader.close()
 
+    def drain(self) -> Deferred[None]:
+        if not self.loader.draining:
+            self.log.info("draining: new requests get 503; {count} in flight finish", count=self.in_flight())
+        return self.loader.drain()
+
+    def draining(self) -> bool:
+        return self.loader.draining
+
+    def in_flight(self) -> int:
+        return self.loader.in_flight
+
     def acquire(
         self, backend: str | None, model: str, mode: str, keep_alive: float | None = None
     ) -> Deferred[ILease]:
         return ensureDeferred(self._acquire(backend, model, mode, keep_alive))
 
     async def _acquire(self, backend: str | None, name: str, mode: str, keep_alive: float | None) -> ILease:
+        self.loader.admit()  # a draining node refuses before it checks the model or waits for an install
         request = await self._request(backend, name, mode, keep_alive, self._config.scheduler.install_wait)
         return await self.loader.acquire(request)
 
@@ -166,6 +182,7 @@ class Scheduler:
                 self._preloads.finish(loading)
 
     async def _preload_one(self, name: str) -> None:
+        await self._pull_missing(name)
         request = await self._request(None, name, COMPLETION, None, install_wait=None)
         if request.key not in self.loader.runners and not self.loader.fits(request.memory):
             raise Unprocessable(
@@ -175,6 +192,16 @@ class Scheduler:
             )
         lease = await self.loader.acquire(request)
         lease.release()
+
+    async def _pull_missing(self, name: str) -> None:
+        """Pull a preload the store does not have, so a new node needs only its tap.conf and a registry."""
+        try:
+            self._store.resolve(name)
+        except NotFound:
+            if self._pull is None:
+                raise
+            self.log.info("preload {model} is not in the store: pulling it", model=name)
+            await self._pull(name)
 
     # Reload
 

@@ -27,11 +27,12 @@ LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
 # Routes that manage models or control runners: with admin_api_keys set, only those keys reach
 # them. Ollama's model-management names are listed for the compat routes.
 ADMIN_FIRST = frozenset({b"models", b"logs"})
-ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"requests"})  # records hold prompts
+# Records hold prompts.
+ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"_drain", b"requests"})
 ADMIN_OLLAMA = frozenset({b"pull", b"push", b"delete", b"copy", b"create"})
 # A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
 # and the page asks for a key when the API answers 401.
-OPEN_PATHS = frozenset({b"/health", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
+OPEN_PATHS = frozenset({b"/health", b"/ready", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
 _LISTEN_FIELDS = re.compile(r"(?<!\\):")
 
 
