@@ -126,8 +126,9 @@ class SchedulerTests(SynchronousTestCase):
 
         new = "ai/new:latest"
         self.make(preload=(new, "ai/gone:latest"))
+        backends = {"llama.cpp": self.backend}
         start = self.spawn.start_runner
-        scheduler = Scheduler(self.clock, self.config, {"llama.cpp": self.backend}, self.store, start, pull=pull)
+        scheduler = Scheduler(self.clock, self.config, backends, self.store, start, pull=pull)
         scheduler.start()
         self.install()
         self.assertEqual([name for name, _ in pulls], [new])
