@@ -3,12 +3,15 @@
 Each node is a ``twistd mrunner`` process with its own home and a tap.conf
 that names its preload and a registry every node shares (the real
 docker-registry): the nodes start with empty stores and pull their model. Model
-A is on nodes 1 and 2, model B on node 3. The router, in its multi-model mode,
-health-checks each node's C{/ready}; the client talks only to the router; where
-each request landed is read from each node's C{GET /engines/requests}.
+A is on nodes 1 and 2, model B on node 3. The router runs in its multi-model
+mode; the client talks only to the router; where each request landed is read
+from each node's C{GET /engines/requests}.
 
-The models are tiny (a few hundred KB, loaded in milliseconds): the test's cost
-is the five processes' start-up, about a minute on a busy machine.
+The runners are the scripted stand-in (tests/support/runner_program.py) serving
+tiny GGUFs: a stream waits at a gate (a file) the test opens, so "in flight"
+is a fact when a node is killed or drained, however fast or loaded the machine.
+The cost is the five processes' start-up: well under a minute on an idle
+machine, two on a loaded one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,15 +33,23 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from mrunner.config import RegistryConfig
-from mrunner.testing.tinymodel import write_tiny_llama
-from tests.real.test_llamacpp_real import cached_llama_server
 from tests.real.test_registry import Side
-from tests.support.daemon import _Output, free_port, http, short_home, spawn_twistd, stop_twistd
+from tests.support.daemon import (
+    _Output,
+    free_port,
+    http,
+    short_home,
+    spawn_twistd,
+    stop_twistd,
+    write_config,
+)
+from tests.support.ggufs import write_tiny_gguf
 from tests.support.registry_server import SKIP, RealRegistry
 
 A, B = "ai/tiny-a", "ai/tiny-b"
 ROUTER = Path(sys.executable).with_name("vllm-router")
 CHAT = [{"role": "user", "content": "hi"}]
+EVENTS = 5  # tokens in each held stream
 
 
 def router_skip() -> str | None:
@@ -58,11 +68,11 @@ class Node:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model
-        self.config = self.home / "tap.conf"
-        self.config.write_text(
-            f'home = "{self.home}"\nlisten = "tcp:{self.port}:interface=127.0.0.1"\n'
-            f'[registry]\ndefault = "{registry}"\n[scheduler]\nparallel = 4\n'
-            f'[http]\ndrain_timeout = "60s"\n[models]\npreload = ["{model}"]\n{extra}'
+        self.config = write_config(
+            self.home,
+            f'listen = "tcp:{self.port}:interface=127.0.0.1"\n[registry]\ndefault = "{registry}"\n'
+            f'[scheduler]\nparallel = 4\n[http]\ndrain_timeout = "60s"\n[models]\npreload = ["{model}"]\n'
+            f"{extra}",
         )
         self.process: Any = None
 
@@ -106,7 +116,11 @@ class Node:
 
 
 class Router:
-    """``vllm-router --enable-igw``: nodes are added by model, health-checked on C{/ready} every second."""
+    """``vllm-router --enable-igw``: nodes are added by model and health-checked every second.
+
+    This version's health checker asks C{/health} whatever C{--health-check-endpoint} says, so a
+    drained node stays in its list: its 503 is what makes the router retry elsewhere.
+    """
 
     def __init__(self, test: TestCase) -> None:
         self.port = free_port()
@@ -118,8 +132,9 @@ class Router:
         executable = str(ROUTER if ROUTER.exists() else shutil.which("vllm-router"))
         args = [
             *("--enable-igw", "--host", "127.0.0.1", "--port", str(self.port), "--policy", "round_robin"),
-            *("--health-check-endpoint", "/ready", "--health-check-interval-secs", "1"),
+            *("--health-check-interval-secs", "1"),
             *("--health-failure-threshold", "1", "--health-success-threshold", "1"),
+            *("--cb-timeout-duration-secs", "1"),
             *("--log-level", "warning"),
         ]
         self.process = reactor.spawnProcess(  # type: ignore[attr-defined]
@@ -155,30 +170,32 @@ class Router:
 
 
 class HeldStream:
-    """A streamed chat through the router, read in a thread: the first event, then nothing until C{go}."""
+    """A streamed chat through the router that stops after its first event until the gate opens.
 
-    def __init__(self, client: OpenAI, model: str, max_tokens: int) -> None:
-        self.started = threading.Event()
-        self._go = threading.Event()
-        self.done: Deferred[tuple[int, str | None]] = deferToThread(self._read, client, model, max_tokens)
+    The scripted runner sends event i once the file C{gate}i exists (L{open_gate}).
+    """
 
-    def _read(self, client: OpenAI, model: str, max_tokens: int) -> tuple[int, str | None]:
-        tokens, finish = 0, None
-        try:
-            for chunk in client.chat.completions.create(
-                model=model, messages=CHAT, max_tokens=max_tokens, stream=True, logprobs=True, top_logprobs=20
-            ):
-                if chunk.choices:
-                    tokens += len((chunk.choices[0].logprobs and chunk.choices[0].logprobs.content) or [])
-                    finish = chunk.choices[0].finish_reason or finish
-                self.started.set()
-                self._go.wait(120)
-        finally:
-            self.started.set()
-        return tokens, finish
+    def __init__(self, client: OpenAI, model: str, gate: Path) -> None:
+        test = {"events": EVENTS + 1, "gate": str(gate)}  # max_tokens cuts it: finish_reason "length"
+        self.done: Deferred[tuple[int, str | None]] = deferToThread(self._read, client, model, test)
 
-    def go(self) -> None:
-        self._go.set()
+    @staticmethod
+    def _read(client: OpenAI, model: str, test: dict[str, Any]) -> tuple[int, str | None]:
+        chunks, finish = 0, None
+        stream = client.chat.completions.create(
+            model=model, messages=CHAT, max_tokens=EVENTS, stream=True, extra_body={"test": test}
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                chunks += 1
+                finish = chunk.choices[0].finish_reason or finish
+        return chunks, finish
+
+
+def open_gate(gate: Path, last: int = EVENTS) -> None:
+    """Let the streams waiting at C{gate} send their events up to C{last}."""
+    for i in range(last + 1):
+        Path(f"{gate}{i}").touch()
 
 
 class ClusterTests(TestCase):
@@ -189,15 +206,14 @@ class ClusterTests(TestCase):
         return ensureDeferred(self.start())
 
     async def start(self) -> None:
-        cached_llama_server()
-        work = short_home(self, "mr-cluster-")
+        work = self.work = short_home(self, "mr-cluster-")
         registry = RealRegistry(work / "registry")
         await registry.start()
         self.addCleanup(lambda: ensureDeferred(registry.stop()))
         source = Side(work / "source", RegistryConfig(default=registry.host))
         for name, seed in ((A, 1), (B, 2)):
             gguf = work / f"{seed}.gguf"
-            write_tiny_llama(gguf, seed=seed)
+            write_tiny_gguf(gguf, seed=seed)
             with gguf.open("rb") as f:
                 await source.store.import_gguf(name, f)
             await source.push(name)
@@ -273,21 +289,23 @@ class ClusterTests(TestCase):
         self.assertIn(f'running_lora_adapters="{A}:latest,{A}"', await response.text())
 
         # SIGKILL node 2 with streams in flight: it costs at most those; the rest go to node 1.
-        streams = [HeldStream(self.client, A, 200) for _ in range(4)]
+        gate = self.work / "kill-gate"
+        open_gate(gate, last=0)
+        streams = [HeldStream(self.client, A, gate) for _ in range(4)]
         await self.until(lambda: self.running([one, two], 4), 60, "four streams are in flight")
         in_flight_on_two = (await two.metrics())["vllm:num_requests_running"]
         self.assertGreater(in_flight_on_two, 0, "round robin gave node 2 some of the streams")
         await two.kill()
-        for stream in streams:
-            stream.go()
+        open_gate(gate)
         results = []
         for stream in streams:
             try:
                 results.append(await stream.done)
             except Exception as e:
                 results.append(e)
-        lost = [r for r in results if isinstance(r, Exception) or r[1] != "length"]
+        lost = [r for r in results if isinstance(r, Exception) or r != (EVENTS, "length")]
         self.assertLessEqual(len(lost), in_flight_on_two, f"at most node 2's streams are lost: {results}")
+        self.assertEqual(len(results) - len(lost), 4 - in_flight_on_two, f"node 1's finish: {results}")
         before = await one.served(A)
         answers = await self.chats(A, 6)
         self.assertEqual([a for a in answers if isinstance(a, Exception)], [], "the router sends them on")
@@ -297,24 +315,22 @@ class ClusterTests(TestCase):
         two.start()
         await self.until(two.ready, 60, "node 2 is ready again")
         await self.until(self.all_healthy, 30, "the router sees node 2 healthy again")
-        answers = await self.chats(A, 6)
-        self.assertEqual([a for a in answers if isinstance(a, Exception)], [])
-        self.assertGreater(await two.served(A), 0, "node 2 takes a share again")
+        await self.until(lambda: self.served_again(two), 60, "node 2 serves requests again")
 
         # A drained node finishes its stream and gets no new requests. It answers 503 (Retry-After) and
         # /ready 503; vllm-router health-checks only /health, so it is the 503 that sends each request
         # on to another node (the router retries), where a Kubernetes readiness probe would take it out.
-        streams = [HeldStream(self.client, A, 200) for _ in range(2)]
+        gate = self.work / "drain-gate"
+        open_gate(gate, last=0)
+        streams = [HeldStream(self.client, A, gate) for _ in range(2)]
         await self.until(lambda: self.running([one, two], 2), 60, "two streams are in flight")
         self.assertEqual((await one.metrics())["vllm:num_requests_running"], 1, "round robin: one each")
         response = await http.post(one.url + "/engines/_drain")
         self.assertEqual(json.loads(await response.text()), {"draining": True, "in_flight": 1})
         self.assertFalse(await one.ready())
+        open_gate(gate)
         for stream in streams:
-            stream.go()
-        for stream in streams:
-            tokens, finish = await stream.done
-            self.assertEqual((tokens, finish), (200, "length"), "each stream finishes whole")
+            self.assertEqual(await stream.done, (EVENTS, "length"), "each stream finishes whole")
         served_by_two = await two.served(A)
         response = await http.post(one.url + "/v1/chat/completions", json={"model": A, "messages": CHAT})
         refusal = json.loads(await response.text())
@@ -325,6 +341,16 @@ class ClusterTests(TestCase):
         self.assertEqual([a for a in answers if isinstance(a, Exception)], [], "the router retries elsewhere")
         self.assertEqual(await one.served(A), before, "the drained node gets no new requests")
         self.assertEqual(await two.served(A), served_by_two + 6)
+
+    async def served_again(self, node: Node) -> bool:
+        """Send two requests for A; whether C{node} has served any since its restart.
+
+        The router's circuit breaker, open since the kill, lets a request through
+        again a second after it opened (C{--cb-timeout-duration-secs}).
+        """
+        answers = await self.chats(A, 2)
+        self.assertEqual([a for a in answers if isinstance(a, Exception)], [])
+        return await node.served(A) > 0
 
     async def running(self, nodes: list[Node], count: int) -> bool:
         total = 0.0
