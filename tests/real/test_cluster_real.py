@@ -28,9 +28,11 @@ import treq
 from openai import OpenAI
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
+from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
+from twisted.web.client import ResponseNeverReceived
 
 from mrunner.config import RegistryConfig
 from tests.real.test_registry import Side
@@ -72,7 +74,8 @@ class Node:
             self.home,
             f'listen = "tcp:{self.port}:interface=127.0.0.1"\n[registry]\ndefault = "{registry}"\n'
             f'[scheduler]\nparallel = 4\n[http]\ndrain_timeout = "60s"\n[models]\npreload = ["{model}"]\n'
-            f"{extra}",
+            # Every record kept: a drained node's 503s must not push out the 200s the test counts.
+            f"[records]\nper_model = 1000\n{extra}",
         )
         self.process: Any = None
 
@@ -342,6 +345,18 @@ class ClusterTests(TestCase):
         self.assertEqual(await one.served(A), before, "the drained node gets no new requests")
         self.assertEqual(await two.served(A), served_by_two + 6)
 
+        # SIGTERM drains as _drain does: the listener closes, the stream in flight finishes, then it exits.
+        gate = self.work / "term-gate"
+        open_gate(gate, last=0)
+        stream = HeldStream(self.client, A, gate)
+        await self.until(lambda: self.running([two], 1), 60, "a stream is in flight on node 2")
+        two.process.signalProcess("TERM")
+        await self.until(lambda: self.refused(two), 60, "node 2 stops listening")
+        self.assertFalse(two.process.output.ended.called, "node 2 waits for its stream")
+        open_gate(gate)
+        self.assertEqual(await stream.done, (EVENTS, "length"))
+        await two.process.output.ended  # twistd ends by the signal it got, once stopped: no exit code
+
     async def served_again(self, node: Node) -> bool:
         """Send two requests for A; whether C{node} has served any since its restart.
 
@@ -351,6 +366,14 @@ class ClusterTests(TestCase):
         answers = await self.chats(A, 2)
         self.assertEqual([a for a in answers if isinstance(a, Exception)], [])
         return await node.served(A) > 0
+
+    async def refused(self, node: Node) -> bool:
+        try:
+            response = await http.get(node.url + "/health")
+            await response.content()
+        except (ConnectionRefusedError, ResponseNeverReceived):  # closed, or closing as it accepted
+            return True
+        return False
 
     async def running(self, nodes: list[Node], count: int) -> bool:
         total = 0.0
