@@ -35,6 +35,8 @@ RESTART_KEYS = (
     "runner.log_keep",
     "records",
     "log",
+    "http.drain_timeout",
+    "cluster",
 )
 
 

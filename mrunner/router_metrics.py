@@ -105,7 +105,7 @@ class RouterSignals(RunnerScraper):
         get: Get,
         clock: IReactorTime,
         queued: Callable[[], int],
-        max_runners: int,
+        max_runners: Callable[[], int],
     ):
         super().__init__(get, clock)
         self._queued = queued
@@ -119,7 +119,7 @@ class RouterSignals(RunnerScraper):
         slots = DeferredList([self._slots(runner) for runner in asked], consumeErrors=True)
         families = await super().scrape(runners)
         kv = [value for ok, value in await slots if ok]
-        families.add(router_families(runners, self._queued(), kv, self._max_runners, self._clock.seconds()))
+        families.add(router_families(runners, self._queued(), kv, self._max_runners(), self._clock.seconds()))
         return families
 
     def _slots(self, runner: RunnerSnapshot) -> Deferred[KV]:

@@ -142,7 +142,7 @@ def make_parts(
     )
     metrics.watch(scheduler)
     scraper = (
-        RouterSignals(checks.get, reactor, scheduler.queued, config.scheduler.max_runners)
+        RouterSignals(checks.get, reactor, scheduler.queued, scheduler.max_runners)
         if config.cluster.metric_names
         else RunnerScraper(checks.get, reactor)
     )

@@ -80,6 +80,10 @@ class Scheduler:
     def memory_budget(self) -> int:
         return self._config.scheduler.memory_budget
 
+    def max_runners(self) -> int:
+        """C{[scheduler] max_runners} as configured now (a reload changes it)."""
+        return self._config.scheduler.max_runners
+
     def start(self) -> None:
         """Install the default backend now, the others on first use; then load the preloads."""
         self.installer.start(self.backend_name(None))

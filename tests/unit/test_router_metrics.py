@@ -100,7 +100,7 @@ class SignalsTests(SynchronousTestCase):
     def test_scraped_beside_the_runners_metrics_within_the_bound(self) -> None:
         clock = Clock()
         clock.advance(1700000000)
-        signals = RouterSignals(get, clock, lambda: 2, 4)
+        signals = RouterSignals(get, clock, lambda: 2, lambda: 4)
         runners = [attrs.evolve(snapshot("r0"), in_use=1), snapshot("slow"), snapshot("bare")]
         d = signals.scrape(runners)
         self.assertNoResult(d)  # the slow runner holds it, for one second at most
