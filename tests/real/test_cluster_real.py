@@ -105,7 +105,7 @@ class Node:
 
     async def served(self, model: str) -> int:
         """Requests for C{model} this node answered with 200, from its records."""
-        records = await self.get_json(f"/engines/requests?model={model}&limit=200")
+        records = await self.get_json(f"/engines/requests?model={model}&limit=1000")
         return sum(1 for record in records if record["status"] == 200)
 
     async def metrics(self) -> dict[str, float]:
