@@ -238,18 +238,21 @@ class ClusterTests(TestCase):
         await self.until(self.all_healthy, 30, "the router sees every node healthy")
         self.client = OpenAI(base_url=self.router.url + "/v1", api_key="unused", max_retries=0)
 
-    async def until(self, condition: Callable[[], Any], seconds: float, what: str) -> None:
-        """Wait for an async C{condition}; a safety net of C{seconds} names what never happened."""
+    async def until(
+        self, condition: Callable[[], Any], seconds: float, what: str, every: float = 0.1
+    ) -> None:
+        """Ask the async C{condition} C{every} so often until it holds; past C{seconds} (a safety net),
+        fail naming what never happened."""
         result = [False]
 
         async def check() -> None:
             result[0] = bool(await condition())
 
-        for _ in range(int(seconds / 0.1)):
+        for _ in range(int(seconds / every)):
             await check()
             if result[0]:
                 return
-            await deferLater(reactor, 0.1)
+            await deferLater(reactor, every)
         raise AssertionError(f"waited {seconds:g}s in vain: {what}\nrouter log:\n{self.router.log()}")
 
     async def all_healthy(self) -> bool:
@@ -318,7 +321,7 @@ class ClusterTests(TestCase):
         two.start()
         await self.until(two.ready, 60, "node 2 is ready again")
         await self.until(self.all_healthy, 30, "the router sees node 2 healthy again")
-        await self.until(lambda: self.served_again(two), 60, "node 2 serves requests again")
+        await self.until(lambda: self.served_again(two), 60, "node 2 serves requests again", every=0.5)
 
         # A drained node finishes its stream and gets no new requests. It answers 503 (Retry-After) and
         # /ready 503; vllm-router health-checks only /health, so it is the 503 that sends each request
@@ -358,12 +361,12 @@ class ClusterTests(TestCase):
         await two.process.output.ended  # twistd ends by the signal it got, once stopped: no exit code
 
     async def served_again(self, node: Node) -> bool:
-        """Send two requests for A; whether C{node} has served any since its restart.
+        """Send a request for A; whether C{node} has served any since its restart.
 
         The router's circuit breaker, open since the kill, lets a request through
         again a second after it opened (C{--cb-timeout-duration-secs}).
         """
-        answers = await self.chats(A, 2)
+        answers = await self.chats(A, 1)
         self.assertEqual([a for a in answers if isinstance(a, Exception)], [])
         return await node.served(A) > 0
 
