@@ -32,10 +32,7 @@ KEEP = tuple(filter(None, os.environ.get("MRUNNER_FUZZ_KEEP", "").split(",")))
 def filter_case(context: Any, case: Any) -> bool:
     """Not C{GET /logs?follow=true} or C{/engines/requests?follow=true}, which answer until the
     client hangs up (tests/test_cli_parts and test_records cover them), nor a delete of the models
-    the run uses, nor C{POST /engines/_drain}, after which every inference answer is a 503 by design
-    (tests/unit/test_drain and tests/real/test_cluster_real cover it)."""
-    if case.operation.path == "/engines/_drain":
-        return False
+    the run uses."""
     if case.operation.path in ("/logs", "/engines/requests"):
         return str((case.query or {}).get("follow", "")).lower() not in ("true", "1")
     if case.operation.method.upper() == "DELETE" and "name" in (case.path_parameters or {}):
