@@ -174,6 +174,7 @@ class HTTPConfig:
     header_timeout: float = _duration(10.0)
     min_body_rate: int = attrs.field(default=1024, metadata={"parse": parse_size})
     idle_timeout: float = _duration(60.0)
+    drain_timeout: float = _duration(30.0)
 
 
 @attrs.frozen
@@ -294,6 +295,13 @@ class KeyConfig:
 
 
 @attrs.frozen
+class ClusterConfig:
+    """``[cluster]``: how the node shows itself to a router in front of several daemons."""
+
+    metric_names: bool = True
+
+
+@attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
     home: Path = attrs.field(factory=lambda: Path("~/.mrunner").expanduser())
@@ -313,6 +321,7 @@ class Config:
     aliases: Mapping[str, str] = attrs.field(factory=dict)
     gpu: GPUConfig = GPUConfig()
     keys: Mapping[str, KeyConfig] = attrs.field(factory=dict, repr=False)
+    cluster: ClusterConfig = ClusterConfig()
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
     unread: tuple[Path, ...] = attrs.field(default=(), eq=False)  # other tap.conf files, not read
 
@@ -462,6 +471,7 @@ def _config(table: Mapping[str, Any]) -> Config:
         "huggingface": HuggingFaceConfig,
         "responses": ResponsesConfig,
         "gpu": GPUConfig,
+        "cluster": ClusterConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

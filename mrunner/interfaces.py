@@ -258,6 +258,15 @@ class IScheduler(Interface):
     def preloads() -> list[Preload]:
         """The configured preloads and how each went."""
 
+    def drain() -> Deferred[None]:
+        """Take no new requests from now on (503, Retry-After); fire once those in flight are done."""
+
+    def draining() -> bool:
+        """Whether L{drain} was called: the node is on its way out."""
+
+    def in_flight() -> int:
+        """Requests queued for a runner or served by one now."""
+
     def unload(backend: str | None, models: Sequence[str], all: bool) -> Deferred[int]:
         """Stop idle runners (and drain busy ones) that match; fires with how many, once gone."""
 

@@ -36,6 +36,8 @@ RESTART_KEYS = (
     "records",
     "log",
     "gpu",
+    "http.drain_timeout",
+    "cluster",
 )
 
 

@@ -44,6 +44,7 @@ from mrunner.listening import AddressFile, uses_tls
 from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
+from mrunner.router_metrics import RouterSignals
 from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.answer import RunnerClient
 from mrunner.runners.checks import RunnerChecks
@@ -55,6 +56,7 @@ from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.store.credentials import Credentials
 from mrunner.store.huggingface import HubClient
+from mrunner.store.names import parse
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
@@ -160,10 +162,16 @@ def make_parts(
         home,
         events=metrics,
         devices=devices,
+        # A preload missing from the store is pulled (operations is built below, before any start).
+        pull=lambda name: operations.pull(parse(name), operations.progress(lambda line: None, "pull")),
     )
     metrics.watch(scheduler)
     metrics.registry.register(DeviceCollector(devices))
-    scraper = RunnerScraper(checks.get, reactor)
+    scraper = (
+        RouterSignals(checks.get, reactor, scheduler.queued, scheduler.max_runners)
+        if config.cluster.metric_names
+        else RunnerScraper(checks.get, reactor)
+    )
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
     reloadable: list[Reconfigure] = [scheduler.reconfigure]
@@ -244,7 +252,8 @@ def make_service(
     service = MultiService()
     lock.setServiceParent(service)
     DaemonLogFile(parts.scheduler.home, json=config.log.format == "json").setServiceParent(service)
-    SchedulerService(parts.scheduler, list(parts.closers)).setServiceParent(service)
+    scheduling = SchedulerService(parts.scheduler, list(parts.closers), reactor, config.http.drain_timeout)
+    scheduling.setServiceParent(service)
     parts.logs.setServiceParent(service)
     parts.history.setServiceParent(service)
     UsageService(parts.teams.book, reactor).setServiceParent(service)

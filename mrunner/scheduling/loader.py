@@ -30,6 +30,10 @@ from mrunner.store.model import Model
 from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
 
 SHUTTING_DOWN = "mrunner is shutting down; try again once it has restarted"
+DRAINING = (
+    "this mrunner node is draining: it finishes the requests it has and takes no new ones;"
+    " send this request to another node, or try again once this one has restarted"
+)
 
 
 Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]
@@ -125,12 +129,21 @@ class Loader:
         self._queue: deque[_Waiter] = deque()
         self._backoff: dict[RunnerKey, _Backoff] = {}
         self._closed = False
+        #: Fired once a drain is done: nothing queued, no lease held (L{drain}).
+        self._drained: list[Deferred[None]] = []
+        self.draining = False
+        self._leased = 0
         self._pumping = False
         self._repump = False
 
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests queued or holding a lease."""
+        return len(self._queue) + self._leased
 
     def reconfigure(self, limits: Limits, max_queue: int) -> None:
         """New limits from a reloaded configuration, applied at once; no runner is stopped for them."""
@@ -152,13 +165,22 @@ class Loader:
         in_room = all(size <= free[device] for device, size in placement.on_gpus.items())
         return in_room and self.roster.fits(placement.in_ram, self._limits)
 
+    def admit(self) -> None:
+        """Raise L{Unavailable} when this loader takes no new requests: closed, or draining."""
+        if self._closed:
+            raise Unavailable(SHUTTING_DOWN, code="shutting_down")
+        if self.draining:
+            raise Unavailable(DRAINING, code="draining", retry_after=1.0)
+
     def acquire(self, request: LoadRequest, rank: int = priority.NORMAL) -> Deferred[Lease]:
         """A lease on a ready runner for C{request.key}; cancel it to leave the queue.
 
         C{rank}: the request's priority class, which orders the queue (L{priority}).
         """
-        if self._closed:
-            return fail(Unavailable(SHUTTING_DOWN, code="shutting_down"))
+        try:
+            self.admit()
+        except Unavailable as e:
+            return fail(e)
         backoff = self._backoff.get(request.key)
         if backoff is not None and self._clock.seconds() < backoff.until:
             return fail(
@@ -224,6 +246,25 @@ class Loader:
                     setattr(runner.expiry, name, value)
                 runner.expiry.cancel()
                 self._rest(runner)
+
+    def drain(self) -> Deferred[None]:
+        """Refuse new requests from now on; fire once none waits and no lease is held.
+
+        The requests already queued are still served: a client whose request was
+        accepted gets its answer. Runners stay loaded until L{close}.
+        """
+        self.draining = True
+        done: Deferred[None] = Deferred()
+        self._drained.append(done)
+        self._settle()
+        return done
+
+    def _settle(self) -> None:
+        """Fire the drain's Deferreds once nothing waits and nothing is served."""
+        if self._drained and not self._queue and not self._leased:
+            done, self._drained = self._drained, []
+            for d in done:
+                d.callback(None)
 
     def close(self) -> Deferred[None]:
         """Refuse new work, fail the queue, stop every runner; fire when all have exited."""
@@ -295,15 +336,23 @@ class Loader:
     def _leave(self, waiter: _Waiter) -> None:
         self._queue.remove(waiter)
         self._pump()
+        self._settle()
 
     def _lease(self, runner: Runner, request: LoadRequest) -> Lease:
         runner.lease()
+        self._leased += 1
         if request.sets_keep_alive:
             runner.expiry.seconds = request.keep_alive
         return Lease(runner, self._release)
 
     def _release(self, runner: Runner) -> None:
         runner.release()
+        self._leased -= 1
+        self._hand_on(runner)
+        self._settle()
+
+    def _hand_on(self, runner: Runner) -> None:
+        """The slot C{runner} just freed goes to the head of the queue, or the plan decides."""
         if runner.state is not State.READY:
             self._pump()
             return
@@ -433,6 +482,7 @@ class Loader:
         for waiter in [w for w in self._queue if w.key == key]:
             self._queue.remove(waiter)
             waiter.deferred.errback(reason)
+        self._settle()
 
     @property
     def _events(self) -> ILoaderEvents:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from mrunner.store.model import Model
 from mrunner.values import HOST, Footprint, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
+#: Fetches a model that is not in the store from its registry (a preload's, at start).
+PullModel = Callable[[str], Awaitable[object]]
 
 
 @implementer(IScheduler)
@@ -55,8 +57,10 @@ class Scheduler:
         home: Home | None = None,
         events: ILoaderEvents | None = None,
         devices: IDevices | None = None,
+        pull: PullModel | None = None,
     ):
         self._config = config
+        self._pull = pull
         self._backends = backends
         self._store = store
         self._start_runner = start_runner
@@ -87,6 +91,10 @@ class Scheduler:
     def memory_budget(self) -> int:
         return self._config.scheduler.memory_budget
 
+    def max_runners(self) -> int:
+        """C{[scheduler] max_runners} as configured now (a reload changes it)."""
+        return self._config.scheduler.max_runners
+
     def start(self) -> None:
         """Install the default backend now, the others on first use; then load the preloads."""
         self.installer.start(self.backend_name(None))
@@ -94,6 +102,17 @@ class Scheduler:
 
     def close(self) -> Deferred[None]:
         return self.loader.close()
+
+    def drain(self) -> Deferred[None]:
+        if not self.loader.draining:
+            self.log.info("draining: new requests get 503; {count} in flight finish", count=self.in_flight())
+        return self.loader.drain()
+
+    def draining(self) -> bool:
+        return self.loader.draining
+
+    def in_flight(self) -> int:
+        return self.loader.in_flight
 
     def acquire(
         self,
@@ -108,6 +127,7 @@ class Scheduler:
     async def _acquire(
         self, backend: str | None, name: str, mode: str, keep_alive: float | None, rank: int
     ) -> ILease:
+        self.loader.admit()  # a draining node refuses before it checks the model or waits for an install
         request = await self._request(backend, name, mode, keep_alive, self._config.scheduler.install_wait)
         return await self.loader.acquire(request, rank)
 
@@ -191,6 +211,7 @@ class Scheduler:
                 self._preloads.finish(loading)
 
     async def _preload_one(self, name: str) -> None:
+        await self._pull_missing(name)
         request = await self._request(None, name, COMPLETION, None, install_wait=None)
         if request.key not in self.loader.runners and not self.loader.fits(request.memory, request.footprint):
             raise Unprocessable(
@@ -200,6 +221,16 @@ class Scheduler:
             )
         lease = await self.loader.acquire(request)
         lease.release()
+
+    async def _pull_missing(self, name: str) -> None:
+        """Pull a preload the store does not have, so a new node needs only its tap.conf and a registry."""
+        try:
+            self._store.resolve(name)
+        except NotFound:
+            if self._pull is None:
+                raise
+            self.log.info("preload {model} is not in the store: pulling it", model=name)
+            await self._pull(name)
 
     # Reload
 

@@ -279,10 +279,14 @@ class DaemonCommandTests(CLITestCase):
 
 
 class FailedPreloadTests(CLITestCase):
-    """A preload that failed is seen in C{ps}, C{status} and C{/ready}, and does not keep the node unready."""
+    """A preload that failed is seen in C{ps}, C{status} and C{/ready}, and does not keep the node unready.
+
+    A preload the store lacks is pulled first: from a registry that is not there (nothing listens on
+    port 1), so the pull fails at once and nothing leaves this machine.
+    """
 
     def config_text(self) -> str:
-        return '[models]\npreload = ["ai/no-such-model"]\n'
+        return '[registry]\ndefault = "127.0.0.1:1"\n[models]\npreload = ["ai/no-such-model"]\n'
 
     async def test_shown(self) -> None:
         name = "ai/no-such-model:latest"
@@ -299,15 +303,15 @@ class FailedPreloadTests(CLITestCase):
         self.assertEqual((ready["ready"], ready["failed"]), (True, [name]), ready)
         (row,) = json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())
         self.assertEqual((row["model_name"], row["state"]), (name, "failed"))
-        self.assertIn("not found", row["error"])
+        self.assertIn("unreachable", row["error"])
         statuses = json.loads(await (await http.get(self.daemon.url + "/engines/status")).text())
-        self.assertIn("not found", statuses[f"preload {name}"])
+        self.assertIn("unreachable", statuses[f"preload {name}"])
 
         listing = (await self.ok("ps")).splitlines()
         self.assertEqual(listing[1].split()[:5], [name, "-", "test", "completion", "failed"])
         self.assertIn(f"preload {name} failed: ", listing[-1])
-        self.assertIn("not found", listing[-1])
-        self.assertRegex(await self.ok("status"), rf"preload {name}: Error: .*not found")
+        self.assertIn("unreachable", listing[-1])
+        self.assertRegex(await self.ok("status"), rf"preload {name}: Error: .*unreachable")
 
 
 class ModelCommandTests(CLITestCase):

@@ -332,7 +332,12 @@ class TwistdTests(TestCase):
             await sleep(0.01)
         self.assertEqual(
             ready,
-            {"ready": True, "preloads": [{"model": MODEL, "state": "loaded", "error": None}], "failed": []},
+            {
+                "ready": True,
+                "draining": False,
+                "preloads": [{"model": MODEL, "state": "loaded", "error": None}],
+                "failed": [],
+            },
         )
         response = await client.get("http://d/engines/ps")
         (runner,) = await response.json()

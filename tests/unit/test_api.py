@@ -511,11 +511,32 @@ class APITests(SynchronousTestCase):
 
     def test_ready_and_reload_without_a_reloader(self) -> None:
         code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
-        self.assertEqual((code, body), (503, {"ready": False, "preloads": [], "failed": []}))
+        not_ready = {"ready": False, "draining": False, "preloads": [], "failed": []}
+        self.assertEqual((code, body), (503, not_ready))
         self.install()
         code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
-        self.assertEqual((code, body), (200, {"ready": True, "preloads": [], "failed": []}))
+        self.assertEqual((code, body), (200, {**not_ready, "ready": True}))
         self.assertError(self.request("POST", f"{BASE}/engines/_reload"), 400, "without a configuration")
+
+    def test_drain(self) -> None:
+        """A drained node finishes what it serves, refuses the rest with a 503 to retry elsewhere, and is
+        not ready."""
+        self.install()
+        d = self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
+        self.spawn.processes[0].ready.callback(None)
+        self.assertEqual(self.answer(d)[0], 200)
+        held = self.successResultOf(self.scheduler.acquire(None, "smollm2", "completion"))
+        code, body, _ = self.answer(self.request("POST", f"{BASE}/engines/_drain"))
+        self.assertEqual((code, body), (200, {"draining": True, "in_flight": 1}))
+        waiting = self.request("POST", f"{BASE}/engines/_drain?wait=true")
+        self.assertNoResult(waiting)
+        headers = self.assertError(self.request("POST", CHAT, CHAT_BODY), 503, "draining")
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
+        code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
+        self.assertEqual((code, body["ready"], body["draining"]), (503, False, True))
+        held.release()
+        self.assertEqual(self.answer(waiting)[:2], (200, {"draining": True, "in_flight": 0}))
+        self.assertEqual(self.spawn.processes[0].stops, 0, "its runners stay until the daemon stops")
 
 
 class HeaderTests(SynchronousTestCase):

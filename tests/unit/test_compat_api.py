@@ -82,6 +82,19 @@ class SchedulerErrorTests(SynchronousTestCase):
         for d in waiting:
             self.assertNoResult(d)
 
+    def test_draining_is_overloaded_with_retry_after(self) -> None:
+        self.scheduler.start()
+        self.backend.installs[-1].callback("llama.cpp test")
+        self.successResultOf(self.scheduler.drain())
+        code, body, headers = self.answer(self.anthropic())
+        self.assertEqual((code, body["error"]["type"]), (529, "overloaded_error"))
+        self.assertIn("draining", body["error"]["message"])
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
+        code, body, headers = self.answer(self.ollama())
+        self.assertEqual(code, 503)
+        self.assertIn("draining", body["error"])
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
+
     def test_runner_failed_to_start(self) -> None:
         self.scheduler.start()
         self.backend.installs[-1].callback("llama.cpp test")

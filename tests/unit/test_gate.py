@@ -262,9 +262,11 @@ class KeyTests(GateTestCase):
         self.assertEqual(self.get(Authorization=f"bearer {KEY}")[0], 200)
         self.assertEqual(self.get(x_api_key=KEY)[0], 200)
 
-    def test_health_stays_open(self) -> None:
+    def test_health_and_ready_stay_open(self) -> None:
+        """Probes (a kubelet's, a router's) carry no key."""
         self.assertEqual(self.get("/health")[0], 200)
         self.assertEqual(self.get("/health/")[0], 200)
+        self.assertEqual(self.get("/ready")[0], 200)
         self.assertRefused(self.get("/healthz"), 401)
 
     def test_a_refusal_to_an_allowed_page_can_be_read_by_it(self) -> None:
@@ -289,6 +291,7 @@ class KeyTests(GateTestCase):
             "/engines/_configure",
             "/engines/llama.cpp/_configure",
             "/engines/_reload",
+            "/engines/_drain",
             "/logs?follow=true",
         ):
             self.assertRefused(self.get(path, x_api_key=KEY), 403, "admin_api_keys")

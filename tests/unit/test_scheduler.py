@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
@@ -114,6 +115,36 @@ class SchedulerTests(SynchronousTestCase):
         self.assertEqual(preloads[B].state, PreloadState.FAILED, "6 + 6 > 10: b does not evict a preload")
         self.assertIn("does not fit", preloads[B].error or "")
         self.assertEqual(len(self.spawn.processes), 1)
+
+    def test_a_preload_missing_from_the_store_is_pulled_first(self) -> None:
+        """A new node comes up from its tap.conf and a registry: the preload is pulled, then loaded."""
+        pulls: list[tuple[str, Deferred[None]]] = []
+
+        def pull(name: str) -> Deferred[None]:
+            pulls.append((name, Deferred()))
+            return pulls[-1][1]
+
+        new = "ai/new:latest"
+        self.make(preload=(new, "ai/gone:latest"))
+        backends = {"llama.cpp": self.backend}
+        start = self.spawn.start_runner
+        scheduler = Scheduler(self.clock, self.config, backends, self.store, start, pull=pull)
+        scheduler.start()
+        self.install()
+        self.assertEqual([name for name, _ in pulls], [new])
+        self.assertEqual(self.spawn.processes, [], "nothing loads before the pull is done")
+        self.store.models[new] = model(new, "n" * 64)
+        pulls[0][1].callback(None)
+        self.ready()
+        pulls[1][1].errback(NotFound("ai/gone: not found in the registry"))
+        states = {preload.model: (preload.state, preload.error) for preload in scheduler.preloads()}
+        self.assertEqual(
+            states,
+            {
+                new: (PreloadState.LOADED, None),
+                "ai/gone:latest": (PreloadState.FAILED, "ai/gone: not found in the registry"),
+            },
+        )
 
     def test_pinned_from_the_file(self) -> None:
         scheduler = self.make(settings={A: ModelConfig(pinned=True)})

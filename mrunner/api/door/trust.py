@@ -28,12 +28,12 @@ LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
 # Routes that manage models or control runners: with admin_api_keys set, only those keys reach
 # them. Ollama's model-management names are listed for the compat routes.
 ADMIN_FIRST = frozenset({b"models", b"logs"})
-# records hold prompts; usage names every key
-ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"requests", b"usage"})
+# Records hold prompts; usage names every key.
+ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"_drain", b"requests", b"usage"})
 ADMIN_OLLAMA = frozenset({b"pull", b"push", b"delete", b"copy", b"create"})
 # A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
 # and the page asks for a key when the API answers 401.
-OPEN_PATHS = frozenset({b"/health", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
+OPEN_PATHS = frozenset({b"/health", b"/ready", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
 _LISTEN_FIELDS = re.compile(r"(?<!\\):")
 
 

@@ -1,4 +1,4 @@
-"""Runner administration under C{/engines}: ps, df, unload, _configure and _reload."""
+"""Runner administration under C{/engines}: ps, df, unload, _configure, _reload and _drain."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ CONFIGURE = validate.Shape(
     },
     required=("model",),
 )
+DRAINED = {
+    "type": "object",
+    "required": ["draining", "in_flight"],
+    "properties": {"draining": {"type": "boolean"}, "in_flight": {"type": "integer"}},
+}
 UNLOAD = validate.Shape({"all": validate.boolean, "backend": validate.text, "models": FLAGS})
 RUNNER = {
     "type": "object",
@@ -180,6 +185,15 @@ class AdminAPI:
                         },
                     )
                 },
+                "/engines/_drain": {
+                    "post": operation(
+                        "Take no new requests (503, Retry-After), finish those in flight, report not ready",
+                        {"200": answer("draining", json_content(DRAINED))},
+                        parameters=[
+                            parameter("wait", "query", {"type": "boolean"}, "answer once those in flight end")
+                        ],
+                    )
+                },
                 "/engines/_configure": configure("/engines/_configure"),
                 "/engines/{backend}/_configure": configure("/engines/{backend}/_configure"),
             }
@@ -247,3 +261,14 @@ class AdminAPI:
         if self._reload is None:
             raise BadRequest("this daemon was started without a configuration to reload", code="no_reload")
         return json_body(request, self._reload())
+
+    @app.route("/engines/_drain", methods=["POST"])
+    async def drain(self, request: IRequest) -> bytes:
+        """Drain the node before it goes (a rolling update): C{?wait=true} answers once nothing is in flight.
+
+        There is no way back but a restart: a drained node is on its way out.
+        """
+        drained = self._scheduler.drain()
+        if query(request, "wait") == "true":
+            await drained
+        return json_body(request, {"draining": True, "in_flight": self._scheduler.in_flight()})

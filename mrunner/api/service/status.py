@@ -20,9 +20,10 @@ from mrunner.runner_metrics import RunnerScraper
 
 READY = {
     "type": "object",
-    "required": ["ready", "preloads", "failed"],
+    "required": ["ready", "draining", "preloads", "failed"],
     "properties": {
         "ready": {"type": "boolean"},
+        "draining": {"type": "boolean"},
         "preloads": {"type": "array", "items": {"type": "object"}},
         "failed": {"type": "array", "items": {"type": "string"}},
     },
@@ -58,7 +59,8 @@ class StatusAPI:
                 "/health": get("The daemon answers", strings("status")),
                 "/ready": {
                     "get": operation(
-                        "Whether the default backend is installed and every preload has loaded or failed",
+                        "Whether the default backend is installed, every preload has loaded or failed,"
+                        " and the node is not draining",
                         {
                             "200": answer("ready", json_content(READY)),
                             "503": answer("not yet", json_content(READY)),
@@ -86,17 +88,21 @@ class StatusAPI:
 
     @app.route("/ready", methods=["GET"])
     def ready(self, request: IRequest) -> bytes:
-        """200 once the default backend is installed and every preload has loaded or failed, else 503.
+        """200 once the default backend is installed and every preload has loaded or failed, until a
+        drain; else 503.
 
         C{/health} answers 200 all along: the daemon is up. This is for
-        orchestrators that should send work only once the models are in. A preload
-        that failed does not hold the node back for ever, but C{failed} names it.
+        orchestrators and routers that should send work only once the models are in,
+        and no more once the node drains. A preload that failed does not hold the
+        node back for ever, but C{failed} names it.
         """
         backend = self._scheduler.backend_statuses()[self._scheduler.backend_name(None)]
         preloads = self._scheduler.preloads()
-        ready = install_ready(backend) and all(preload.done for preload in preloads)
+        draining = self._scheduler.draining()
+        ready = install_ready(backend) and all(preload.done for preload in preloads) and not draining
         body = {
             "ready": ready,
+            "draining": draining,
             "preloads": [preload_json(preload) for preload in preloads],
             "failed": [preload.model for preload in failed_preloads(preloads)],
         }
