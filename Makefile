@@ -22,9 +22,13 @@ backend: install
 
 # Debian packages the tests use: the CNCF distribution registry, and Chromium (driven by Playwright
 # from PyPI through its executable path: no browser is downloaded).
+# kubectl renders deploy/kubernetes (kustomize); podman, runc and mmdebstrap build and run the image.
 system-deps:
 	@command -v docker-registry >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q docker-registry; }
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+	@command -v kubectl >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q kubernetes-client; }
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q podman runc mmdebstrap; }
 
 # The daemon reads $MRUNNER_HOME/tap.conf when there is one (not the checkout's ./tap.conf, the
 # documented defaults); `mrunner wait --pid` waits for the address that very daemon listens at.

@@ -1,4 +1,4 @@
-"""The image of ./Containerfile, built here with podman from Debian's packages: it runs, serves, stops, pushes.
+"""The image of ./Containerfile, built here with podman from Debian's packages: runs, serves, stops, pushes.
 
 The first run on a machine builds the base and downloads the wheelhouse (minutes, once); later
 runs reuse them and podman's layer cache (tests/support/container.py says what and how).
@@ -82,14 +82,16 @@ class ImageTests(TestCase):
         self.assertIn("12434/tcp", config["config"]["ExposedPorts"])
         for layer in manifest["layers"]:
             head = await treq.head(f"{base}/blobs/{layer['digest']}")
-            self.assertEqual((head.code, head.headers.getRawHeaders("content-length")), (200, [str(layer["size"])]))
+            self.assertEqual(
+                (head.code, head.headers.getRawHeaders("content-length")), (200, [str(layer["size"])])
+            )
 
     def podman(self, *args: str, timeout: float = 600, check: bool = True) -> Any:
         return deferToThread(container.podman, *args, timeout=timeout, check=check)
 
     @staticmethod
     def poll(url: str, seen: list[Any]) -> bool:
-        """One GET of C{url} (refused at once until the daemon listens); its JSON, or the error, into C{seen}."""
+        """One GET of C{url} (refused at once until the daemon listens); its JSON or error into C{seen}."""
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 seen.append(json.load(response))

@@ -61,7 +61,7 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def strict(schema: Any) -> Any:
-    """C{schema} with no unknown field allowed in an object that lists its fields (as the API server prunes)."""
+    """C{schema} allowing no unknown field in an object that lists its fields (the API server prunes them)."""
     if isinstance(schema, dict):
         tightened = {key: strict(value) for key, value in schema.items()}
         if "properties" in schema and "additionalProperties" not in schema:
@@ -89,7 +89,10 @@ def validate_inference_pool(pool: dict[str, Any]) -> None:
 def validate_picker_config(text: str) -> dict[str, Any]:
     """The EndpointPickerConfig's shape: known plugins, references to defined ones; the parsed config."""
     picker = yaml.safe_load(text)
-    if (picker["apiVersion"], picker["kind"]) != ("inference.networking.x-k8s.io/v1alpha1", "EndpointPickerConfig"):
+    if (picker["apiVersion"], picker["kind"]) != (
+        "inference.networking.x-k8s.io/v1alpha1",
+        "EndpointPickerConfig",
+    ):
         raise AssertionError(f"not an EndpointPickerConfig: {picker['apiVersion']} {picker['kind']}")
     unknown = set(picker) - {"apiVersion", "kind", "plugins", "data", "schedulingProfiles", "featureGates"}
     if unknown:
@@ -106,7 +109,11 @@ def validate_picker_config(text: str) -> dict[str, Any]:
 
 
 class ManifestTests(SynchronousTestCase):
-    skip = None if KUBECTL else "kubectl is missing: apt-get install kubectl (or kubernetes-client; make system-deps)"
+    skip = (
+        None
+        if KUBECTL
+        else "kubectl is missing: apt-get install kubectl (or kubernetes-client; make system-deps)"
+    )
 
     def test_every_object_is_valid(self) -> None:
         version = kubernetes_validate.latest_version()
@@ -120,7 +127,16 @@ class ManifestTests(SynchronousTestCase):
                 checked.add(o["kind"])
         self.assertEqual(
             checked,
-            {"ConfigMap", "Service", "StatefulSet", "InferencePool", "ServiceAccount", "Role", "RoleBinding", "Deployment"},
+            {
+                "ConfigMap",
+                "Service",
+                "StatefulSet",
+                "InferencePool",
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "Deployment",
+            },
         )
 
     def test_an_invalid_object_is_caught(self) -> None:
@@ -144,14 +160,20 @@ class ManifestTests(SynchronousTestCase):
         self.assertEqual(container["livenessProbe"]["httpGet"]["path"], "/health")
         self.assertEqual(container["startupProbe"]["httpGet"]["path"], "/health")
         self.assertEqual(container["readinessProbe"]["httpGet"]["path"], "/ready")
-        self.assertEqual(container["lifecycle"]["preStop"]["exec"]["command"], ["python3", "/etc/mrunner/drain.py"])
+        self.assertEqual(
+            container["lifecycle"]["preStop"]["exec"]["command"], ["python3", "/etc/mrunner/drain.py"]
+        )
         env = {e["name"]: e for e in container["env"]}
-        self.assertEqual(env["MRUNNER_API_KEY"]["valueFrom"]["secretKeyRef"], {"name": "mrunner-keys", "key": "api-key"})
+        self.assertEqual(
+            env["MRUNNER_API_KEY"]["valueFrom"]["secretKeyRef"], {"name": "mrunner-keys", "key": "api-key"}
+        )
         self.assertEqual(env["MRUNNER_LISTEN"]["value"], "tcp:12434:interface=$(POD_IP)")
         self.assertEqual(container["ports"], [{"name": "http", "containerPort": 12434}])
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         self.assertEqual(mounts["store"], env["MRUNNER_HOME"]["value"])
-        self.assertEqual([t["metadata"]["name"] for t in statefulset["spec"]["volumeClaimTemplates"]], ["store"])
+        self.assertEqual(
+            [t["metadata"]["name"] for t in statefulset["spec"]["volumeClaimTemplates"]], ["store"]
+        )
         self.assertEqual(container["image"], "mrunner:cpu")
         self.assertNotIn("nvidia.com/gpu", container["resources"]["limits"])
         # The config volume is the generated ConfigMap, by its hashed name.
@@ -193,7 +215,9 @@ class ManifestTests(SynchronousTestCase):
         self.assertEqual(container["resources"]["limits"]["nvidia.com/gpu"], 1)
         self.assertEqual(container["image"], "mrunner:cuda")
         self.assertEqual(pod["nodeSelector"], {"nvidia.com/gpu.present": "true"})
-        self.assertIn({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, pod["tolerations"])
+        self.assertIn(
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, pod["tolerations"]
+        )
         # The rest of the node is the base's.
         self.assertEqual(container["readinessProbe"]["httpGet"]["path"], "/ready")
 
@@ -204,7 +228,9 @@ class ManifestTests(SynchronousTestCase):
         pool = one(objects, "InferencePool")["spec"]
         labels = node["metadata"]["labels"]
         self.assertLessEqual(pool["selector"]["matchLabels"].items(), labels.items())
-        self.assertEqual(pool["targetPorts"], [{"number": node["spec"]["containers"][0]["ports"][0]["containerPort"]}])
+        self.assertEqual(
+            pool["targetPorts"], [{"number": node["spec"]["containers"][0]["ports"][0]["containerPort"]}]
+        )
         service = one(objects, "Service")
         self.assertEqual(pool["endpointPickerRef"]["name"], service["metadata"]["name"])
         self.assertEqual(pool["endpointPickerRef"]["port"]["number"], service["spec"]["ports"][0]["port"])
@@ -214,15 +240,26 @@ class ManifestTests(SynchronousTestCase):
         configmap = one(objects, "ConfigMap")
         [file] = configmap["data"]
         self.assertIn(f"/config/{file}", epp["args"])
-        self.assertEqual(epp["args"][epp["args"].index("--pool-name") + 1], one(objects, "InferencePool")["metadata"]["name"])
+        self.assertEqual(
+            epp["args"][epp["args"].index("--pool-name") + 1],
+            one(objects, "InferencePool")["metadata"]["name"],
+        )
         picker = validate_picker_config(configmap["data"][file])
         [extractor] = [p for p in picker["plugins"] if p["type"] == "core-metrics-extractor"]
         [vllm] = extractor["parameters"]["engineConfigs"]
         self.assertLessEqual(VLLM_NAMES.items(), vllm.items())
-        self.assertIn("lora-affinity-scorer", [p["pluginRef"] for p in picker["schedulingProfiles"][0]["plugins"]])
+        self.assertIn(
+            "lora-affinity-scorer", [p["pluginRef"] for p in picker["schedulingProfiles"][0]["plugins"]]
+        )
 
     def test_a_bad_picker_config_is_caught(self) -> None:
         configmap = one(render("inference"), "ConfigMap")
         [text] = configmap["data"].values()
-        self.assertRaises(AssertionError, validate_picker_config, text.replace("- pluginRef: queue-scorer", "- pluginRef: queue"))
-        self.assertRaises(AssertionError, validate_picker_config, text.replace("type: queue-scorer", "type: queue"))
+        self.assertRaises(
+            AssertionError,
+            validate_picker_config,
+            text.replace("- pluginRef: queue-scorer", "- pluginRef: queue"),
+        )
+        self.assertRaises(
+            AssertionError, validate_picker_config, text.replace("type: queue-scorer", "type: queue")
+        )

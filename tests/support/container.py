@@ -87,7 +87,12 @@ def image() -> str:
         tag = "localhost/mrunner:test"
         podman(
             *("build", "--network=none", *LIMITS, "--build-arg", f"BASE={base}"),
-            *("--build-arg", "LLAMA_SERVER=/prebuilt/llama-server", "-v", f"{cached_executable().parent}:/prebuilt:ro"),
+            *(
+                "--build-arg",
+                "LLAMA_SERVER=/prebuilt/llama-server",
+                "-v",
+                f"{cached_executable().parent}:/prebuilt:ro",
+            ),
             *("--build-arg", "PIP_OPTIONS=--no-index --find-links=/wheels", "-v", f"{wheels}:/wheels:ro"),
             *("-t", tag, "-f", str(ROOT / "Containerfile"), str(ROOT)),
             timeout=3600,
@@ -113,7 +118,10 @@ def _base_image() -> str:
     # The host's own apt sources when they are for the same release (its mirror, its snapshot).
     sources = Path("/etc/apt/sources.list.d/debian.sources")
     mirror = [str(sources)] if SUITE in _read(sources) else []
-    run(["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs), *mirror], 3600)
+    run(
+        ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs), *mirror],
+        3600,
+    )
     try:
         podman("import", str(rootfs), tag, timeout=1800)
     finally:
