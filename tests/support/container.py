@@ -95,7 +95,7 @@ def image() -> str:
     with _locked():
         base = _base_image()
         wheels = _wheelhouse()
-        tag = "localhost/mrunner:test"
+        tag = f"localhost/mrunner:test-{_digest(str(ROOT))}"  # each checkout's own
         podman(
             *("build", "--network=none", *LIMITS, "--build-arg", f"BASE={base}"),
             *(
