@@ -52,13 +52,17 @@ class ImageTests(TestCase):
         write_tiny_llama(model)
         headers = {"Authorization": f"Bearer {KEY}"}
         loaded = await treq.post(
-            url + "/models/load", params={"name": "ai/tiny"}, data=model.read_bytes(), headers=headers
+            url + "/models/load",
+            params={"name": "ai/tiny"},
+            data=model.read_bytes(),
+            headers=headers,
+            persistent=False,
         )
         self.assertEqual(loaded.code, 201, await loaded.text())
         answer = await deferToThread(self.chat, url)
-        self.assertEqual(answer.model, "ai/tiny")
+        self.assertEqual(answer.model, "ai/tiny:latest")
         self.assertEqual(answer.usage.completion_tokens, 4)
-        status = await (await treq.get(url + "/engines/ps", headers=headers)).json()
+        status = await (await treq.get(url + "/engines/ps", headers=headers, persistent=False)).json()
         self.assertIn("ai/tiny", json.dumps(status))
 
         # podman stop sends SIGTERM: the daemon stops its runner and exits 0, before any SIGKILL.
@@ -75,13 +79,19 @@ class ImageTests(TestCase):
         await self.podman("push", "--tls-verify=false", tag, f"{registry.host}/team/mrunner:v1", timeout=1800)
 
         base = f"http://{registry.host}/v2/team/mrunner"
-        self.assertEqual((await (await treq.get(base + "/tags/list")).json())["tags"], ["v1"])
-        manifest = await (await treq.get(base + "/manifests/v1", headers={"Accept": OCI_MANIFEST})).json()
-        config = await (await treq.get(f"{base}/blobs/{manifest['config']['digest']}")).json()
+        self.assertEqual(
+            (await (await treq.get(base + "/tags/list", persistent=False)).json())["tags"], ["v1"]
+        )
+        manifest = await (
+            await treq.get(base + "/manifests/v1", headers={"Accept": OCI_MANIFEST}, persistent=False)
+        ).json()
+        config = await (
+            await treq.get(f"{base}/blobs/{manifest['config']['digest']}", persistent=False)
+        ).json()
         self.assertEqual(config["config"]["Entrypoint"], ["twistd", "-n", "--pidfile=", "mrunner"])
         self.assertIn("12434/tcp", config["config"]["ExposedPorts"])
         for layer in manifest["layers"]:
-            head = await treq.head(f"{base}/blobs/{layer['digest']}")
+            head = await treq.head(f"{base}/blobs/{layer['digest']}", persistent=False)
             self.assertEqual(
                 (head.code, head.headers.getRawHeaders("content-length")), (200, [str(layer["size"])])
             )
