@@ -20,13 +20,17 @@ $(VENV)/.installed: pyproject.toml
 backend: install
 	$(PY) -m mrunner.backends.llamacpp
 
-# Debian packages the tests use: the CNCF distribution registry, and Chromium (driven by Playwright
-# from PyPI through its executable path: no browser is downloaded).
+# Debian packages the tests use, as command:package: the CNCF distribution registry; Chromium (driven
+# by Playwright from PyPI through its executable path: no browser is downloaded); pass, Docker's
+# credential helpers and htpasswd (registry logins); kubectl (renders deploy/kubernetes); podman, runc
+# and mmdebstrap (build and run the image). One apt-get for whatever is missing.
+SYSTEM_TOOLS = docker-registry:docker-registry /usr/bin/chromium:chromium pass:pass \
+	docker-credential-pass:golang-docker-credential-helpers htpasswd:apache2-utils kubectl:kubernetes-client \
+	podman:podman runc:runc mmdebstrap:mmdebstrap
+
 system-deps:
-	@command -v docker-registry >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q docker-registry; }
-	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
-	@command -v docker-credential-pass >/dev/null && command -v pass >/dev/null && command -v htpasswd >/dev/null || { $(SUDO) apt-get update -q && \
-	  $(SUDO) apt-get install -y -q --no-install-recommends pass golang-docker-credential-helpers apache2-utils; }
+	@missing=$$(for pair in $(SYSTEM_TOOLS); do command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done); \
+	[ -z "$$missing" ] || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $$missing; }
 
 # The daemon reads $MRUNNER_HOME/tap.conf when there is one (not the checkout's ./tap.conf, the
 # documented defaults); `mrunner wait --pid` waits for the address that very daemon listens at.
