@@ -299,6 +299,8 @@ class ClusterConfig:
     """``[cluster]``: how the node shows itself to a router in front of several daemons."""
 
     metric_names: bool = True
+    #: /metrics without a key, for a router's scraper that cannot send one (the endpoint picker).
+    open_metrics: bool = False
 
 
 @attrs.frozen

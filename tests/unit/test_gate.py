@@ -21,7 +21,7 @@ from mrunner import config as configuration
 from mrunner.api.door.channel import SINK_READ_SIZE, Sink
 from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.door.trust import Trust, beyond_loopback, is_admin, listen_host
-from mrunner.config import Config, HTTPConfig
+from mrunner.config import ClusterConfig, Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge
 from mrunner.runners.forwarder import answer_fields, forwarded_headers
 from mrunner.runners.wire import Head
@@ -79,10 +79,15 @@ class GateTestCase(SynchronousTestCase):
         max_request_bytes: int = 1000,
         listen: str = configuration.DEFAULT_LISTEN,
         sinks: dict[bytes, Sink] | None = None,
+        open_metrics: bool = False,
         **http: Any,
     ) -> None:
         self.config = attrs.evolve(
-            Config(), listen=listen, max_request_bytes=max_request_bytes, http=HTTPConfig(**http)
+            Config(),
+            listen=listen,
+            max_request_bytes=max_request_bytes,
+            http=HTTPConfig(**http),
+            cluster=ClusterConfig(open_metrics=open_metrics),
         )
         self.site = GatedSite(self.routes, self.config, self.clock, sinks)
         self.site.doStart()
@@ -268,6 +273,13 @@ class KeyTests(GateTestCase):
         self.assertEqual(self.get("/health/")[0], 200)
         self.assertEqual(self.get("/ready")[0], 200)
         self.assertRefused(self.get("/healthz"), 401)
+
+    def test_metrics_are_open_only_when_the_cluster_says_so(self) -> None:
+        """The inference extension's endpoint picker scrapes /metrics and cannot send a key."""
+        self.assertRefused(self.get("/metrics"), 401)
+        self.make(api_keys=(KEY,), open_metrics=True)
+        self.assertEqual(self.get("/metrics")[0], 200)
+        self.assertRefused(self.get("/v1/models"), 401)
 
     def test_a_refusal_to_an_allowed_page_can_be_read_by_it(self) -> None:
         headers = self.assertRefused(self.get(Origin="http://localhost:3000"), 401)

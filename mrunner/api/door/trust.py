@@ -58,6 +58,7 @@ class Trust:
         admin = tuple(key.encode() for key in http.admin_api_keys)
         # Named keys ([keys."NAME"]) make a key needed on every route: anonymous ones still work.
         self._members = KeyRing(config.keys)
+        self._open = OPEN_PATHS | ({b"/metrics"} if config.cluster.open_metrics else set())
         self._keys = keys + admin if keys or self._members else ()
         self._admin_keys = admin or keys
         self._limits = {b"/models/load": http.max_load_bytes, b"/models/create": MAX_CREATE_BODY}
@@ -86,7 +87,7 @@ class Trust:
         preflight = origin is not None and method == b"OPTIONS"
         if member is not None:
             if not preflight:
-                _check_member(route_path(target), member)
+                _check_member(route_path(target), member, self._open)
             return key_caller(presented, member.admin, member)
         if not preflight:
             self._check_key(route_path(target), presented)
@@ -142,7 +143,7 @@ class Trust:
         return bool(colon) and port.isdigit() and host in self._origin_hosts
 
     def _check_key(self, path: bytes, presented: bytes | None) -> None:
-        if path.rstrip(b"/") in OPEN_PATHS:
+        if path.rstrip(b"/") in self._open:
             return
         admin = is_admin(path)
         keys = self._admin_keys if admin else self._keys
@@ -161,8 +162,8 @@ class Trust:
             raise Unauthorized("the API key is not valid for this mrunner")
 
 
-def _check_member(path: bytes, member: Member) -> None:
-    if not member.admin and path.rstrip(b"/") not in OPEN_PATHS and is_admin(path):
+def _check_member(path: bytes, member: Member, open_paths: frozenset[bytes]) -> None:
+    if not member.admin and path.rstrip(b"/") not in open_paths and is_admin(path):
         raise Forbidden(
             f"this route manages models or runners: key {member.name!r} is not an admin key"
             " (admin = true in its [keys] table)",
