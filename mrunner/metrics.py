@@ -5,6 +5,7 @@ C{GET /metrics} adds each ready runner's own metrics (L{mrunner.runner_metrics})
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,14 +51,19 @@ class SchedulerCollector(Collector):
             "A runner process's resident memory, read from /proc.",
             labels=RUNNER_LABELS,
         )
+        # Summed per label set: a model's instances ([models] instances) share their labels.
+        sums: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
         for runner in self._scheduler.snapshot():
-            labels = [runner.backend, runner.model_name, runner.mode]
-            runners.add_metric([*labels, runner.state.value], 1)
-            in_use.add_metric(labels, runner.in_use)
-            memory.add_metric(labels, runner.memory)
-            estimate.add_metric(labels, runner.memory_estimate)
+            labels: tuple[str, ...] = (runner.backend, runner.model_name, runner.mode)
+            sums[runners.name, (*labels, runner.state.value)] += 1
+            sums[in_use.name, labels] += runner.in_use
+            sums[memory.name, labels] += runner.memory
+            sums[estimate.name, labels] += runner.memory_estimate
             if runner.memory_measured is not None:
-                measured.add_metric(labels, runner.memory_measured)
+                sums[measured.name, labels] += runner.memory_measured
+        families = {family.name: family for family in (runners, in_use, memory, estimate, measured)}
+        for (name, labels), value in sums.items():
+            families[name].add_metric(list(labels), value)
         queue = GaugeMetricFamily("mrunner_queue_waiting", "Requests waiting for a runner.")
         queue.add_metric([], self._scheduler.queued())
         budget = GaugeMetricFamily(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, succeed
@@ -160,3 +161,27 @@ class ScrapeTests(SynchronousTestCase):
         self.assertEqual(
             sample.labels, {"backend": "llama.cpp", "model": "ai/r0:latest", "mode": "completion"}
         )
+
+
+class _TwoInstances:
+    """What the collector reads of a scheduler running two instances of one model."""
+
+    def snapshot(self) -> list[RunnerSnapshot]:
+        return [attrs.evolve(snapshot("a"), in_use=1, memory=5), attrs.evolve(snapshot("a"), memory=7)]
+
+    def queued(self) -> int:
+        return 0
+
+    def memory_budget(self) -> int:
+        return 0
+
+
+class InstancesTests(SynchronousTestCase):
+    def test_instances_of_one_model_are_summed(self) -> None:
+        """Instances share their labels: one sample each, summed (Prometheus refuses duplicates)."""
+        metrics = Metrics()
+        metrics.watch(_TwoInstances())  # type: ignore[arg-type]
+        found = samples(metrics)
+        self.assertEqual(found["mrunner_runners", labels(state="ready")], 2)
+        self.assertEqual(found["mrunner_runner_requests_in_flight", labels()], 1)
+        self.assertEqual(found["mrunner_runner_memory_bytes", labels()], 12)
