@@ -8,11 +8,13 @@ Screenshots of each view go to the test's temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
@@ -24,6 +26,9 @@ from tests.support.daemon import http
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.registry_server import SKIP as NO_REGISTRY
 from tests.support.registry_server import RealRegistry
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 PAGE_LIMIT = 100 * 1024
 # The page's tiny model says it was trained for this context (llama-server gives a request no
@@ -59,98 +64,103 @@ def throttle(network: Any, bytes_per_second: int) -> None:
     network.send("Network.emulateNetworkConditions", {**conditions, "downloadThroughput": bytes_per_second})
 
 
-def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
-    """Walk through every view as a person would; what was seen comes back for the test to check."""
+@contextlib.contextmanager
+def chromium_page(**options: Any) -> Iterator[Page]:
+    """A page in Debian's Chromium driven by Playwright (nothing downloaded), waiting at most WAIT_MS."""
     from playwright.sync_api import sync_playwright
 
-    seen: dict[str, Any] = {"requests": []}
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page = browser.new_page(**options)
             page.set_default_timeout(WAIT_MS)
-            page.on("request", lambda request: seen["requests"].append(request.url))
-            page.on("pageerror", lambda error: seen.setdefault("errors", []).append(str(error)))
-            page.goto(base + "/")  # a browser's GET / goes to the page
-            seen["url"] = page.url
-            page.wait_for_selector(f'#model-rows tr[data-model="{TINY}"]')
-            page.wait_for_selector('#device-bars .device:has-text("CPU")')
-            seen["devices"] = page.inner_text("#device-bars")
-            seen["weight"] = page.evaluate(WEIGHT)
-            page.screenshot(path=str(shots / "models.png"), full_page=True)
-
-            # Chat: Stop ends an answer once it is longer than 20 characters. The answer is bounded
-            # by count, not by how fast Stop lands: the tiny model writes max_tokens words, and
-            # FIRST_ANSWER_TOKENS leave room in its context for the next turn however late Stop is.
-            page.click('#tabs button[data-view="chat"]')
-            page.select_option("#chat-model", TINY)
-            page.fill("#chat-max-tokens", str(FIRST_ANSWER_TOKENS))
-            page.fill("#chat-input", "Write a very long story about a lighthouse keeper and the sea.")
-            network = page.context.new_cdp_session(page)
-            throttle(network, SLOW_BYTES_PER_SECOND)
-            page.click("#chat-send")
-            page.wait_for_function(
-                "() => document.querySelector('.msg.assistant span').textContent.length > 20"
-            )
-            page.click("#chat-stop")
-            page.wait_for_selector('.msg.assistant[data-state="stopped"]')
-            throttle(network, -1)
-            seen["stopped_text"] = page.inner_text(".msg.assistant")
-            page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
-
-            # The conversation goes on, with a small token limit this time.
-            page.fill("#chat-max-tokens", "8")
-            page.fill("#chat-input", "hello")
-            page.click("#chat-send")
-            page.wait_for_selector('.msg.assistant[data-state="done"]')
-            seen["second_answer"] = page.inner_text('.msg.assistant[data-state="done"] span')
-            page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
-            page.screenshot(path=str(shots / "chat.png"), full_page=True)
-
-            # A turn the model's context cannot hold: the page says so and offers a new conversation.
-            page.fill("#chat-input", "the sea " * CONTEXT)
-            page.click("#chat-send")
-            page.wait_for_selector('.msg.assistant[data-state="too-long"]')
-            seen["too_long"] = page.inner_text('.msg.assistant[data-state="too-long"]')
-            page.screenshot(path=str(shots / "too-long.png"), full_page=True)
-            page.click("#chat-new")
-            seen["after_new"] = page.eval_on_selector("#conversation", "c => c.children.length")
-
-            # Unload from the runners table.
-            page.click(f'#runner-rows tr[data-model="{TINY}"] button')
-            page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"]', state="detached")
-            page.screenshot(path=str(shots / "runners.png"), full_page=True)
-
-            # Pull from the local registry, the bar moving; then delete with the confirmation.
-            page.click('#tabs button[data-view="models"]')
-            page.evaluate(WATCH_BAR)
-            page.fill("#pull-ref", pulled)
-            page.click("#pull-form button")
-            page.wait_for_selector("#pull-status:has-text('Model pulled successfully')")
-            page.wait_for_selector(f'#model-rows tr[data-model="{pulled}"]')
-            seen["bar"] = page.evaluate("window.barValues")
-            page.screenshot(path=str(shots / "pull.png"), full_page=True)
-            page.once("dialog", lambda dialog: (seen.__setitem__("confirm", dialog.message), dialog.accept()))
-            page.click(f'#model-rows tr[data-model="{pulled}"] button')
-            page.wait_for_selector(f'#model-rows tr[data-model="{pulled}"]', state="detached")
-
-            # Logs of one runner, following; then the request records, newest first.
-            page.click('#tabs button[data-view="logs"]')
-            page.select_option("#log-source", TINY)
-            page.wait_for_selector("#log-lines:has-text('[ai_tiny_latest-completion]')")
-            seen["log"] = page.inner_text("#log-lines")
-            seen["log_sources"] = {
-                line.split("]")[0] for line in page.inner_text("#log-lines").splitlines() if line
-            }
-            page.screenshot(path=str(shots / "logs.png"), full_page=True)
-            page.click('#tabs button[data-view="requests"]')
-            page.wait_for_function("() => document.querySelectorAll('#request-rows tr').length >= 2")
-            seen["request_ids"] = page.eval_on_selector_all(
-                "#request-rows tr", "rows => rows.map(r => Number(r.dataset.id))"
-            )
-            page.screenshot(path=str(shots / "requests.png"), full_page=True)
+            yield page
         finally:
             browser.close()
+
+
+def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:
+    """Walk through every view as a person would; what was seen comes back for the test to check."""
+    seen: dict[str, Any] = {"requests": []}
+    with chromium_page(viewport={"width": 1280, "height": 860}) as page:
+        page.on("request", lambda request: seen["requests"].append(request.url))
+        page.on("pageerror", lambda error: seen.setdefault("errors", []).append(str(error)))
+        page.goto(base + "/")  # a browser's GET / goes to the page
+        seen["url"] = page.url
+        page.wait_for_selector(f'#model-rows tr[data-model="{TINY}"]')
+        page.wait_for_selector('#device-bars .device:has-text("CPU")')
+        seen["devices"] = page.inner_text("#device-bars")
+        seen["weight"] = page.evaluate(WEIGHT)
+        page.screenshot(path=str(shots / "models.png"), full_page=True)
+
+        # Chat: Stop ends an answer once it is longer than 20 characters. The answer is bounded
+        # by count, not by how fast Stop lands: the tiny model writes max_tokens words, and
+        # FIRST_ANSWER_TOKENS leave room in its context for the next turn however late Stop is.
+        page.click('#tabs button[data-view="chat"]')
+        page.select_option("#chat-model", TINY)
+        page.fill("#chat-max-tokens", str(FIRST_ANSWER_TOKENS))
+        page.fill("#chat-input", "Write a very long story about a lighthouse keeper and the sea.")
+        network = page.context.new_cdp_session(page)
+        throttle(network, SLOW_BYTES_PER_SECOND)
+        page.click("#chat-send")
+        page.wait_for_function("() => document.querySelector('.msg.assistant span').textContent.length > 20")
+        page.click("#chat-stop")
+        page.wait_for_selector('.msg.assistant[data-state="stopped"]')
+        throttle(network, -1)
+        seen["stopped_text"] = page.inner_text(".msg.assistant")
+        page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
+
+        # The conversation goes on, with a small token limit this time.
+        page.fill("#chat-max-tokens", "8")
+        page.fill("#chat-input", "hello")
+        page.click("#chat-send")
+        page.wait_for_selector('.msg.assistant[data-state="done"]')
+        seen["second_answer"] = page.inner_text('.msg.assistant[data-state="done"] span')
+        page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"][data-in-use="0"]')
+        page.screenshot(path=str(shots / "chat.png"), full_page=True)
+
+        # A turn the model's context cannot hold: the page says so and offers a new conversation.
+        page.fill("#chat-input", "the sea " * CONTEXT)
+        page.click("#chat-send")
+        page.wait_for_selector('.msg.assistant[data-state="too-long"]')
+        seen["too_long"] = page.inner_text('.msg.assistant[data-state="too-long"]')
+        page.screenshot(path=str(shots / "too-long.png"), full_page=True)
+        page.click("#chat-new")
+        seen["after_new"] = page.eval_on_selector("#conversation", "c => c.children.length")
+
+        # Unload from the runners table.
+        page.click(f'#runner-rows tr[data-model="{TINY}"] button')
+        page.wait_for_selector(f'#runner-rows tr[data-model="{TINY}"]', state="detached")
+        page.screenshot(path=str(shots / "runners.png"), full_page=True)
+
+        # Pull from the local registry, the bar moving; then delete with the confirmation.
+        page.click('#tabs button[data-view="models"]')
+        page.evaluate(WATCH_BAR)
+        page.fill("#pull-ref", pulled)
+        page.click("#pull-form button")
+        page.wait_for_selector("#pull-status:has-text('Model pulled successfully')")
+        page.wait_for_selector(f'#model-rows tr[data-model="{pulled}"]')
+        seen["bar"] = page.evaluate("window.barValues")
+        page.screenshot(path=str(shots / "pull.png"), full_page=True)
+        page.once("dialog", lambda dialog: (seen.__setitem__("confirm", dialog.message), dialog.accept()))
+        page.click(f'#model-rows tr[data-model="{pulled}"] button')
+        page.wait_for_selector(f'#model-rows tr[data-model="{pulled}"]', state="detached")
+
+        # Logs of one runner, following; then the request records, newest first.
+        page.click('#tabs button[data-view="logs"]')
+        page.select_option("#log-source", TINY)
+        page.wait_for_selector("#log-lines:has-text('[ai_tiny_latest-completion]')")
+        seen["log"] = page.inner_text("#log-lines")
+        seen["log_sources"] = {
+            line.split("]")[0] for line in page.inner_text("#log-lines").splitlines() if line
+        }
+        page.screenshot(path=str(shots / "logs.png"), full_page=True)
+        page.click('#tabs button[data-view="requests"]')
+        page.wait_for_function("() => document.querySelectorAll('#request-rows tr').length >= 2")
+        seen["request_ids"] = page.eval_on_selector_all(
+            "#request-rows tr", "rows => rows.map(r => Number(r.dataset.id))"
+        )
+        page.screenshot(path=str(shots / "requests.png"), full_page=True)
     return seen
 
 

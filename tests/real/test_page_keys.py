@@ -15,8 +15,8 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from tests.real.test_browser import CHROMIUM, FLAGS
-from tests.real.test_page import WAIT_MS
+from tests.real.test_browser import CHROMIUM
+from tests.real.test_page import chromium_page
 from tests.support.daemon import InProcessDaemon, http, short_home, write_config
 from tests.support.ggufs import write_tiny_gguf
 
@@ -25,40 +25,30 @@ NAMES = ("ai/tiny:latest", "localhost:5000/ai/tiny:latest")
 
 
 def visit(base: str) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
-
     seen: dict[str, Any] = {}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(WAIT_MS)
-            page.goto(base + "/")
-            seen["url"] = page.url
-            page.wait_for_selector("#key-form:not([hidden])")
-            seen["refused_at_first"] = page.is_visible("#key-refused")
-            page.fill("#key-input", "sk-wrong")
-            page.click("#key-form button")
-            page.wait_for_selector("#key-refused:not([hidden])")
-            page.wait_for_selector("#key-form:not([hidden])")
-            seen["status_after_wrong_key"] = page.inner_text("#status")
-            seen["no_runners_shown"] = page.is_visible("#no-runners")
-            page.fill("#key-input", KEY)
-            page.click("#key-form button")
-            for name in NAMES:  # GET /models is an admin route
-                page.wait_for_selector(f'#model-rows tr[data-model="{name}"]')
-            page.wait_for_function("() => document.getElementById('summary').textContent.includes('loaded')")
-            seen["stored"] = page.evaluate("() => sessionStorage.getItem('mrunner-key')")
-            seen["form_hidden"] = page.is_hidden("#key-form")
-            seen["status"] = page.inner_text("#status")
-            page.once("dialog", lambda dialog: (seen.__setitem__("confirm", dialog.message), dialog.accept()))
-            page.click(f'#model-rows tr[data-model="{NAMES[1]}"] button')
-            page.wait_for_selector(f'#model-rows tr[data-model="{NAMES[1]}"]', state="detached")
-            seen["rows"] = page.eval_on_selector_all(
-                "#model-rows tr", "rows => rows.map(r => r.dataset.model)"
-            )
-        finally:
-            browser.close()
+    with chromium_page() as page:
+        page.goto(base + "/")
+        seen["url"] = page.url
+        page.wait_for_selector("#key-form:not([hidden])")
+        seen["refused_at_first"] = page.is_visible("#key-refused")
+        page.fill("#key-input", "sk-wrong")
+        page.click("#key-form button")
+        page.wait_for_selector("#key-refused:not([hidden])")
+        page.wait_for_selector("#key-form:not([hidden])")
+        seen["status_after_wrong_key"] = page.inner_text("#status")
+        seen["no_runners_shown"] = page.is_visible("#no-runners")
+        page.fill("#key-input", KEY)
+        page.click("#key-form button")
+        for name in NAMES:  # GET /models is an admin route
+            page.wait_for_selector(f'#model-rows tr[data-model="{name}"]')
+        page.wait_for_function("() => document.getElementById('summary').textContent.includes('loaded')")
+        seen["stored"] = page.evaluate("() => sessionStorage.getItem('mrunner-key')")
+        seen["form_hidden"] = page.is_hidden("#key-form")
+        seen["status"] = page.inner_text("#status")
+        page.once("dialog", lambda dialog: (seen.__setitem__("confirm", dialog.message), dialog.accept()))
+        page.click(f'#model-rows tr[data-model="{NAMES[1]}"] button')
+        page.wait_for_selector(f'#model-rows tr[data-model="{NAMES[1]}"]', state="detached")
+        seen["rows"] = page.eval_on_selector_all("#model-rows tr", "rows => rows.map(r => r.dataset.model)")
     return seen
 
 

@@ -14,8 +14,8 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from tests.real.test_browser import CHROMIUM, FLAGS
-from tests.real.test_page import WAIT_MS
+from tests.real.test_browser import CHROMIUM
+from tests.real.test_page import chromium_page
 from tests.support.daemon import InProcessDaemon, http, short_home, write_config
 from tests.support.ggufs import write_tiny_gguf
 
@@ -31,35 +31,25 @@ key = "bob-key"
 
 
 def visit(base: str, screenshot: Path) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(WAIT_MS)
-            page.goto(base + "/")
-            page.wait_for_selector("#key-form:not([hidden])")
-            page.fill("#key-input", "page-admin")
-            page.click("#key-form button")
-            page.click('#tabs button[data-view="usage"]')
-            page.wait_for_selector("#usage-svg rect")
-            page.screenshot(path=str(screenshot), full_page=True)
-            return {
-                "bars": page.eval_on_selector_all(
-                    "#usage-svg rect",
-                    "bars => bars.map(b => [b.dataset.key, Number(b.dataset.tokens), b.getBBox().height])",
-                ),
-                "legend": page.inner_text("#usage-chart .legend"),
-                "rows": page.eval_on_selector_all(
-                    "#usage-rows tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
-                ),
-                "days": page.eval_on_selector_all(
-                    "#usage-svg text", "labels => labels.map(l => l.textContent)"
-                ),
-            }
-        finally:
-            browser.close()
+    with chromium_page() as page:
+        page.goto(base + "/")
+        page.wait_for_selector("#key-form:not([hidden])")
+        page.fill("#key-input", "page-admin")
+        page.click("#key-form button")
+        page.click('#tabs button[data-view="usage"]')
+        page.wait_for_selector("#usage-svg rect")
+        page.screenshot(path=str(screenshot), full_page=True)
+        return {
+            "bars": page.eval_on_selector_all(
+                "#usage-svg rect",
+                "bars => bars.map(b => [b.dataset.key, Number(b.dataset.tokens), b.getBBox().height])",
+            ),
+            "legend": page.inner_text("#usage-chart .legend"),
+            "rows": page.eval_on_selector_all(
+                "#usage-rows tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+            ),
+            "days": page.eval_on_selector_all("#usage-svg text", "labels => labels.map(l => l.textContent)"),
+        }
 
 
 class PageUsageTests(TestCase):
