@@ -206,9 +206,10 @@ class GatedChannel(HTTPChannel):
         """
         self.persistent = False
         self._lingering = self.site.reactor.seconds()
-        half_close = getattr(self.transport, "loseWriteConnection", None)  # TCP and UNIX, not TLS
-        if half_close is not None:
-            half_close()
+        # TCP and UNIX only, so asked of the transport's class: TLS's wrapper hands unknown names to
+        # the TCP transport under it, which would half-close the socket under TLS's own close.
+        if hasattr(type(self.transport), "loseWriteConnection"):
+            self.transport.loseWriteConnection()
 
     def pauseProducing(self) -> None:
         if self._stalled_since is None:
