@@ -18,23 +18,15 @@ from mrunner.config import Config
 from mrunner.errors import BadRequest, NotFound
 from mrunner.interfaces import IModelStore
 from mrunner.store.model import Model
-from mrunner.store.names import parse
-
-
-def alias_key(name: str) -> str:
-    """C{name} normalised as the store normalises names (C{gpt-4o-mini} is C{ai/gpt-4o-mini:latest})."""
-    try:
-        return str(parse(name))
-    except BadRequest:
-        return name
+from mrunner.store.names import normal_name
 
 
 def stored_name(name: str, aliases: Mapping[str, str], store: IModelStore) -> str:
     """The name C{name} is looked up by in C{store}: an alias's target, unless a stored model holds C{name}.
 
-    C{aliases} maps L{alias_key}s to the stored names they stand for.
+    C{aliases} maps L{normal_name}s to the stored names they stand for.
     """
-    target = aliases.get(alias_key(name)) if aliases else None
+    target = aliases.get(normal_name(name)) if aliases else None
     if target is None or _stored(store, name):
         return name
     return target
@@ -62,8 +54,8 @@ class Aliases:
     def configure_table(self, written: Mapping[str, str]) -> None:
         #: As written in tap.conf: the names the model lists show.
         self.written = dict(written)
-        #: By L{alias_key}: what L{stored_name} looks names up in.
-        self.table = {alias_key(alias): target for alias, target in written.items()}
+        #: By L{normal_name}: what L{stored_name} looks names up in.
+        self.table = {normal_name(alias): target for alias, target in written.items()}
         for alias in self.written:
             if _stored(self._store, alias) is not None:
                 self.log.warn(

@@ -8,6 +8,7 @@ a key (in the index, in registry URLs); it never becomes a path on disk.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import attrs
 import hyperlink
@@ -91,6 +92,15 @@ def parse(text: object, what: str = "model name") -> Reference:
     if tag is None and not digest:
         tag = DEFAULT_TAG
     return Reference(registry, repository, tag, digest or None)
+
+
+@lru_cache(maxsize=256)  # requests repeat names, and parsing one costs more than the rest of a check
+def normal_name(name: str) -> str:
+    """C{name} as the store knows it (C{smollm2} is C{ai/smollm2:latest}); as given when it is no name."""
+    try:
+        return str(parse(name))
+    except BadRequest:
+        return name
 
 
 def _split_registry(name: str) -> tuple[str, str]:

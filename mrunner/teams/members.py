@@ -10,13 +10,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 from collections.abc import Mapping
-from functools import lru_cache
 
 import attrs
 
 from mrunner.config import PRIORITIES, KeyConfig
-from mrunner.errors import BadRequest
-from mrunner.store.names import parse
+from mrunner.store.names import normal_name
 
 
 @attrs.frozen
@@ -58,15 +56,6 @@ def member(name: str, entry: KeyConfig) -> Member:
         max_concurrent=entry.max_concurrent,
         priority=PRIORITIES.index(entry.priority),
     )
-
-
-@lru_cache(maxsize=256)  # requests repeat names, and parsing one costs more than the rest of a check
-def normal_name(model: str) -> str:
-    """A model name as keys, usage and records know it: C{smollm2} is C{ai/smollm2:latest}."""
-    try:
-        return str(parse(model))
-    except BadRequest:
-        return model
 
 
 class KeyRing:

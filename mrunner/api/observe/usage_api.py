@@ -16,7 +16,7 @@ from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading.bodies import query
 from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.errors import BadRequest, NotFound
-from mrunner.teams.members import normal_name
+from mrunner.store.names import normal_name
 from mrunner.teams.usage import FIELDS, Query, UsageBook
 
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")

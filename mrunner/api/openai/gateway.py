@@ -32,8 +32,8 @@ from mrunner.api.reading.bodies import (
 from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.runners.relay import Observer
+from mrunner.store.names import normal_name
 from mrunner.teams.admission import Teams, Ticket
-from mrunner.teams.members import normal_name
 from mrunner.teams.meter import Tee
 
 T = TypeVar("T")
