@@ -9,7 +9,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,17 @@ def _secret() -> Any:
     return attrs.field(default=(), repr=False)
 
 
+def one_of(*choices: str) -> Callable[[object, str], str]:
+    """The parser of a key that takes one of C{choices}."""
+
+    def parse(value: object, key: str) -> str:
+        if value not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+
+    return parse
+
+
 @attrs.frozen
 class HTTPConfig:
     """The front door: who may call, from which page, and what a connection may cost."""
@@ -175,6 +186,7 @@ class HTTPConfig:
     min_body_rate: int = attrs.field(default=1024, metadata={"parse": parse_size})
     idle_timeout: float = _duration(60.0)
     drain_timeout: float = _duration(30.0)
+    head_parser: str = attrs.field(default="httptools", metadata={"parse": one_of("httptools", "twisted")})
 
 
 @attrs.frozen
@@ -210,17 +222,11 @@ class RecordsConfig:
     max_body: int = attrs.field(default=256 * 1024, metadata={"parse": parse_size})
 
 
-def _log_format(value: object, key: str) -> str:
-    if value not in ("text", "json"):
-        raise ConfigError(f"{key}: expected 'text' or 'json', got {value!r}")
-    return str(value)
-
-
 @attrs.frozen
 class LogConfig:
     """``[log]``: how the daemon writes its own log (logs/daemon.log)."""
 
-    format: str = attrs.field(default="text", metadata={"parse": _log_format})
+    format: str = attrs.field(default="text", metadata={"parse": one_of("text", "json")})
 
 
 def parse_gpu_devices(value: object, key: str) -> str | tuple[str, ...]:
@@ -251,12 +257,6 @@ class GPUConfig:
 
 
 PRIORITIES = ("high", "normal", "low")
-
-
-def _priority(value: object, key: str) -> str:
-    if value not in PRIORITIES:
-        raise ConfigError(f"{key}: expected one of {', '.join(PRIORITIES)}, got {value!r}")
-    return str(value)
 
 
 def _limit(value: object, key: str) -> int:
@@ -291,7 +291,7 @@ class KeyConfig:
     tokens_per_minute: int = _limit_field()
     tokens_per_day: int = _limit_field()
     max_concurrent: int = _limit_field()
-    priority: str = attrs.field(default="normal", metadata={"parse": _priority})
+    priority: str = attrs.field(default="normal", metadata={"parse": one_of(*PRIORITIES)})
 
 
 @attrs.frozen

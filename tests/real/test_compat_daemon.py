@@ -32,12 +32,16 @@ from tests.support.registry_server import SKIP, RealRegistry
 
 class CompatDaemonTestCase(TestCase):
     timeout = 60
+    head_parser: str | None = None  # [http] head_parser, when not the default
 
     async def start(self, text: str = "") -> None:
         self.home = short_home(self)
         self.gate = str(self.home / "gate")
         config = write_config(
-            self.home, text, ("--gate", self.gate, "--requests", str(self.home / "requests"))
+            self.home,
+            text,
+            ("--gate", self.gate, "--requests", str(self.home / "requests")),
+            self.head_parser,
         )
         self.daemon = InProcessDaemon(config)
         self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))

@@ -78,10 +78,13 @@ class DaemonTestCase(TestCase):
     timeout = 60
     config_text = ""
     runner_args: tuple[str, ...] = ()
+    head_parser: str | None = None  # [http] head_parser, when not the default
 
     async def start(self) -> None:
         self.home = short_home(self)
-        self.daemon = InProcessDaemon(write_config(self.home, self.config_text, self.runner_args))
+        self.daemon = InProcessDaemon(
+            write_config(self.home, self.config_text, self.runner_args, self.head_parser)
+        )
         self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
         gguf = self.home / "tiny.gguf"
         write_tiny_gguf(gguf)

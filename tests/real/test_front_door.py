@@ -36,6 +36,7 @@ from tests.real.test_cli import MRUNNER
 from tests.real.test_daemon import MODEL, DaemonTestCase
 from tests.support.daemon import InProcessDaemon, eventually, short_home, write_config
 from tests.support.ggufs import write_tiny_gguf
+from tests.support.parsers import with_twisted_heads
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -392,3 +393,11 @@ class CommandLineKeyTests(DaemonTestCase):
         self.assertEqual((code, MODEL.split(":")[0] in out), (0, True))
         code, out, _ = await self.mrunner("ls", MRUNNER_API_KEY=self.KEY)
         self.assertEqual((code, MODEL.split(":")[0] in out), (0, True))
+
+
+EarlyLimitTestsTwistedHeads = with_twisted_heads(EarlyLimitTests)
+HostilePeerTestsTwistedHeads = with_twisted_heads(HostilePeerTests)
+FollowerTestsTwistedHeads = with_twisted_heads(FollowerTests)
+ConnectionCapTestsTwistedHeads = with_twisted_heads(ConnectionCapTests)
+BusyDoorTestsTwistedHeads = with_twisted_heads(BusyDoorTests)
+CommandLineKeyTestsTwistedHeads = with_twisted_heads(CommandLineKeyTests)

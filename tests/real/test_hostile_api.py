@@ -20,6 +20,7 @@ from tests.real.test_compat_daemon import CompatDaemonTestCase
 from tests.real.test_daemon import MODEL
 from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
+from tests.support.parsers import with_twisted_heads
 
 K1, K2, ROOT = "key-one", "key-two", "key-root"
 KEYS = f'[http]\napi_keys = ["{K1}", "{K2}"]\nadmin_api_keys = ["{ROOT}"]\n'
@@ -323,3 +324,6 @@ class RealRunnerTests(Keyed, LlamaCppTestCase):
         for key in (K2, ROOT):
             code, answer = await self.ask("POST", "/v1/chat/completions", key, chat)
             self.assertEqual(code, 200, answer)
+
+
+HostileAPITestsTwistedHeads = with_twisted_heads(HostileAPITests)

@@ -26,6 +26,7 @@ from zope.interface import implementer
 
 from mrunner import config as configuration
 from mrunner.tap import make_service
+from tests.support.parsers import head_parser_config
 
 # No persistent client connections: trial checks that tests leave no socket open.
 http = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
@@ -40,8 +41,15 @@ def short_home(test: SynchronousTestCase, prefix: str = "mr-") -> Path:
     return path
 
 
-def write_config(home: Path, text: str = "", runner_args: tuple[str, ...] = ()) -> Path:
-    """A tap.conf whose default backend, C{test}, runs tests/support/runner_program.py."""
+def write_config(
+    home: Path, text: str = "", runner_args: tuple[str, ...] = (), head_parser: str | None = None
+) -> Path:
+    """A tap.conf whose default backend, C{test}, runs tests/support/runner_program.py.
+
+    C{head_parser}, when given, is set in C{[http]}; else the daemon's default parser reads heads.
+    """
+    if head_parser is not None:
+        text = head_parser_config(text, head_parser)
     command = [
         sys.executable,
         RUNNER_PROGRAM,

@@ -26,6 +26,7 @@ from mrunner.errors import PayloadTooLarge
 from mrunner.runners.forwarder import answer_fields, forwarded_headers
 from mrunner.runners.wire import Head
 from mrunner.tap import make_service
+from tests.support.parsers import with_twisted_heads
 
 KEY = "sk-local-0123456789"
 ADMIN_KEY = "sk-admin-9876543210"
@@ -69,6 +70,9 @@ def parse(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
 
 
 class GateTestCase(SynchronousTestCase):
+    #: Which parser reads request heads ([http] head_parser); the door's tests run with each.
+    head_parser = "httptools"
+
     def setUp(self) -> None:
         self.clock = MemoryReactorClock()
         self.routes = Recorder()
@@ -86,7 +90,7 @@ class GateTestCase(SynchronousTestCase):
             Config(),
             listen=listen,
             max_request_bytes=max_request_bytes,
-            http=HTTPConfig(**http),
+            http=HTTPConfig(**{"head_parser": self.head_parser, **http}),
             cluster=ClusterConfig(open_metrics=open_metrics),
         )
         self.site = GatedSite(self.routes, self.config, self.clock, sinks)
@@ -682,3 +686,12 @@ class ListenTests(SynchronousTestCase):
         self.assertEqual(private_listen("unix:/run/api.sock"), "unix:/run/api.sock:mode=600")
         self.assertEqual(private_listen("unix:/run/api.sock:mode=660"), "unix:/run/api.sock:mode=660")
         self.assertEqual(private_listen("tcp:12434"), "tcp:12434")
+
+
+HostTestsTwistedHeads = with_twisted_heads(HostTests)
+OriginTestsTwistedHeads = with_twisted_heads(OriginTests)
+KeyTestsTwistedHeads = with_twisted_heads(KeyTests)
+BodyLimitTestsTwistedHeads = with_twisted_heads(BodyLimitTests)
+UnreadableRequestTestsTwistedHeads = with_twisted_heads(UnreadableRequestTests)
+SinkTestsTwistedHeads = with_twisted_heads(SinkTests)
+ConnectionTestsTwistedHeads = with_twisted_heads(ConnectionTests)

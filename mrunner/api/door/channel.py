@@ -131,6 +131,10 @@ class GatedChannel(HTTPChannel):
         self._received += len(data)
         if self._awaiting and self._since is None:
             self._since = self.site.reactor.seconds()
+        self._receive(data)
+
+    def _receive(self, data: bytes) -> None:
+        """Parse C{data}: here with twisted.web's parser, a line of the head at a time."""
         super().dataReceived(data)
 
     def lineReceived(self, line: bytes) -> None:
@@ -194,7 +198,12 @@ class GatedChannel(HTTPChannel):
         )
 
     def _answer_and_close(self, error: MrunnerError) -> None:
-        """Answer a request that cannot be read with C{error}, before any route sees it, then close."""
+        """Answer a request that cannot be read with C{error}, before any route sees it, then close.
+
+        Once: the lines after a refused one, read from the same buffer, are dropped unanswered.
+        """
+        if self._lingering is not None:
+            return
         self.transport.write(raw_answer(error))
         self._linger()
 

@@ -25,6 +25,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 
 from mrunner.api.door.channel import GatedChannel, GatedRequest, Sink
+from mrunner.api.door.lean import LeanChannel
 from mrunner.api.door.trust import Trust, beyond_loopback, route_path
 from mrunner.api.errors import Refusal
 from mrunner.config import Config
@@ -34,6 +35,8 @@ ALLOWED_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
 PREFLIGHT_MAX_AGE = b"600"
 # Sweeps per header_timeout: a trickler is cut off at most a quarter of it late.
 SWEEPS_PER_TIMEOUT = 4
+#: The channel for each C{[http] head_parser}: httptools' C parser, or twisted.web's own.
+CHANNELS: dict[str, type[GatedChannel]] = {"httptools": LeanChannel, "twisted": GatedChannel}
 
 
 class Preflight(Resource):
@@ -60,8 +63,9 @@ class GatedSite(BatchedLogSite):
     """The HTTP server: counts its connections and sweeps them; its trust rules can be replaced.
 
     C{configure(config)} swaps in the C{[http]} settings of a newly read configuration:
-    requests from then on use them. C{listen} and C{max_request_bytes} stay as the daemon
-    started with them, as the routes and the listening port do, until a restart.
+    requests from then on use them, and connections from then on its C{head_parser}.
+    C{listen} and C{max_request_bytes} stay as the daemon started with them, as the
+    routes and the listening port do, until a restart.
 
     C{sinks} maps a route's path to the L{Sink} that takes the bodies POSTed to it as they
     arrive. The body is still counted, limited and cut off when slow as any other; a sink is
@@ -95,6 +99,7 @@ class GatedSite(BatchedLogSite):
             config, listen=self._started.listen, max_request_bytes=self._started.max_request_bytes
         )
         self.trust = Trust(config)
+        self.protocol = CHANNELS[config.http.head_parser]
         if beyond_loopback(config.listen) and not (config.http.api_keys or config.http.admin_api_keys):
             self.events.warn(
                 "listening on {listen} without [http] api_keys: whoever reaches it may use every route",
