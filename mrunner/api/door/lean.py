@@ -26,24 +26,29 @@ from twisted.web.http_headers import _nameEncoder
 from mrunner.api.door.channel import GatedChannel
 
 END_OF_HEAD = b"\r\n\r\n"
-LENGTH_HEADERS = frozenset((b"Content-Length", b"Transfer-Encoding"))
+LENGTH_HEADERS = (b"Content-Length", b"Transfer-Encoding")
+canonical = _nameEncoder.encode  # a header's name in twisted.web's case (remembered once seen)
 TWISTED_VERSIONS = (b" HTTP/1.1", b" HTTP/1.0")
 
 
 class Head:
-    """What httptools' callbacks give for one request head."""
+    """What httptools' callbacks give for one request head: its target, and its headers stored as
+    twisted.web's L{Headers} stores them (canonical names, values without their trailing blanks)."""
 
-    __slots__ = ("fields", "target")
+    __slots__ = ("count", "fields", "target")
 
     def __init__(self) -> None:
         self.target = b""
-        self.fields: list[tuple[bytes, bytes]] = []
+        self.fields: dict[bytes, list[bytes]] = {}
+        self.count = 0
 
     def on_url(self, target: bytes) -> None:
         self.target += target
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.fields.append((name, value))
+        # httptools drops a value's leading blanks, and keeps its trailing ones.
+        self.fields.setdefault(canonical(name), []).append(value.rstrip(b" \t"))
+        self.count += 1
 
 
 class LeanChannel(GatedChannel):
@@ -96,7 +101,7 @@ class LeanChannel(GatedChannel):
             self._read_by_twisted()
             return False
         method, version = parser.get_method(), b"HTTP/" + parser.get_http_version().encode()
-        if not self._fits(pending[start:end], method + b" " + head.target + b" " + version, len(head.fields)):
+        if not self._fits(pending[start:end], method + b" " + head.target + b" " + version, head.count):
             self._read_by_twisted()
             return False
         self._pending = pending[end + 4 :]
@@ -126,14 +131,12 @@ class LeanChannel(GatedChannel):
         request = self.requestFactory(self, len(self.requests))
         self.requests.append(request)
         self._command, self._path, self._version = method, head.target, version
-        stored = request.requestHeaders._rawHeaders
-        for raw_name, raw_value in head.fields:
-            name = _nameEncoder.encode(raw_name)
-            value = raw_value.strip(b" \t")
-            if name in LENGTH_HEADERS and not self._maybeChooseTransferDecoder(name, value):
-                return False  # answered 400 already
-            stored.setdefault(name, []).append(value)
-        self._receivedHeaderCount = len(head.fields)
+        request.requestHeaders._rawHeaders = head.fields
+        for name in LENGTH_HEADERS:
+            for value in head.fields.get(name, ()):
+                if not self._maybeChooseTransferDecoder(name, value):
+                    return False  # answered 400 already
+        self._receivedHeaderCount = head.count
         self.allHeadersReceived()
         if self.length == 0:
             self.allContentReceived()
