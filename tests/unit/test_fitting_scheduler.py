@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -158,14 +159,17 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.assertEqual(len(self.spawn.processes), 3, "later requests go to it")
 
     def test_a_context_size_someone_set_is_kept(self) -> None:
-        """Set in the model's settings or its flags: no retry with half of it."""
+        """Set in the model's settings, its flags or its config: no retry with half of it."""
         self.backend.default_context = 4096
         fixed = {
             "settings": ModelSettings(context_size=4096),
             "flags": ModelSettings(flags=("--ctx-size=4096",)),
             "short flag": ModelSettings(flags=("-c", "4096")),
+            "config": ModelSettings(),
         }
         for why, settings in fixed.items():
+            if why == "config":
+                self.store.models[A] = attrs.evolve(self.store.models[A], config={"context_size": 4096})
             scheduler = self.make({"CUDA0": 40 * MIB})
             self.successResultOf(scheduler.configure(None, "a", settings))
             d = scheduler.acquire(None, "a", COMPLETION)
@@ -174,7 +178,7 @@ class GpuSchedulerTests(SynchronousTestCase):
                 self.spawn.processes[-1].exit()
             self.assertNotIn("halved", self.failureResultOf(d, RunnerFailed).value.message, why)
             self.successResultOf(scheduler.close())
-        self.assertEqual(len(self.spawn.processes), 6, "two loads each, none with half the context")
+        self.assertEqual(len(self.spawn.processes), 8, "two loads each, none with half the context")
 
     def test_too_large_names_the_shortfall(self) -> None:
         """What the GPUs cannot hold must fit in RAM, else a 422 says how far over it is."""
