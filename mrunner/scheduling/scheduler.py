@@ -211,10 +211,10 @@ class Scheduler:
         )
 
     def _context_left(self, backend: str, model: Model, settings: RunnerSettings) -> ContextSize | None:
-        """The context a runner of C{model} gets when no one fixed its size (not its settings, the
-        model's config nor its flags), which a load out of device memory may halve; else None."""
+        """The context a runner of C{model} gets when no one fixed its size (not its settings, its
+        flags nor a choice in its config), which a load out of device memory may halve; else None."""
         flags = {flag.partition("=")[0] for flag in settings.flags}
-        if settings.context_size or model.config.get("context_size") or flags & CONTEXT_FLAGS:
+        if settings.context_size or model.chosen_context or flags & CONTEXT_FLAGS:
             return None
         return self._backends[backend].context(model, settings)
 

@@ -29,12 +29,21 @@ LAYERS = 31
 
 class FittingTests(LlamaCppTestCase):
     async def start_with(
-        self, scenario: str, oom_layers: int | None = None, config_text: str = "", parallel: int = 2
+        self,
+        scenario: str,
+        oom_layers: int | None = None,
+        config_text: str = "",
+        parallel: int = 2,
+        oom_context: int | None = None,
     ) -> None:
         directory = Path(self.mktemp())
         directory.mkdir()
         wrapper = gpu_server.write_wrapper(
-            directory, cached_llama_server(), scenario=scenario, oom_layers=oom_layers
+            directory,
+            cached_llama_server(),
+            scenario=scenario,
+            oom_layers=oom_layers,
+            oom_context=oom_context,
         )
         await self.start(f'[backends."llama.cpp"]\npath = "{wrapper}"\n{config_text}', parallel)
         await self.settled_status()
@@ -93,12 +102,31 @@ class FittingTests(LlamaCppTestCase):
         self.assertEqual(runner["gpu_layers"], 23)
         self.assertIn("cudaMalloc failed: out of memory", self.log())
 
-    async def test_out_of_memory_twice_names_the_device(self) -> None:
+    async def test_out_of_memory_with_fewer_layers_retries_with_half_the_context(self) -> None:
+        """The fake runs out of memory above 4096 tokens of context: 31 layers and then 23 fail with
+        SmolLM2's default (its trained 8192), 23 load with 4096, which `/engines/ps` shows."""
+        await self.start_with("one", oom_context=4096)
+        self.assertTrue((await self.ask()).choices)
+        [runner] = await self.runners()
+        self.assertEqual((runner["gpu_layers"], runner["context_size"]), (23, 4096))
+        self.assertIn("--ctx-size 4096", self.log())
+
+    async def test_a_context_size_set_is_not_halved(self) -> None:
+        await self.start_with(
+            "one", oom_context=4096, config_text='[models."ai/smollm2"]\ncontext_size = 8192\n'
+        )
+        code, body = await self.post("/engines/v1/chat/completions", HELLO)
+        self.assertEqual((code, body["error"]["code"]), (500, "runner_failed"), body)
+        self.assertIn("with 23 layers offloaded; lower [gpu] memory_budget", body["error"]["message"])
+
+    async def test_out_of_memory_every_time_names_the_device(self) -> None:
         await self.start_with("one", oom_layers=10)
         code, body = await self.post("/engines/v1/chat/completions", HELLO)
         self.assertEqual((code, body["error"]["code"]), (500, "runner_failed"), body)
         self.assertIn(
-            "ran out of memory on CUDA0 while loading, with 23 layers offloaded", body["error"]["message"]
+            "ran out of memory on CUDA0 while loading, with 23 layers offloaded and its context halved"
+            " to 4096 tokens",
+            body["error"]["message"],
         )
         self.assertEqual(await self.runners(), [])
 
