@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,36 @@ SMOL = "ai/smollm2:latest"
 HELLO: dict[str, Any] = {"model": SMOL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 #: SmolLM2-135M's 30 blocks and its output layer: what -ngl counts.
 LAYERS = 31
+MIB = 2**20
+
+
+def fake_pynvml(used: int) -> types.ModuleType:
+    """A C{pynvml} for the fake's C{one} GPU on which each child of this process (the in-process
+    daemon's runners) uses C{used} bytes."""
+    module = types.ModuleType("pynvml")
+
+    def children() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # not a process, or one that ended meanwhile
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == os.getpid():
+                found.append(int(entry.name))
+        return found
+
+    functions = {
+        "nvmlInit": lambda: None,
+        "nvmlDeviceGetCount": lambda: 1,
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetMemoryInfo": lambda handle: types.SimpleNamespace(total=24080 * MIB, free=23700 * MIB),
+        "nvmlDeviceGetComputeRunningProcesses": lambda handle: [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid in children()
+        ],
+    }
+    module.__dict__.update(functions)
+    return module
 
 
 class FittingTests(LlamaCppTestCase):
@@ -93,6 +125,20 @@ class FittingTests(LlamaCppTestCase):
         out, err, code = await getProcessOutputAndValue(MRUNNER, ["ps"], env=env, reactor=reactor)
         self.assertEqual(code, 0, err)
         self.assertRegex(out.decode(), r"CUDA0 \d+% / CPU \d+%")
+
+    async def test_nvml_use_corrects_the_load_output(self) -> None:
+        """Where NVML loads (a fake that gives the runner 1 GiB on CUDA0, as a CUDA context would add to
+        its buffers), `/engines/ps` and `/engines/devices` count what NVML gives, not the buffers."""
+        previous = sys.modules.pop("pynvml", None)
+        self.addCleanup(lambda: sys.modules.update({"pynvml": previous} if previous else {}))
+        self.addCleanup(sys.modules.pop, "pynvml", None)
+        sys.modules["pynvml"] = fake_pynvml(1024 * MIB)
+        await self.start_with("one")
+        self.assertTrue((await self.ask()).choices)
+        [runner] = await self.runners()
+        self.assertEqual((runner["gpu_layers"], runner["devices"]["CUDA0"]), (LAYERS, 1024 * MIB))
+        devices = json.loads(await (await http.get(self.daemon.url + "/engines/devices")).text())
+        self.assertEqual(devices["devices"][0]["used"], 1024 * MIB)
 
     async def test_out_of_memory_retries_with_fewer_layers(self) -> None:
         """The fake runs out of memory above 25 layers: all 31 fail, the retry with 23 loads."""
