@@ -61,6 +61,15 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.backend.installs[-1].callback("llama.cpp test")
         return scheduler
 
+    def run_out(self, times: int) -> list[list[tuple[str, int]]]:
+        """The next C{times} loads run out of device memory: where each of them was placed."""
+        placed = []
+        for _ in range(times):
+            placed.append(self.layers())
+            self.spawn.processes[-1].load_report.read(OUT_OF_MEMORY)
+            self.spawn.processes[-1].exit()
+        return placed
+
     def layers(self, index: int = -1) -> list[tuple[str, int]]:
         placement = self.backend.started[index].placement
         assert placement is not None
@@ -121,11 +130,7 @@ class GpuSchedulerTests(SynchronousTestCase):
     def test_out_of_memory_retries_with_fewer_layers_once(self) -> None:
         scheduler = self.make({"CUDA0": 40 * MIB, "CUDA1": 24 * MIB})
         d = scheduler.acquire(None, "a", COMPLETION)
-        for expected in ([("CUDA1", 9)], [("CUDA1", 6)]):
-            self.assertEqual(self.layers(), expected)
-            process = self.spawn.processes[-1]
-            process.load_report.read(OUT_OF_MEMORY)
-            process.exit()
+        self.assertEqual(self.run_out(2), [[("CUDA1", 9)], [("CUDA1", 6)]])
         self.assertEqual(len(self.spawn.processes), 2)
         error = self.failureResultOf(d, RunnerFailed).value
         self.assertIn("ran out of memory on CUDA1 while loading, with 6 layers offloaded", error.message)
@@ -134,11 +139,7 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.backend.default_context = 4096
         scheduler = self.make({"CUDA0": 40 * MIB})
         d = scheduler.acquire(None, "a", COMPLETION)
-        for expected in ([("CUDA0", 9)], [("CUDA0", 6)], [("CUDA0", 6)]):
-            self.assertEqual(self.layers(), expected)
-            process = self.spawn.processes[-1]
-            process.load_report.read(OUT_OF_MEMORY)
-            process.exit()
+        self.assertEqual(self.run_out(3), [[("CUDA0", 9)], [("CUDA0", 6)], [("CUDA0", 6)]])
         self.assertEqual([s.context_size for s in self.backend.started], [None, None, 2048])
         error = self.failureResultOf(d, RunnerFailed).value
         self.assertIn("with 6 layers offloaded and its context halved to 2048 tokens;", error.message)
@@ -148,15 +149,23 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.backend.default_context = 4096
         scheduler = self.make({"CUDA0": 40 * MIB})
         d = scheduler.acquire(None, "a", COMPLETION)
-        for _ in range(2):
-            self.spawn.processes[-1].load_report.read(OUT_OF_MEMORY)
-            self.spawn.processes[-1].exit()
+        self.run_out(2)
         self.spawn.processes[-1].ready.callback(None)
         self.successResultOf(d).release()
         [runner] = scheduler.snapshot()
         self.assertEqual((runner.context.asked, runner.stale), (2048, False))
         self.successResultOf(scheduler.acquire(None, "a", COMPLETION)).release()
         self.assertEqual(len(self.spawn.processes), 3, "later requests go to it")
+
+    def test_the_trained_context_in_its_config_is_no_choice(self) -> None:
+        """The store records every GGUF's trained context in its config: that fixes nothing."""
+        trained = {"context_size": 8192, "architecture": "llama", "gguf": {"llama.context_length": "8192"}}
+        self.store.models[A] = attrs.evolve(self.store.models[A], config=trained)
+        self.backend.default_context = 8192
+        scheduler = self.make({"CUDA0": 40 * MIB})
+        scheduler.acquire(None, "a", COMPLETION)
+        self.run_out(2)
+        self.assertEqual([s.context_size for s in self.backend.started], [None, None, 4096])
 
     def test_a_context_size_someone_set_is_kept(self) -> None:
         """Set in the model's settings, its flags or its config: no retry with half of it."""
@@ -173,9 +182,7 @@ class GpuSchedulerTests(SynchronousTestCase):
             scheduler = self.make({"CUDA0": 40 * MIB})
             self.successResultOf(scheduler.configure(None, "a", settings))
             d = scheduler.acquire(None, "a", COMPLETION)
-            for _ in range(2):
-                self.spawn.processes[-1].load_report.read(OUT_OF_MEMORY)
-                self.spawn.processes[-1].exit()
+            self.run_out(2)
             self.assertNotIn("halved", self.failureResultOf(d, RunnerFailed).value.message, why)
             self.successResultOf(scheduler.close())
         self.assertEqual(len(self.spawn.processes), 8, "two loads each, none with half the context")
