@@ -170,6 +170,9 @@ class IDevices(Interface):
     def refresh() -> Deferred[list[Device]]:
         """Look again (NVML, else C{llama-server --list-devices}); fires with L{devices}' new answer."""
 
+    def used_by(pid: int) -> dict[str, int]:
+        """Bytes process C{pid} holds on each GPU as NVML measures them; none without NVML."""
+
 
 class IRunnerProcess(Interface):
     """One started runner process, as the loader sees it (see L{mrunner.scheduling.process})."""

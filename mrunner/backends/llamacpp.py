@@ -68,16 +68,6 @@ def context_size(model: Model, settings: RunnerSettings) -> int:
     return min(int(model.config.get("context_size") or DEFAULT_CONTEXT_SIZE), MAX_DEFAULT_CONTEXT_SIZE)
 
 
-def trained_context(model: Model) -> int | None:
-    """The context C{model} was trained for (GGUF C{<arch>.context_length}), None when unknown."""
-    metadata = model.config.get("gguf") or {}
-    architecture = model.config.get("architecture") or metadata.get("general.architecture")
-    try:
-        return int(metadata[f"{architecture}.context_length"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def context_in_force(model: Model, settings: RunnerSettings) -> ContextSize:
     """The ``--ctx-size`` asked for, and what llama-server gives each request of it.
 
@@ -85,7 +75,7 @@ def context_in_force(model: Model, settings: RunnerSettings) -> ContextSize:
     a slot at the model's trained context (its log says "capping", nothing else does).
     """
     asked = context_size(model, settings)
-    trained = trained_context(model)
+    trained = model.trained_context
     return ContextSize(asked, asked if trained is None else min(asked, trained))
 
 

@@ -98,6 +98,10 @@ class Devices:
         total, free = self._host()
         return [*gpus, Device(CPU, "host memory", total, free, self._ram_budget(), used.get(CPU, 0))]
 
+    def used_by(self, pid: int) -> dict[str, int]:
+        """NVML's bytes for process C{pid} on each GPU; none where NVML does not load."""
+        return {} if self._nvml is None else self._nvml.used_by(pid)
+
     def refresh(self) -> Deferred[list[Device]]:
         """NVML's numbers when it answers for every listed NVIDIA GPU, else the build's list again."""
         if self._nvml is not None:

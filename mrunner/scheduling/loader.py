@@ -25,7 +25,7 @@ from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import IDevices, ILease, ILoaderEvents, IRunnerProcess
 from mrunner.scheduling import policy, priority
 from mrunner.scheduling.policy import Limits
-from mrunner.scheduling.roster import LoadRequest, Roster, Runner
+from mrunner.scheduling.roster import LoadRequest, Roster, Runner, unmeasured
 from mrunner.store.model import Model
 from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
 
@@ -37,6 +37,13 @@ DRAINING = (
 
 
 Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]
+#: A request with its memory and footprint estimated again for its settings (by its backend).
+Estimate = Callable[[LoadRequest], LoadRequest]
+
+
+def same_estimate(request: LoadRequest) -> LoadRequest:
+    """A loader without backends keeps the estimate it was given."""
+    return request
 
 
 @attrs.define(eq=False)
@@ -114,8 +121,10 @@ class Loader:
         events: ILoaderEvents | None = None,
         devices: IDevices | None = None,
         starvation: float = 60.0,
+        estimate: Estimate = same_estimate,
     ):
         self._clock = clock
+        self._estimate = estimate
         self._devices = devices
         self._gpus: tuple[tuple[str, int], ...] | None = None
         #: Seconds of waiting after which a waiter moves up a priority class (L{priority}).
@@ -123,7 +132,7 @@ class Loader:
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
-        self.roster = Roster(clock, events or NoEvents(), self)
+        self.roster = Roster(clock, events or NoEvents(), self, devices.used_by if devices else unmeasured)
         #: The runner each key's requests go to (the roster's; stopping ones are not in it).
         self.runners = self.roster.by_key
         self._queue: deque[_Waiter] = deque()
@@ -309,23 +318,47 @@ class Loader:
         self._fail_waiters(key, reason)  # before its machine stops it: that must not start a load for them
 
     def _retry_smaller(self, runner: Runner, device: str) -> bool:
-        """Once per load: plan again for C{runner}'s waiters with fewer layers offloaded."""
-        footprint = runner.request.footprint
-        if footprint is None or footprint.offload is not None or not runner.gpu_layers:
+        """Plan again for C{runner}'s waiters with the next smaller plan (L{policy.smaller}), if any."""
+        request, footprint = runner.request, runner.request.footprint
+        if footprint is None:
             return False
-        fewer = attrs.evolve(footprint, offload=runner.gpu_layers * 3 // 4)
-        request = attrs.evolve(runner.request, footprint=fewer)
-        self.log.warn(
-            "runner {key} ran out of memory on {device} with {layers} layers offloaded; trying {fewer}",
-            key=runner.key,
-            device=device,
-            layers=runner.gpu_layers,
-            fewer=fewer.offload,
-        )
+        smaller = policy.smaller(footprint, runner.gpu_layers, None if request.halved else request.context)
+        if smaller is None:
+            return False
+        if smaller.context is None:
+            request = attrs.evolve(request, footprint=attrs.evolve(footprint, offload=smaller.offload))
+            self.log.warn(
+                "runner {key} ran out of memory on {device} with {layers} layers offloaded; trying {fewer}",
+                key=runner.key,
+                device=device,
+                layers=runner.gpu_layers,
+                fewer=smaller.offload,
+            )
+        else:
+            request = self._smaller_context(runner, smaller.context)
+            self.log.warn(
+                "runner {key} ran out of memory on {device} with {layers} layers offloaded; no context size"
+                " is set, so trying half the context: {context} tokens",
+                key=runner.key,
+                device=device,
+                layers=runner.gpu_layers,
+                context=smaller.context,
+            )
         for waiter in self._queue:
             if waiter.key == _first(runner.key):
                 waiter.request = request
         return True
+
+    def _smaller_context(self, runner: Runner, context: int) -> LoadRequest:
+        """C{runner}'s request with a context of C{context} tokens, estimated again, and no more
+        layers on the GPUs than it had (a smaller context is not a reason to offload more)."""
+        request = runner.request
+        smaller = self._estimate(
+            attrs.evolve(request, settings=attrs.evolve(request.settings, context_size=context))
+        )
+        if smaller.footprint is None:
+            return smaller
+        return attrs.evolve(smaller, footprint=attrs.evolve(smaller.footprint, offload=runner.gpu_layers))
 
     def replan(self) -> None:
         if not self._closed:
@@ -505,10 +538,13 @@ def _least_busy(runners: list[Runner]) -> Runner | None:
 
 
 def out_of_memory(runner: Runner, device: str, output: str) -> RunnerFailed:
-    """The error for a runner that ran out of C{device}'s memory while loading, even with fewer layers."""
+    """The error for a runner that ran out of C{device}'s memory while loading, even with fewer
+    layers (and half the context, when no context size was set)."""
+    request = runner.request
+    halved = f" and its context halved to {request.settings.context_size} tokens" if request.halved else ""
     return RunnerFailed(
         f"model {runner.model_name} ran out of memory on {device} while loading, with"
-        f" {runner.gpu_layers} layers offloaded; lower [gpu] memory_budget for {device}, or use a"
+        f" {runner.gpu_layers} layers offloaded{halved}; lower [gpu] memory_budget for {device}, or use a"
         f" smaller context size ({output})"
     )
 

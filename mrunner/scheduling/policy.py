@@ -8,12 +8,25 @@ from typing import Generic, Protocol, TypeVar
 
 import attrs
 
-from mrunner.values import HOST, Footprint, Placement, State, place_on
+from mrunner.values import HOST, ContextSize, Footprint, Placement, State, place_on
 
-__all__ = ["Limits", "Plan", "State", "drained", "next_backoff", "place", "plan"]
+__all__ = [
+    "Limits",
+    "Plan",
+    "Smaller",
+    "State",
+    "drained",
+    "held_on_gpus",
+    "next_backoff",
+    "place",
+    "plan",
+    "smaller",
+]
 
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
+#: The smallest context a load out of device memory is retried with (a model trained for less: that).
+MIN_CONTEXT = 2048
 
 
 class RunnerView(Protocol):
@@ -28,6 +41,7 @@ class RunnerView(Protocol):
     @property
     def memory(self) -> int:
         """Bytes it holds in RAM (all of it, on a machine without GPUs)."""
+
     @property
     def pinned(self) -> bool: ...
     @property
@@ -345,6 +359,47 @@ def _share(layers: int, fitting: Mapping[str, int]) -> dict[str, int]:
     for device in behind[: layers - sum(share.values())]:
         share[device] += 1
     return share
+
+
+def held_on_gpus(*readings: Mapping[str, int]) -> dict[str, int]:
+    """Bytes a runner holds on each GPU: the largest of its C{readings} (the plan, its load output,
+    NVML's use of its process), device by device, as measured RSS corrects the estimate in RAM.
+
+    Each reading misses something the others count (the plan is an estimate, the load output
+    leaves out the GPU runtime's own context), so none is trusted below the others. The host's
+    RAM (C{CPU}) in a reading is not a GPU and is left out.
+    """
+    held: dict[str, int] = {}
+    for reading in readings:
+        for device, size in reading.items():
+            if device != HOST:
+                held[device] = max(held.get(device, 0), size)
+    return held
+
+
+@attrs.frozen
+class Smaller:
+    """The next smaller plan for a load that ran out of device memory: at most C{offload} layers
+    on the GPUs, or a context of C{context} tokens."""
+
+    offload: int | None = None
+    context: int | None = None
+
+
+def smaller(footprint: Footprint, gpu_layers: int, context: ContextSize | None) -> Smaller | None:
+    """What a load that ran out of device memory is retried with, each step once; None: give up.
+
+    First a quarter fewer layers on the GPUs (while C{footprint} has no cap and some were
+    offloaded); then half the C{context} (given only when the user fixed none), not below
+    L{MIN_CONTEXT} or the context in force if that is less: a model answers with a smaller
+    context, but not with one smaller than a chat needs.
+    """
+    if footprint.offload is None and gpu_layers:
+        return Smaller(offload=gpu_layers * 3 // 4)
+    if context is None or context.asked is None:
+        return None
+    half = max(context.asked // 2, min(MIN_CONTEXT, context.in_force or MIN_CONTEXT))
+    return Smaller(context=half) if half < context.asked else None
 
 
 def drained(runners: Mapping[K, RunnerView]) -> list[K]:

@@ -8,6 +8,7 @@ events told) is one of the outputs below, run by the table and nowhere else.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import attrs
@@ -18,15 +19,24 @@ from twisted.python.failure import Failure
 
 from mrunner.backends.base import RunnerSettings
 from mrunner.interfaces import ILoaderEvents, IRunnerProcess
-from mrunner.scheduling import lifecycle
+from mrunner.scheduling import lifecycle, policy
 from mrunner.scheduling.keepalive import KeepAlive
 from mrunner.scheduling.lifecycle import Input
 from mrunner.scheduling.policy import Limits
 from mrunner.store.model import Model
-from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
+from mrunner.values import ContextSize, Footprint, Placement, RunnerKey, State
 
-#: Seconds between two readings of a runner's resident memory, which is read from /proc when it goes idle.
+#: Seconds between two readings of a runner's resident memory (from /proc) and its use of each GPU
+#: (from NVML), which are read when it goes idle.
 MEASURE_EVERY = 1.0
+
+#: NVML's bytes for a process on each GPU (L{mrunner.interfaces.IDevices.used_by}).
+GpuUse = Callable[[int], Mapping[str, int]]
+
+
+def unmeasured(pid: int) -> dict[str, int]:
+    """No GPU use measured: a machine without NVML."""
+    return {}
 
 
 @attrs.frozen
@@ -44,6 +54,19 @@ class LoadRequest:
     footprint: Footprint | None = None
     #: How many runners of the model may serve (C{[models."NAME"] instances}).
     instances: int = 1
+    #: The context in force when the user fixed no context size, which a load out of device
+    #: memory may halve once (C{settings.context_size} then holds the half); None when fixed.
+    context: ContextSize | None = None
+
+    @property
+    def halved(self) -> bool:
+        """Whether a load out of device memory halved the context the user left to mrunner."""
+        return self.context is not None and self.settings.context_size is not None
+
+    @property
+    def asked(self) -> RunnerSettings:
+        """The settings as configured, before a load out of device memory halved the context."""
+        return attrs.evolve(self.settings, context_size=None) if self.halved else self.settings
 
 
 class Keeper(Protocol):
@@ -81,6 +104,8 @@ class Runner:
         self.started = roster.clock.seconds()
         self.finished_at = 0.0  # when it last became idle: none yet
         self.measured = 0
+        #: NVML's bytes for its process on each GPU, when last read; none without NVML.
+        self.measured_gpus: Mapping[str, int] = {}
         self.measured_at = -MEASURE_EVERY
         self.expiry = KeepAlive(roster.clock, request.keep_alive, request.pinned)
         self._exit_cause = "failed"  # how its end is told: set by L{opened} and L{asked_to_stop}
@@ -164,6 +189,9 @@ class Runner:
 
     def _measure(self) -> None:
         self.measured = self.process.rss() or self.measured
+        pid = self.process.pid
+        if pid is not None:
+            self.measured_gpus = self._roster.gpu_use(pid) or self.measured_gpus
         self.measured_at = self._roster.clock.seconds()
 
     # Views (L{policy.RunnerView} and the snapshots)
@@ -212,14 +240,12 @@ class Runner:
 
     @property
     def on_gpus(self) -> dict[str, int]:
-        """Bytes it holds on each GPU: as planned, or what its load output gave once larger.
+        """Bytes it holds on each GPU: as planned, or what its load output or NVML gave once larger.
 
-        Like L{memory}, the estimate stays the floor: the buffers llama.cpp
-        logs leave out the GPU runtime's own context.
+        Like L{memory}, the estimate stays the floor (L{policy.held_on_gpus}).
         """
         planned = {} if self.placement is None else self.placement.on_gpus
-        measured = {d: n for d, n in self.process.load_report.buffers.items() if d != HOST}
-        return {d: max(planned.get(d, 0), measured.get(d, 0)) for d in {**planned, **measured}}
+        return policy.held_on_gpus(planned, self.process.load_report.buffers, self.measured_gpus)
 
     @property
     def gpu_layers(self) -> int:
@@ -229,10 +255,14 @@ class Runner:
 class Roster:
     """Every runner whose process has not ended, and the one each key's new requests go to."""
 
-    def __init__(self, clock: IReactorTime, events: ILoaderEvents, keeper: Keeper):
+    def __init__(
+        self, clock: IReactorTime, events: ILoaderEvents, keeper: Keeper, gpu_use: GpuUse = unmeasured
+    ):
         self.clock = clock
         self.events = events
         self.keeper = keeper
+        #: What NVML measures of a runner process on each GPU (nothing without NVML).
+        self.gpu_use = gpu_use
         #: The runner each key's requests go to: loading, ready or draining.
         self.by_key: dict[RunnerKey, Runner] = {}
         self._alive: dict[Runner, None] = {}  # in order of loading

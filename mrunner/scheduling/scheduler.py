@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -34,11 +35,22 @@ from mrunner.scheduling.preloads import Preloads
 from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
-from mrunner.values import HOST, Footprint, InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
+from mrunner.values import (
+    HOST,
+    ContextSize,
+    Footprint,
+    InstallStatus,
+    ModelSettings,
+    Preload,
+    RunnerKey,
+    RunnerSnapshot,
+)
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 #: Fetches a model that is not in the store from its registry (a preload's, at start).
 PullModel = Callable[[str], Awaitable[object]]
+#: llama-server's flags that set the context size: a model given one in its flags has it fixed.
+CONTEXT_FLAGS = {"-c", "--ctx-size"}
 
 
 @implementer(IScheduler)
@@ -66,7 +78,15 @@ class Scheduler:
         self._start_runner = start_runner
         self.home = home or Home(config.home)
         self.installer = Installer(backends, clock)
-        self.loader = Loader(clock, self._spawn, _limits(config), config.scheduler.max_queue, events, devices)
+        self.loader = Loader(
+            clock,
+            self._spawn,
+            _limits(config),
+            config.scheduler.max_queue,
+            events,
+            devices,
+            estimate=self._estimated,
+        )
         self.loader.starvation = config.scheduler.starvation_seconds
         self._settings: dict[tuple[str, str], ModelSettings] = {}
         self._names = (f"r{os.getpid()}-{n}" for n in itertools.count(1))
@@ -153,12 +173,22 @@ class Scheduler:
         settings = self._runner_settings(configured)
         if configured.draft_model and runner is None:
             await self._store.ready(configured.draft_model)
-        footprint: Footprint | None
-        if runner is not None and runner.request.settings == settings:  # the same estimate, already made
-            memory, footprint = runner.request.memory, runner.request.footprint
+        request = LoadRequest(
+            RunnerKey(backend, model.id, mode),
+            model,
+            settings,
+            self._keep_alive(configured) if keep_alive is None else keep_alive,
+            sets_keep_alive=keep_alive is not None,
+            pinned=bool(configured.pinned),
+            instances=self._instances(model),
+            context=self._context_left(backend, model, settings),
+        )
+        if runner is not None and runner.request.asked == settings:  # the same estimate, already made
+            old = runner.request
+            request = attrs.evolve(request, settings=old.settings, memory=old.memory, footprint=old.footprint)
         else:
-            memory = self._backends[backend].memory(model, mode, settings)
-            footprint = self._backends[backend].footprint(model, mode, settings)
+            request = self._estimated(request)
+        memory, footprint = request.memory, request.footprint
         budget = self._config.scheduler.memory_budget
         gpus = self.loader.gpus(fresh=runner is None)
         if gpus and footprint is not None:
@@ -169,18 +199,24 @@ class Scheduler:
                 f" is {format_size(budget)}; raise [scheduler] memory_budget or use a smaller context size",
                 code="model_too_large",
             )
-        request = LoadRequest(
-            RunnerKey(backend, model.id, mode),
-            model,
-            settings,
-            self._keep_alive(configured) if keep_alive is None else keep_alive,
-            memory,
-            sets_keep_alive=keep_alive is not None,
-            pinned=bool(configured.pinned),
-            footprint=footprint,
-            instances=self._instances(model),
-        )
         return request
+
+    def _estimated(self, request: LoadRequest) -> LoadRequest:
+        """C{request} with the memory and footprint its backend estimates for its settings."""
+        backend, mode = self._backends[request.key.backend], request.key.mode
+        return attrs.evolve(
+            request,
+            memory=backend.memory(request.model, mode, request.settings),
+            footprint=backend.footprint(request.model, mode, request.settings),
+        )
+
+    def _context_left(self, backend: str, model: Model, settings: RunnerSettings) -> ContextSize | None:
+        """The context a runner of C{model} gets when no one fixed its size (not its settings, its
+        flags nor a choice in its config), which a load out of device memory may halve; else None."""
+        flags = {flag.partition("=")[0] for flag in settings.flags}
+        if settings.context_size or model.chosen_context or flags & CONTEXT_FLAGS:
+            return None
+        return self._backends[backend].context(model, settings)
 
     # Preloads
 
@@ -333,7 +369,7 @@ class Scheduler:
             pid=runner.process.pid,
             socket=runner.socket,
             pinned=runner.pinned,
-            stale=runner.request.settings != wanted,
+            stale=runner.request.asked != wanted,
             context=self._backends[runner.key.backend].context(runner.request.model, runner.request.settings),
             devices={**runner.on_gpus, HOST: runner.memory},
             gpu_layers=runner.gpu_layers,

@@ -54,6 +54,23 @@ class Model:
         return self.shards or (self.gguf,)
 
     @property
+    def trained_context(self) -> int | None:
+        """The context it was trained for (GGUF C{<arch>.context_length}), None when unknown."""
+        metadata = self.config.get("gguf") or {}
+        architecture = self.config.get("architecture") or metadata.get("general.architecture")
+        try:
+            return int(metadata[f"{architecture}.context_length"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def chosen_context(self) -> int | None:
+        """The context size its config names when someone chose it (at import or packaging), None when
+        it names none or the one it was trained for (which the store records for every GGUF)."""
+        named = self.config.get("context_size")
+        return None if not named or named == self.trained_context else int(named)
+
+    @property
     def short_id(self) -> str:
         return self.id.split(":", 1)[-1][:12]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +27,55 @@ SMOL = "ai/smollm2:latest"
 HELLO: dict[str, Any] = {"model": SMOL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 #: SmolLM2-135M's 30 blocks and its output layer: what -ngl counts.
 LAYERS = 31
+MIB = 2**20
+
+
+def fake_pynvml(used: int) -> types.ModuleType:
+    """A C{pynvml} for the fake's C{one} GPU on which each child of this process (the in-process
+    daemon's runners) uses C{used} bytes."""
+    module = types.ModuleType("pynvml")
+
+    def children() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # not a process, or one that ended meanwhile
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == os.getpid():
+                found.append(int(entry.name))
+        return found
+
+    functions = {
+        "nvmlInit": lambda: None,
+        "nvmlDeviceGetCount": lambda: 1,
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetMemoryInfo": lambda handle: types.SimpleNamespace(total=24080 * MIB, free=23700 * MIB),
+        "nvmlDeviceGetComputeRunningProcesses": lambda handle: [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid in children()
+        ],
+    }
+    module.__dict__.update(functions)
+    return module
 
 
 class FittingTests(LlamaCppTestCase):
     async def start_with(
-        self, scenario: str, oom_layers: int | None = None, config_text: str = "", parallel: int = 2
+        self,
+        scenario: str,
+        oom_layers: int | None = None,
+        config_text: str = "",
+        parallel: int = 2,
+        oom_context: int | None = None,
     ) -> None:
         directory = Path(self.mktemp())
         directory.mkdir()
         wrapper = gpu_server.write_wrapper(
-            directory, cached_llama_server(), scenario=scenario, oom_layers=oom_layers
+            directory,
+            cached_llama_server(),
+            scenario=scenario,
+            oom_layers=oom_layers,
+            oom_context=oom_context,
         )
         await self.start(f'[backends."llama.cpp"]\npath = "{wrapper}"\n{config_text}', parallel)
         await self.settled_status()
@@ -85,6 +126,20 @@ class FittingTests(LlamaCppTestCase):
         self.assertEqual(code, 0, err)
         self.assertRegex(out.decode(), r"CUDA0 \d+% / CPU \d+%")
 
+    async def test_nvml_use_corrects_the_load_output(self) -> None:
+        """Where NVML loads (a fake that gives the runner 1 GiB on CUDA0, as a CUDA context would add to
+        its buffers), `/engines/ps` and `/engines/devices` count what NVML gives, not the buffers."""
+        previous = sys.modules.pop("pynvml", None)
+        self.addCleanup(lambda: sys.modules.update({"pynvml": previous} if previous else {}))
+        self.addCleanup(sys.modules.pop, "pynvml", None)
+        sys.modules["pynvml"] = fake_pynvml(1024 * MIB)
+        await self.start_with("one")
+        self.assertTrue((await self.ask()).choices)
+        [runner] = await self.runners()
+        self.assertEqual((runner["gpu_layers"], runner["devices"]["CUDA0"]), (LAYERS, 1024 * MIB))
+        devices = json.loads(await (await http.get(self.daemon.url + "/engines/devices")).text())
+        self.assertEqual(devices["devices"][0]["used"], 1024 * MIB)
+
     async def test_out_of_memory_retries_with_fewer_layers(self) -> None:
         """The fake runs out of memory above 25 layers: all 31 fail, the retry with 23 loads."""
         await self.start_with("one", oom_layers=25)
@@ -93,12 +148,31 @@ class FittingTests(LlamaCppTestCase):
         self.assertEqual(runner["gpu_layers"], 23)
         self.assertIn("cudaMalloc failed: out of memory", self.log())
 
-    async def test_out_of_memory_twice_names_the_device(self) -> None:
+    async def test_out_of_memory_with_fewer_layers_retries_with_half_the_context(self) -> None:
+        """The fake runs out of memory above 4096 tokens of context: 31 layers and then 23 fail with
+        SmolLM2's default (its trained 8192), 23 load with 4096, which `/engines/ps` shows."""
+        await self.start_with("one", oom_context=4096)
+        self.assertTrue((await self.ask()).choices)
+        [runner] = await self.runners()
+        self.assertEqual((runner["gpu_layers"], runner["context_size"]), (23, 4096))
+        self.assertIn("--ctx-size 4096", self.log())
+
+    async def test_a_context_size_set_is_not_halved(self) -> None:
+        await self.start_with(
+            "one", oom_context=4096, config_text='[models."ai/smollm2"]\ncontext_size = 8192\n'
+        )
+        code, body = await self.post("/engines/v1/chat/completions", HELLO)
+        self.assertEqual((code, body["error"]["code"]), (500, "runner_failed"), body)
+        self.assertIn("with 23 layers offloaded; lower [gpu] memory_budget", body["error"]["message"])
+
+    async def test_out_of_memory_every_time_names_the_device(self) -> None:
         await self.start_with("one", oom_layers=10)
         code, body = await self.post("/engines/v1/chat/completions", HELLO)
         self.assertEqual((code, body["error"]["code"]), (500, "runner_failed"), body)
         self.assertIn(
-            "ran out of memory on CUDA0 while loading, with 23 layers offloaded", body["error"]["message"]
+            "ran out of memory on CUDA0 while loading, with 23 layers offloaded and its context halved"
+            " to 4096 tokens",
+            body["error"]["message"],
         )
         self.assertEqual(await self.runners(), [])
 

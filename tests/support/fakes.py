@@ -131,6 +131,8 @@ class FakeBackend:
     layers: int = 0
     per_layer: int = 0
     per_device: int = 0
+    #: The context it gives when the settings fix none (llama.cpp's is 4096 tokens).
+    default_context: int | None = None
     #: The settings of each runner it was asked to start (the plan's placement among them).
     started: list[RunnerSettings] = attrs.field(factory=list)
     installs: list[Deferred[str]] = attrs.field(factory=list)
@@ -156,7 +158,7 @@ class FakeBackend:
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         """As llama-server: at most C{trained} tokens a request, when set."""
-        asked = settings.context_size
+        asked = settings.context_size or self.default_context
         return ContextSize(asked, min(asked, self.trained) if asked and self.trained else asked)
 
     def disk_usage(self) -> int:
@@ -173,6 +175,8 @@ class FakeDeviceBudgets:
 
     gpus: dict[str, int] = attrs.field(factory=dict)
     variant: str = "cuda"
+    #: What NVML would measure of each process (by pid) on each GPU.
+    processes: dict[int, dict[str, int]] = attrs.field(factory=dict)
 
     def devices(self) -> list[Device]:
         listed = [Device(id, id, budget, budget, budget) for id, budget in self.gpus.items()]
@@ -180,6 +184,9 @@ class FakeDeviceBudgets:
 
     def refresh(self) -> Deferred[list[Device]]:
         return succeed(self.devices())
+
+    def used_by(self, pid: int) -> dict[str, int]:
+        return dict(self.processes.get(pid, {}))
 
 
 def unreachable_runners(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:

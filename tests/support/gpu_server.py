@@ -16,6 +16,8 @@ Its environment says what it pretends:
   ``--list-devices``).
 - ``MRUNNER_FAKE_GPU_OOM_LAYERS=N``: a load asking for more than N GPU layers fails as
   llama.cpp's CUDA build does when ``cudaMalloc`` runs out of memory, and exits 1.
+- ``MRUNNER_FAKE_GPU_OOM_CONTEXT=N``: so does a load with any layer on a GPU and a ``--ctx-size``
+  over N tokens.
 
 What it does:
 
@@ -222,6 +224,14 @@ def shares(count: int, weights: list[float]) -> list[int]:
     return given
 
 
+def out_of_memory(on_gpu: int, context: int) -> bool:
+    """Whether a load of C{on_gpu} layers and C{context} tokens is over the limits the environment sets."""
+    layers = os.environ.get("MRUNNER_FAKE_GPU_OOM_LAYERS")
+    tokens = os.environ.get("MRUNNER_FAKE_GPU_OOM_CONTEXT")
+    too_many = layers is not None and on_gpu > int(layers)
+    return too_many or (tokens is not None and on_gpu > 0 and context > int(tokens))
+
+
 def load(found: list[tuple[str, str, int, int]], gpu: dict[str, str], argv: list[str]) -> int | None:
     """Print the load lines for a GPU load; the exit status if it runs out of memory, else None."""
     wanted = gpu.get("device", "")
@@ -248,8 +258,7 @@ def load(found: list[tuple[str, str, int, int]], gpu: dict[str, str], argv: list
         log("I", "load_tensors: offloading output layer to GPU")
     log("I", f"load_tensors: offloading {max(on_gpu - 1, 0)} repeating layers to GPU")
     log("I", f"load_tensors: offloaded {on_gpu}/{offloadable} layers to GPU")
-    limit = os.environ.get("MRUNNER_FAKE_GPU_OOM_LAYERS")
-    if limit is not None and on_gpu > int(limit):
+    if out_of_memory(on_gpu, context):
         index = next(i for i, count in enumerate(per_device) if count)
         ident, request = found[index][0], int(per_device[index] * per_layer)
         log(
@@ -310,11 +319,12 @@ def write_wrapper(
     *,
     scenario: str | None = None,
     oom_layers: int | None = None,
+    oom_context: int | None = None,
 ) -> Path:
     """An executable C{directory}/llama-server that runs this fake over C{real}.
 
-    C{scenario} and C{oom_layers} are fixed in it when given; otherwise the fake reads
-    C{MRUNNER_FAKE_GPU} and C{MRUNNER_FAKE_GPU_OOM_LAYERS} from the environment it is run in.
+    C{scenario}, C{oom_layers} and C{oom_context} are fixed in it when given; otherwise the fake
+    reads C{MRUNNER_FAKE_GPU} and C{MRUNNER_FAKE_GPU_OOM_*} from the environment it is run in.
     """
     path = Path(directory) / "llama-server"
     lines = ["#!/bin/sh", f"export MRUNNER_FAKE_GPU_REAL='{os.fspath(real)}'"]
@@ -322,6 +332,8 @@ def write_wrapper(
         lines.append(f"export MRUNNER_FAKE_GPU='{scenario}'")
     if oom_layers is not None:
         lines.append(f"export MRUNNER_FAKE_GPU_OOM_LAYERS={oom_layers}")
+    if oom_context is not None:
+        lines.append(f"export MRUNNER_FAKE_GPU_OOM_CONTEXT={oom_context}")
     lines.append(f'exec "{sys.executable}" "{Path(__file__).resolve()}" "$@"')
     path.write_text("\n".join(lines) + "\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

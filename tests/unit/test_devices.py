@@ -18,6 +18,7 @@ from mrunner.devices import listing
 from mrunner.devices.inventory import Devices, used_by_runners
 from mrunner.devices.listing import MIB, Listed
 from mrunner.devices.metrics import DeviceCollector
+from mrunner.devices.nvml import Nvml
 from mrunner.interfaces import IDevices
 from tests.support import gpu_server
 from tests.unit.test_metrics import snapshot
@@ -202,6 +203,56 @@ class DevicesTests(SynchronousTestCase):
         inventory, source = devices([CUDA0], nvml=FakeNvml({}))
         self.assertEqual(self.successResultOf(inventory.refresh())[0].memory_free, CUDA0.free)
         self.assertEqual(source.asked, 1)
+
+
+@attrs.frozen
+class Process:
+    """What C{nvmlDeviceGetComputeRunningProcesses} lists: a pid and its bytes (None: not shown)."""
+
+    pid: int
+    usedGpuMemory: int | None  # NVML's name
+
+
+class FakePynvml:
+    """The C{pynvml} module (its names) over GPUs by index, each with the processes on it;
+    C{broken}: NVML fails."""
+
+    def __init__(self, *gpus: list[Process], broken: bool = False):
+        self._gpus = gpus
+        self.broken = broken
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> list[Process]:
+        if self.broken:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return self._gpus[index]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: list[Process]) -> list[Process]:
+        return handle
+
+
+class NvmlUseTests(SynchronousTestCase):
+    """NVML's per-process use, by llama.cpp's device ids (NVML's index i is C{CUDA<i>})."""
+
+    def test_a_process_on_each_gpu(self) -> None:
+        nvml = Nvml(FakePynvml([Process(7, 300 * MIB), Process(8, 5 * GIB)], [Process(7, 200 * MIB)]))
+        self.assertEqual(nvml.used_by(7), {"CUDA0": 300 * MIB, "CUDA1": 200 * MIB})
+        self.assertEqual(nvml.used_by(8), {"CUDA0": 5 * GIB})
+        self.assertEqual(nvml.used_by(9), {})
+
+    def test_use_nvml_does_not_show_counts_as_none(self) -> None:
+        nvml = Nvml(FakePynvml([Process(7, None)], [Process(7, 200 * MIB)]))
+        self.assertEqual(nvml.used_by(7), {"CUDA1": 200 * MIB})
+
+    def test_nvml_failing_now_measures_nothing(self) -> None:
+        self.assertEqual(Nvml(FakePynvml([Process(7, 300 * MIB)], broken=True)).used_by(7), {})
+
+    def test_devices_ask_nvml_when_it_loads(self) -> None:
+        nvml = Nvml(FakePynvml([Process(7, 300 * MIB)]))
+        self.assertEqual(devices([CUDA0], nvml=nvml)[0].used_by(7), {"CUDA0": 300 * MIB})
+        self.assertEqual(devices([CUDA0])[0].used_by(7), {}, "without NVML: nothing measured")
 
 
 class UsedTests(SynchronousTestCase):

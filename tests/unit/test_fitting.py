@@ -1,5 +1,6 @@
 """Fitting runners into GPUs and RAM together: L{policy.place}, L{policy.plan} with GPUs, the
-llama-server flags a placement gives, and the estimate's split per layer."""
+llama-server flags a placement gives, the estimate's split per layer, what measurements correct
+and the smaller plan a load out of device memory is retried with."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mrunner.backends import llamacpp
 from mrunner.backends.base import RunnerSettings
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits, State
-from mrunner.values import HOST, Footprint, Placement, place_on
+from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
 from tests.support.fakes import model
 from tests.unit import test_policy
 
@@ -150,6 +151,40 @@ class GpuPlanTests(SynchronousTestCase):
         decision = plan({"a": pinned, "c": attrs.evolve(on("CUDA1", 8), pinned=True)}, [Waiter("b", MODEL)])
         self.assertEqual([layers(p) for p in decision.placements], ["CUDA0:2 CUDA1:1"])
         self.assertEqual(decision.placements[0].in_ram, 1 + 6 * 2)
+
+
+class HeldOnGpusTests(SynchronousTestCase):
+    def test_the_largest_reading_per_device(self) -> None:
+        """NVML counts the runtime's own context, which the load output leaves out; the plan is the floor."""
+        planned, loaded, nvml = {"CUDA0": 20, "CUDA1": 9}, {"CUDA0": 26, HOST: 3}, {"CUDA0": 31, "CUDA1": 4}
+        self.assertEqual(policy.held_on_gpus(planned, loaded, nvml), {"CUDA0": 31, "CUDA1": 9})
+
+    def test_without_nvml_as_before(self) -> None:
+        self.assertEqual(policy.held_on_gpus({"CUDA0": 20}, {"CUDA0": 26, HOST: 3}, {}), {"CUDA0": 26})
+
+
+#: SmolLM2's default context (4096 tokens, trained for 8192) when the user fixed none.
+UNFIXED = ContextSize(4096, 4096)
+#: A footprint whose layers a retry capped already.
+CAPPED = attrs.evolve(MODEL, offload=6)
+Smaller = policy.Smaller
+# (why, the failing load's footprint, its GPU layers, its context if not fixed, the retry)
+SMALLER = [
+    ("a quarter fewer layers first", MODEL, 9, UNFIXED, Smaller(offload=6)),
+    ("then half the context", CAPPED, 6, UNFIXED, Smaller(context=2048)),
+    ("half the context when no layer was offloaded", MODEL, 0, UNFIXED, Smaller(context=2048)),
+    ("a context the user fixed is kept", CAPPED, 6, None, None),
+    ("never below 2048 tokens", CAPPED, 6, ContextSize(3000, 3000), Smaller(context=2048)),
+    ("nothing smaller at 2048", CAPPED, 6, ContextSize(2048, 2048), None),
+    ("down to a trained context under 2048", MODEL, 0, ContextSize(4096, 1024), Smaller(context=2048)),
+    ("a trained context under 2048 is the floor", MODEL, 0, ContextSize(1536, 1024), Smaller(context=1024)),
+]
+
+
+class SmallerTests(SynchronousTestCase):
+    def test_cases(self) -> None:
+        for why, footprint, gpu_layers, context, expected in SMALLER:
+            self.assertEqual(policy.smaller(footprint, gpu_layers, context), expected, why)
 
 
 gpu_runners = st.builds(

@@ -1,10 +1,12 @@
 """The scheduler with GPUs (fake devices and processes): the plan's placement reaches the runner,
-`ps` shows where its memory is, its load output corrects the plan, an out-of-memory load retries."""
+`ps` shows where its memory is, its load output and NVML correct the plan, an out-of-memory load
+retries with fewer layers, then half the context."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -35,7 +37,13 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.store = FakeStore({name: model(name, name[3] * 64) for name in (A, B)})
         self.spawn = FakeSpawner()
 
-    def make(self, gpus: dict[str, int], budget: int = 100 * MIB, preload: tuple[str, ...] = ()) -> Scheduler:
+    def make(
+        self,
+        gpus: dict[str, int],
+        budget: int = 100 * MIB,
+        preload: tuple[str, ...] = (),
+        nvml: dict[int, dict[str, int]] | None = None,
+    ) -> Scheduler:
         config = Config(
             home=Path(self.mktemp()),
             scheduler=SchedulerConfig(max_runners=4, memory_budget=budget, keep_alive=300),
@@ -47,11 +55,20 @@ class GpuSchedulerTests(SynchronousTestCase):
             {"llama.cpp": self.backend},
             self.store,
             self.spawn.start_runner,
-            devices=FakeDeviceBudgets(gpus),
+            devices=FakeDeviceBudgets(gpus, processes=nvml or {}),
         )
         scheduler.start()
         self.backend.installs[-1].callback("llama.cpp test")
         return scheduler
+
+    def run_out(self, times: int) -> list[list[tuple[str, int]]]:
+        """The next C{times} loads run out of device memory: where each of them was placed."""
+        placed = []
+        for _ in range(times):
+            placed.append(self.layers())
+            self.spawn.processes[-1].load_report.read(OUT_OF_MEMORY)
+            self.spawn.processes[-1].exit()
+        return placed
 
     def layers(self, index: int = -1) -> list[tuple[str, int]]:
         placement = self.backend.started[index].placement
@@ -95,17 +112,80 @@ class GpuSchedulerTests(SynchronousTestCase):
         scheduler.acquire(None, "b", COMPLETION)
         self.assertEqual(self.layers(), [("CUDA0", 6)])
 
+    def test_nvml_corrects_the_plan(self) -> None:
+        """NVML's use of the runner's process (pid 1) counts the GPU runtime's own memory too: larger
+        than its load output (26 MiB), it is what `ps` shows and what the next plan leaves room for."""
+        scheduler = self.make({"CUDA0": 40 * MIB}, nvml={1: {"CUDA0": 30 * MIB}, 2: {"CUDA0": 9 * MIB}})
+        d = scheduler.acquire(None, "a", COMPLETION)
+        process = self.spawn.processes[-1]
+        process.load_report.read(["load_tensors:        CUDA0 model buffer size =    26.00 MiB"])
+        process.ready.callback(None)
+        self.successResultOf(d).release()
+        [runner] = scheduler.snapshot()
+        self.assertEqual(dict(runner.devices)["CUDA0"], 30 * MIB)
+        self.successResultOf(scheduler.configure(None, "a", ModelSettings(pinned=True)))
+        scheduler.acquire(None, "b", COMPLETION)
+        self.assertEqual(self.layers(), [("CUDA0", 4)], "10 MiB left: a 2 MiB buffer and four layers")
+
     def test_out_of_memory_retries_with_fewer_layers_once(self) -> None:
         scheduler = self.make({"CUDA0": 40 * MIB, "CUDA1": 24 * MIB})
         d = scheduler.acquire(None, "a", COMPLETION)
-        for expected in ([("CUDA1", 9)], [("CUDA1", 6)]):
-            self.assertEqual(self.layers(), expected)
-            process = self.spawn.processes[-1]
-            process.load_report.read(OUT_OF_MEMORY)
-            process.exit()
+        self.assertEqual(self.run_out(2), [[("CUDA1", 9)], [("CUDA1", 6)]])
         self.assertEqual(len(self.spawn.processes), 2)
         error = self.failureResultOf(d, RunnerFailed).value
         self.assertIn("ran out of memory on CUDA1 while loading, with 6 layers offloaded", error.message)
+
+    def test_then_with_half_the_context_when_none_was_set(self) -> None:
+        self.backend.default_context = 4096
+        scheduler = self.make({"CUDA0": 40 * MIB})
+        d = scheduler.acquire(None, "a", COMPLETION)
+        self.assertEqual(self.run_out(3), [[("CUDA0", 9)], [("CUDA0", 6)], [("CUDA0", 6)]])
+        self.assertEqual([s.context_size for s in self.backend.started], [None, None, 2048])
+        error = self.failureResultOf(d, RunnerFailed).value
+        self.assertIn("with 6 layers offloaded and its context halved to 2048 tokens;", error.message)
+
+    def test_half_the_context_loads(self) -> None:
+        """It runs with 2048 tokens, as `ps` says; it is not stale: the configuration did not change."""
+        self.backend.default_context = 4096
+        scheduler = self.make({"CUDA0": 40 * MIB})
+        d = scheduler.acquire(None, "a", COMPLETION)
+        self.run_out(2)
+        self.spawn.processes[-1].ready.callback(None)
+        self.successResultOf(d).release()
+        [runner] = scheduler.snapshot()
+        self.assertEqual((runner.context.asked, runner.stale), (2048, False))
+        self.successResultOf(scheduler.acquire(None, "a", COMPLETION)).release()
+        self.assertEqual(len(self.spawn.processes), 3, "later requests go to it")
+
+    def test_the_trained_context_in_its_config_is_no_choice(self) -> None:
+        """The store records every GGUF's trained context in its config: that fixes nothing."""
+        trained = {"context_size": 8192, "architecture": "llama", "gguf": {"llama.context_length": "8192"}}
+        self.store.models[A] = attrs.evolve(self.store.models[A], config=trained)
+        self.backend.default_context = 8192
+        scheduler = self.make({"CUDA0": 40 * MIB})
+        scheduler.acquire(None, "a", COMPLETION)
+        self.run_out(2)
+        self.assertEqual([s.context_size for s in self.backend.started], [None, None, 4096])
+
+    def test_a_context_size_someone_set_is_kept(self) -> None:
+        """Set in the model's settings, its flags or its config: no retry with half of it."""
+        self.backend.default_context = 4096
+        fixed = {
+            "settings": ModelSettings(context_size=4096),
+            "flags": ModelSettings(flags=("--ctx-size=4096",)),
+            "short flag": ModelSettings(flags=("-c", "4096")),
+            "config": ModelSettings(),
+        }
+        for why, settings in fixed.items():
+            if why == "config":
+                self.store.models[A] = attrs.evolve(self.store.models[A], config={"context_size": 4096})
+            scheduler = self.make({"CUDA0": 40 * MIB})
+            self.successResultOf(scheduler.configure(None, "a", settings))
+            d = scheduler.acquire(None, "a", COMPLETION)
+            self.run_out(2)
+            self.assertNotIn("halved", self.failureResultOf(d, RunnerFailed).value.message, why)
+            self.successResultOf(scheduler.close())
+        self.assertEqual(len(self.spawn.processes), 8, "two loads each, none with half the context")
 
     def test_too_large_names_the_shortfall(self) -> None:
         """What the GPUs cannot hold must fit in RAM, else a 422 says how far over it is."""
