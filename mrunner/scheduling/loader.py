@@ -325,25 +325,21 @@ class Loader:
         smaller = policy.smaller(footprint, runner.gpu_layers, None if request.halved else request.context)
         if smaller is None:
             return False
-        if smaller.context is None:
-            request = attrs.evolve(request, footprint=attrs.evolve(footprint, offload=smaller.offload))
-            self.log.warn(
-                "runner {key} ran out of memory on {device} with {layers} layers offloaded; trying {fewer}",
-                key=runner.key,
-                device=device,
-                layers=runner.gpu_layers,
-                fewer=smaller.offload,
-            )
-        else:
+        if smaller.context is not None:
             request = self._smaller_context(runner, smaller.context)
-            self.log.warn(
-                "runner {key} ran out of memory on {device} with {layers} layers offloaded; no context size"
-                " is set, so trying half the context: {context} tokens",
-                key=runner.key,
-                device=device,
-                layers=runner.gpu_layers,
-                context=smaller.context,
+        if smaller.offload is not None and request.footprint is not None:
+            request = attrs.evolve(
+                request, footprint=attrs.evolve(request.footprint, offload=smaller.offload)
             )
+        self.log.warn(
+            "runner {key} ran out of memory on {device} with {layers} layers offloaded; trying once more"
+            " with {fewer} layers and a context of {context} tokens",
+            key=runner.key,
+            device=device,
+            layers=runner.gpu_layers,
+            fewer=runner.gpu_layers if smaller.offload is None else smaller.offload,
+            context=request.settings.context_size or "the model's",
+        )
         for waiter in self._queue:
             if waiter.key == _first(runner.key):
                 waiter.request = request

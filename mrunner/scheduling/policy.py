@@ -380,26 +380,28 @@ def held_on_gpus(*readings: Mapping[str, int]) -> dict[str, int]:
 @attrs.frozen
 class Smaller:
     """The next smaller plan for a load that ran out of device memory: at most C{offload} layers
-    on the GPUs, or a context of C{context} tokens."""
+    on the GPUs, and a context of C{context} tokens (None: as before)."""
 
     offload: int | None = None
     context: int | None = None
 
 
 def smaller(footprint: Footprint, gpu_layers: int, context: ContextSize | None) -> Smaller | None:
-    """What a load that ran out of device memory is retried with, each step once; None: give up.
+    """The one retry of a load that ran out of device memory; None: nothing is smaller, give up.
 
-    First a quarter fewer layers on the GPUs (while C{footprint} has no cap and some were
-    offloaded); then half the C{context} (given only when the user fixed none), not below
-    L{MIN_CONTEXT} or the context in force if that is less: a model answers with a smaller
-    context, but not with one smaller than a chat needs.
+    A quarter fewer layers on the GPUs (when C{footprint} has no cap, neither the user's nor
+    a retry's, and some were offloaded), and half the C{context} (given only when the user
+    fixed none and no retry halved it), not below L{MIN_CONTEXT} or the context in force if
+    that is less: a model answers with a smaller context, but not with one smaller than a chat
+    needs. Both at once, so that one retry is the only one: a retried plan has its cap, and
+    its context halved or fixed.
     """
-    if footprint.offload is None and gpu_layers:
-        return Smaller(offload=gpu_layers * 3 // 4)
-    if context is None or context.asked is None:
-        return None
-    half = max(context.asked // 2, min(MIN_CONTEXT, context.in_force or MIN_CONTEXT))
-    return Smaller(context=half) if half < context.asked else None
+    fewer = gpu_layers * 3 // 4 if footprint.offload is None and gpu_layers else None
+    half = None
+    if context is not None and context.asked is not None:
+        half = max(context.asked // 2, min(MIN_CONTEXT, context.in_force or MIN_CONTEXT))
+        half = half if half < context.asked else None
+    return None if fewer is None and half is None else Smaller(offload=fewer, context=half)
 
 
 def drained(runners: Mapping[K, RunnerView]) -> list[K]:

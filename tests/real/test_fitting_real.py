@@ -148,14 +148,15 @@ class FittingTests(LlamaCppTestCase):
         self.assertEqual(runner["gpu_layers"], 23)
         self.assertIn("cudaMalloc failed: out of memory", self.log())
 
-    async def test_out_of_memory_with_fewer_layers_retries_with_half_the_context(self) -> None:
-        """The fake runs out of memory above 4096 tokens of context: 31 layers and then 23 fail with
-        SmolLM2's default (its trained 8192), 23 load with 4096, which `/engines/ps` shows."""
+    async def test_out_of_memory_retries_once_with_fewer_layers_and_half_the_context(self) -> None:
+        """The fake runs out of memory above 4096 tokens of context: 31 layers fail with SmolLM2's
+        default (its trained 8192); the one retry, 23 layers with 4096, loads, as `/engines/ps` shows."""
         await self.start_with("one", oom_context=4096)
         self.assertTrue((await self.ask()).choices)
         [runner] = await self.runners()
         self.assertEqual((runner["gpu_layers"], runner["context_size"]), (23, 4096))
         self.assertIn("--ctx-size 4096", self.log())
+        self.assertEqual(self.log().count("cudaMalloc failed: out of memory"), 1)
 
     async def test_a_context_size_set_is_not_halved(self) -> None:
         await self.start_with(

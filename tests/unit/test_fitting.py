@@ -170,10 +170,11 @@ CAPPED = attrs.evolve(MODEL, offload=6)
 Smaller = policy.Smaller
 # (why, the failing load's footprint, its GPU layers, its context if not fixed, the retry)
 SMALLER = [
-    ("a quarter fewer layers first", MODEL, 9, UNFIXED, Smaller(offload=6)),
-    ("then half the context", CAPPED, 6, UNFIXED, Smaller(context=2048)),
+    ("a quarter fewer layers and half the context", MODEL, 9, UNFIXED, Smaller(offload=6, context=2048)),
+    ("a context the user fixed is kept: fewer layers alone", MODEL, 9, None, Smaller(offload=6)),
+    ("layers capped: half the context alone", CAPPED, 6, UNFIXED, Smaller(context=2048)),
     ("half the context when no layer was offloaded", MODEL, 0, UNFIXED, Smaller(context=2048)),
-    ("a context the user fixed is kept", CAPPED, 6, None, None),
+    ("retried already (capped, the context halved or fixed): give up", CAPPED, 6, None, None),
     ("never below 2048 tokens", CAPPED, 6, ContextSize(3000, 3000), Smaller(context=2048)),
     ("nothing smaller at 2048", CAPPED, 6, ContextSize(2048, 2048), None),
     ("down to a trained context under 2048", MODEL, 0, ContextSize(4096, 1024), Smaller(context=2048)),
