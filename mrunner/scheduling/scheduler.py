@@ -181,13 +181,20 @@ class Scheduler:
             sets_keep_alive=keep_alive is not None,
             pinned=bool(configured.pinned),
             instances=self._instances(model),
-            context=self._context_left(backend, model, settings),
         )
         if runner is not None and runner.request.asked == settings:  # the same estimate, already made
             old = runner.request
-            request = attrs.evolve(request, settings=old.settings, memory=old.memory, footprint=old.footprint)
+            request = attrs.evolve(
+                request,
+                settings=old.settings,
+                memory=old.memory,
+                footprint=old.footprint,
+                context=old.context,
+            )
         else:
-            request = self._estimated(request)
+            request = self._estimated(
+                attrs.evolve(request, context=self._context_left(backend, model, settings))
+            )
         memory, footprint = request.memory, request.footprint
         budget = self._config.scheduler.memory_budget
         gpus = self.loader.gpus(fresh=runner is None)
