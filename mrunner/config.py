@@ -437,27 +437,57 @@ def _with_environment(config: Config, environ: Mapping[str, str]) -> Config:
     origins = [origin.strip() for origin in environ.get("MRUNNER_ORIGINS", "").split(",")]
     if any(origins):
         http = attrs.evolve(http, cors_origins=(*http.cors_origins, *filter(None, origins)))
-    return attrs.evolve(config, http=http, keys=_keys_with_secrets(config.keys, environ))
+    return attrs.evolve(config, http=http, keys=_keys_with_secrets(config.keys, environ, http))
 
 
-def _keys_with_secrets(keys: Mapping[str, KeyConfig], environ: Mapping[str, str]) -> dict[str, KeyConfig]:
-    """Each named key with its C{key} read from C{key_file} or C{key_env} when it names one there."""
+def _keys_with_secrets(
+    keys: Mapping[str, KeyConfig], environ: Mapping[str, str], http: HTTPConfig
+) -> dict[str, KeyConfig]:
+    """Each named key with its C{key} read from C{key_file} or C{key_env} when it names one there.
+
+    A key is in one place only: the front door finds a named key first, so one also in
+    C{[http] admin_api_keys} (or C{api_keys}) would quietly take that key's rights away.
+    """
     resolved: dict[str, KeyConfig] = {}
     for name, entry in keys.items():
-        secret = entry.key
-        if secret is None and entry.key_file is not None:
-            try:
-                secret = Path(entry.key_file).expanduser().read_text().strip()
-            except OSError as e:
-                raise ConfigError(f"keys.{name}.key_file: cannot read {entry.key_file}: {e.strerror}") from e
-        elif secret is None and entry.key_env is not None:
-            secret = environ.get(entry.key_env, "").strip()
-        if not secret:
-            raise ConfigError(f"keys.{name}: give the key as key, key_file or key_env (a non-empty value)")
+        secret = _secret_of(name, entry, environ)
         if any(other.key == secret for other in resolved.values()):
             raise ConfigError(f"keys.{name}: its key is another named key's too; give each its own")
+        for listed, where in (
+            (http.admin_api_keys, "[http] admin_api_keys (admin = true makes a named key an admin)"),
+            (http.api_keys, "[http] api_keys (or MRUNNER_API_KEY)"),
+        ):
+            if secret in listed:
+                raise ConfigError(
+                    f"keys.{name}: its key is also in {where}; a key is named or listed, not both:"
+                    " remove it from one, or give each its own"
+                )
         resolved[name] = attrs.evolve(entry, key=secret)
     return resolved
+
+
+def _secret_of(name: str, entry: KeyConfig, environ: Mapping[str, str]) -> str:
+    """The key of C{[keys."NAME"]}: C{key}, else C{key_file}'s content, else C{key_env}'s value."""
+    if entry.key is not None:
+        return entry.key
+    if entry.key_file is not None:
+        try:
+            secret = Path(entry.key_file).expanduser().read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"keys.{name}.key_file: cannot read {entry.key_file}: {e.strerror}") from e
+        if not secret:
+            raise ConfigError(f"keys.{name}.key_file: {entry.key_file} is empty; write the key in it")
+        return secret
+    if entry.key_env is not None:
+        secret = environ.get(entry.key_env, "").strip()
+        if not secret:
+            state = "empty" if entry.key_env in environ else "not set"
+            raise ConfigError(
+                f"keys.{name}: key_env {entry.key_env} is {state}; set it in the daemon's environment"
+                " (or give the key as key or key_file)"
+            )
+        return secret
+    raise ConfigError(f"keys.{name}: give the key as key, key_file or key_env")
 
 
 def _config(table: Mapping[str, Any]) -> Config:

@@ -181,7 +181,7 @@ class KeyConfigTests(SynchronousTestCase):
     def test_refused(self) -> None:
         for text, why in [
             ('[keys.alice]\nmodels = ["x"]\n', "give the key"),
-            ('[keys.alice]\nkey_env = "ABSENT"\n', "give the key"),
+            ('[keys.alice]\nkey_env = "ABSENT"\n', "key_env ABSENT is not set"),
             ('[keys.alice]\nkey = "k"\npriority = "urgent"\n', "high, normal, low"),
             ('[keys.alice]\nkey = "k"\nrequests_per_minute = -1\n', "whole number"),
             ('[keys.alice]\nkey = "k"\nquota = 1\n', "unknown key"),
