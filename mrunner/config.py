@@ -17,7 +17,7 @@ import attrs
 
 from mrunner import durations
 from mrunner.errors import BadRequest
-from mrunner.store.names import parse
+from mrunner.store.names import DIGEST, SHORT_ID, parse
 
 DEFAULT_LISTEN = "tcp:12434:interface=127.0.0.1"
 DEFAULT_BACKEND = "llama.cpp"
@@ -547,25 +547,44 @@ def _models(table: Mapping[str, Any]) -> ModelsConfig:
 
 
 def _aliases(table: object) -> dict[str, str]:
-    """``[aliases]``: ``"gpt-4o-mini" = "ai/smollm2"``; both valid model names, no alias of an alias."""
+    """``[aliases]``: ``"gpt-4o-mini" = "ai/smollm2"``; an alias is a valid model name, one per
+    normalised name; its target a model name (normalised), digest or id (kept, as the store reads
+    them), never another alias."""
     if not isinstance(table, Mapping):
         raise ConfigError(
             f'aliases: expected a table of names ("gpt-4o-mini" = "ai/smollm2"), got {table!r:.80}'
         )
     aliases: dict[str, str] = {}
+    spelled: dict[str, str] = {}  # normalised name: the alias as written
     for alias, target in table.items():
-        if not isinstance(target, str):
-            raise ConfigError(f"aliases.{alias}: expected a model name, got {target!r:.80}")
         try:
-            parse(alias, "alias")
-            aliases[alias] = str(parse(target, "model name"))
+            normal = str(parse(alias, "alias"))
+            aliases[alias] = _alias_target(target)
         except BadRequest as e:
             raise ConfigError(f"aliases.{alias}: {e.message}") from None
-    keys = {str(parse(alias)) for alias in aliases}
+        if normal in spelled:
+            raise ConfigError(
+                f"aliases.{alias}: {alias!r} and {spelled[normal]!r} are one name ({normal}); keep one"
+            )
+        spelled[normal] = alias
     for alias, target in aliases.items():
-        if target in keys:
+        if target in spelled:
             raise ConfigError(f"aliases.{alias}: {target} is itself an alias; name a stored model")
     return aliases
+
+
+def _alias_target(target: object) -> str:
+    """What an alias stands for: a model's digest or id as given, else its normalised name.
+
+    A digest or id normalised as a name would be a repository no store has (C{ai/sha256:...}).
+    """
+    if not isinstance(target, str):
+        raise BadRequest(f"expected a model name, digest or id, got {target!r:.80}")
+    if DIGEST.fullmatch(target) or SHORT_ID.fullmatch(target):
+        return target
+    if target.startswith("sha256:"):
+        raise BadRequest(f"digest {target!r:.80} is not sha256: followed by 64 lowercase hex digits")
+    return str(parse(target, "model name"))
 
 
 #: A name usage and metrics give requests that no named key made.

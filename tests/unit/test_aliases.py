@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from twisted.logger import LogLevel, globalLogPublisher
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
 from mrunner.api.aliases import Aliases, stored_name
+from mrunner.errors import NotFound
 from tests.support.fakes import FakeStore, model
 
 SMOL = "ai/smollm2:latest"
@@ -19,7 +20,6 @@ class StoredNameTests(SynchronousTestCase):
     CASES = [
         ("an alias", "gpt-4o-mini", [SMOL], SMOL),
         ("an alias, normalised", "ai/gpt-4o-mini:latest", [SMOL], SMOL),
-        ("an alias whose target is missing: the target's 404 follows", "gpt-4o-mini", [], SMOL),
         ("a stored name", "smollm2", [SMOL], "smollm2"),
         ("a stored model shadows the alias", "gpt-4o-mini", [SMOL, "ai/gpt-4o-mini:latest"], "gpt-4o-mini"),
         ("an unknown name stays as it is", "other", [SMOL], "other"),
@@ -34,6 +34,16 @@ class StoredNameTests(SynchronousTestCase):
 
     def test_no_aliases(self) -> None:
         self.assertEqual(stored_name("gpt-4o-mini", {}, FakeStore()), "gpt-4o-mini")
+
+    def test_target_missing(self) -> None:
+        """The client never wrote the target: the 404 names the alias and where it points."""
+        error = self.assertRaises(NotFound, stored_name, "gpt-4o-mini", ALIASES, FakeStore())
+        self.assertEqual(
+            error.message,
+            f"alias gpt-4o-mini points to {SMOL}, which is not in the store;"
+            " pull it (POST /models/create) or change [aliases]",
+        )
+        self.assertEqual(error.code, "model_not_found")
 
 
 class ConfigTests(SynchronousTestCase):
@@ -60,8 +70,8 @@ class AliasesTests(SynchronousTestCase):
         globalLogPublisher.addObserver(self.events.append)
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
-    def warnings(self) -> list[object]:
-        return [e["alias"] for e in self.events if e.get("log_level") == LogLevel.warn and "alias" in e]
+    def warnings(self) -> list[str]:
+        return [formatEvent(e) for e in self.events if e.get("log_level") == LogLevel.warn and "alias" in e]
 
     def test_listed(self) -> None:
         """Only aliases that work are listed: the target stored, the name not."""
@@ -69,11 +79,27 @@ class AliasesTests(SynchronousTestCase):
         store = FakeStore({SMOL: smol, shadow.name: shadow})
         aliases = Aliases({"gpt-4o-mini": SMOL, "missing": "ai/gone:latest", "shadow": SMOL}, store)
         self.assertEqual(aliases.listed(), [("gpt-4o-mini", smol)])
-        self.assertEqual(self.warnings(), ["shadow"], "a shadowed alias is told at start")
+        self.assertEqual(
+            self.warnings(),
+            [
+                "alias missing points to ai/gone:latest, which is not in the store: requests for it get 404"
+                " until it is pulled; pull it or change [aliases]",
+                "alias shadow is not used: a stored model has that name, and a stored model wins;"
+                " rename the alias in [aliases] or remove the model",
+            ],
+            "a missing target and a shadowed alias are told at start",
+        )
 
     def test_reconfigure(self) -> None:
-        store = FakeStore({SMOL: model(SMOL)})
+        store = FakeStore({SMOL: model(SMOL), "ai/x:latest": model("ai/x:latest")})
         aliases = Aliases({}, store)
-        aliases.configure(config._config({"aliases": {"gpt-4o-mini": "ai/x", "smollm2": "ai/x"}}))
-        self.assertEqual(aliases.table, {"ai/gpt-4o-mini:latest": "ai/x:latest", SMOL: "ai/x:latest"})
-        self.assertEqual(self.warnings(), ["smollm2"], "and at each reload")
+        aliases.configure(
+            config._config({"aliases": {"gpt-4o-mini": "ai/x", "smollm2": "ai/x", "y": "ai/z"}})
+        )
+        self.assertEqual(
+            aliases.table,
+            {"ai/gpt-4o-mini:latest": "ai/x:latest", SMOL: "ai/x:latest", "ai/y:latest": "ai/z:latest"},
+        )
+        self.assertEqual(
+            [w.split(" ", 2)[1] for w in self.warnings()], ["smollm2", "y"], "and at each reload"
+        )
