@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from klein import Klein
+from rich.console import Console
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
@@ -28,6 +29,9 @@ from twisted.web.server import Request
 
 from mrunner import docker_config as dc
 from mrunner.api.errors import handle_json_errors
+from mrunner.api.service.status import StatusAPI
+from mrunner.cli.context import Context
+from mrunner.cli.engines import status
 from mrunner.cli.errors import DaemonError, explain
 from mrunner.cli.login import registry
 from mrunner.cli.main import parser
@@ -313,6 +317,46 @@ class TellingTheUserTests(SynchronousTestCase):
         self.assertIn("localhost:5000/NAME", error.message)
         said = explain(DaemonError(error.status, error.message, error.code), "pull", "ai/gemma3")
         self.assertEqual(said, error.message, "no (HTTP 502)")
+
+
+class FakeDaemon:
+    """Answers C{mrunner status}'s three calls."""
+
+    url = "http://127.0.0.1:12434"
+
+    def __init__(self, docker_config: str | None) -> None:
+        self.answers = {
+            "/engines/status": {"llama.cpp": "Running"},
+            "/version": {"version": "0", "docker_config": docker_config},
+            "/ready": {"preloads": []},
+        }
+
+    def call(self, method: str, path: str) -> object:
+        return self.answers[path]
+
+
+class WhichConfigTests(SynchronousTestCase):
+    """N12: the daemon names the Docker config it reads, and `mrunner status` shows it."""
+
+    def test_version_names_the_config(self) -> None:
+        for docker_config in ("/home/daemon/.docker/config.json", None):
+            api = StatusAPI(None, None, None, None, docker_config)  # type: ignore[arg-type]
+            response = self.successResultOf(StubTreq(api.app.resource()).get("http://localhost/version"))
+            body = self.successResultOf(response.json())
+            self.assertEqual(body["docker_config"], docker_config)
+
+    def test_status_shows_it(self) -> None:
+        for docker_config, line in [
+            (
+                "/home/daemon/.docker/config.json",
+                "registry logins: read from /home/daemon/.docker/config.json",
+            ),
+            (None, "registry logins: [registry.auth] in tap.conf only"),
+        ]:
+            out = io.StringIO()
+            console = Console(file=out, width=200)
+            status(Context(FakeDaemon(docker_config), console, console), parser().parse_args(["status"]))  # type: ignore[arg-type]
+            self.assertIn(line, out.getvalue())
 
 
 class UnforeseenErrorTests(SynchronousTestCase):
