@@ -357,4 +357,5 @@ async def _error_detail(response: IResponse, timeout: Timeout) -> str:
 
 def _reason(error: Exception) -> str:
     reasons = getattr(error, "reasons", None)
-    return str(reasons[0].value) if reasons else str(error) or type(error).__name__
+    reason = str(reasons[0].value) if reasons else str(error)
+    return reason.rstrip(".") or type(error).__name__
