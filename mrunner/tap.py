@@ -225,6 +225,7 @@ def make_parts(
         reload=reloader.reload,
         devices=devices,
         usage=teams.book,
+        docker_config=credentials.config_file,
     )
     site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
     reloadable.append(site.configure)

@@ -4,7 +4,9 @@ OpenAI's routes (and mrunner's own) answer C{{"error": {"message", "type", "code
 Anthropic's C{{"type": "error", "error": {"type", "message"}}} with its status codes;
 Ollama's C{{"error": "message"}}. A route group picks its shape when it registers
 the handlers; the front door, which answers before any route runs, picks it from
-the path with L{shape_for}. A route never renders an error by hand.
+the path with L{shape_for}. A route never renders an error by hand. An exception
+no one foresaw is a 500 in the same shape (L{internal_error}), never twisted.web's
+HTML page.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from http import HTTPStatus
 from typing import Any
 
 from klein import Klein
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
@@ -23,6 +26,7 @@ from werkzeug.exceptions import HTTPException
 from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
 
 PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
+_log = Logger()
 
 #: An API's rendering of an error: (status, body).
 ErrorShape = Callable[[MrunnerError], tuple[int, Any]]
@@ -108,6 +112,16 @@ def routing_error(request: IRequest, error: HTTPException) -> MrunnerError:
     return NotFound(message) if error.code == 404 else MethodNotAllowed(message)
 
 
+def internal_error(request: IRequest, failure: Failure) -> MrunnerError:
+    """A bug's failure, logged with its traceback, as the 500 the client is told (which names no detail)."""
+    path = request.path.decode("latin-1")
+    _log.failure("{method} {path} failed", failure, method=request.method.decode("latin-1"), path=path)
+    return MrunnerError(
+        f"the daemon failed on this request ({type(failure.value).__name__}); its log has the details",
+        code="internal_error",
+    )
+
+
 def handle_json_errors(app: Klein, shape: ErrorShape = openai_shape) -> None:
     """Register handlers on C{app} that render its errors in C{shape}."""
 
@@ -122,6 +136,10 @@ def handle_json_errors(app: Klein, shape: ErrorShape = openai_shape) -> None:
         error = failure.value
         assert isinstance(error, HTTPException)
         return render_error(request, routing_error(request, error), shape)
+
+    @app.handle_errors(Exception)  # the last: the two above come first
+    def unexpected(self: object, request: IRequest, failure: Failure) -> bytes:
+        return render_error(request, internal_error(request, failure), shape)
 
 
 class Refusal(Resource):

@@ -50,6 +50,7 @@ def route_groups(
     reload: Callable[[], dict[str, Any]] | None = None,
     devices: IDevices | None = None,
     usage: UsageBook | None = None,
+    docker_config: str | None = None,
 ) -> list[RouteGroup]:
     """Every route group of the daemon, the OpenAPI document of them all last.
 
@@ -64,7 +65,7 @@ def route_groups(
         ResponsesAPI(gateway, runners, responses, store),
         OllamaAPI(gateway, runners, store),
         OllamaModelsAPI(store, operations, scheduler, gateway.aliases),
-        StatusAPI(models, metrics, scheduler, scraper),
+        StatusAPI(models, metrics, scheduler, scraper, docker_config),
         logs,
         history,
         PageAPI(scheduler, clock),

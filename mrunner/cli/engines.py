@@ -137,6 +137,13 @@ def status(ctx: Context, args: Namespace) -> None:
     ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
     for backend, text in statuses.items():
         ctx.out.print(f"{backend}: {text}", markup=False, highlight=False)
+    docker_config = ctx.daemon.call("GET", "/version").get("docker_config")
+    ctx.out.print(
+        f"registry logins: read from {docker_config} (`mrunner login --help`)"
+        if docker_config
+        else "registry logins: [registry.auth] in tap.conf only",
+        markup=False,
+    )
     try:
         preloads = ctx.daemon.call("GET", "/ready")["preloads"]
     except DaemonError as e:

@@ -31,6 +31,8 @@ def explain(error: CommandError, command: str, model: str | None) -> str:
         guess = f"did you mean {near.group(1)}? Else " if near else ""
         pull = f"get it with `mrunner pull {model}`"
         return f"model {model} is not here; {guess}{pull} (`mrunner ls` lists what is)"
+    if error.code == "registry_unreachable":  # the message says what to do; the status adds nothing
+        return error.message
     if error.status == 401:
         return f"{error.message}: pass --api-key KEY or set MRUNNER_API_KEY"
     if error.code == "model_has_several_tags" and model:

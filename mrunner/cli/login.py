@@ -5,6 +5,9 @@ That is the credential helper Docker's config names for the registry
 (C{$DOCKER_CONFIG/config.json}, else C{~/.docker/config.json}); the daemon
 reads them from there at its next pull or push. Neither command talks to the
 daemon or the registry: the credentials are checked when they are first used.
+
+That config is the one of the user who runs the command, in its environment;
+the daemon reads its own user's (L{WHERE}), which C{mrunner status} names.
 """
 
 from __future__ import annotations
@@ -22,6 +25,24 @@ from mrunner.cli.errors import CommandError
 from mrunner.docker_config import Credential, DockerConfigError
 
 HELPER_TIMEOUT = 30.0  # a helper may ask for a GPG passphrase
+#: What C{login --help} says of where the credentials go, and who reads them.
+WHERE = (
+    "The credentials go into the Docker config of the user running this command ($DOCKER_CONFIG/config.json,"
+    " else ~/.docker/config.json, or the credential helper it names). The daemon reads the config of the"
+    " user it runs as, in its own environment (`mrunner status` names the file): when it runs as another"
+    " user, in a container or pod, or with another DOCKER_CONFIG, log in as that user with its DOCKER_CONFIG"
+    " (in a pod: mount a config.json and point DOCKER_CONFIG at its directory), or set [registry.auth] in"
+    " its tap.conf."
+)
+
+
+def registry(text: str) -> str:
+    """A registry's host[:port] (lower-cased, as pulls name it); anything else is a usage error."""
+    if not docker_config.is_registry_host(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a registry's host[:port] (such as localhost:5000 or registry.example.com)"
+        )
+    return text.lower()
 
 
 def login(context: Context, args: argparse.Namespace) -> None:
@@ -38,7 +59,7 @@ def login(context: Context, args: argparse.Namespace) -> None:
         raise CommandError("login needs a password (on standard input, or typed at the prompt)")
     credential = Credential(username, password)
     path, config = _config()
-    helper = docker_config.helper_for(config, host)
+    helper = _helper_for(config, host)
     if helper:
         _helper(helper, "store", docker_config.helper_store_input(host, credential))
         where = docker_config.program(helper)
@@ -52,7 +73,7 @@ def login(context: Context, args: argparse.Namespace) -> None:
 def logout(context: Context, args: argparse.Namespace) -> None:
     host = args.registry
     path, config = _config()
-    helper = docker_config.helper_for(config, host)
+    helper = _helper_for(config, host)
     if helper:
         _helper(helper, "erase", docker_config.server_key(host).encode(), miss_ok=True)
     had = docker_config.stored(config, host) is not None or bool(helper)
@@ -68,12 +89,24 @@ def _config() -> tuple[Path, dict[str, object]]:
         raise CommandError(str(e)) from None
 
 
+def _helper_for(config: dict[str, object], host: str) -> str | None:
+    try:
+        return docker_config.helper_for(config, host)
+    except DockerConfigError as e:
+        raise CommandError(f"{docker_config.config_path(os.environ)}: {e}") from None
+
+
 def _helper(helper: str, action: str, request: bytes, miss_ok: bool = False) -> None:
     """Run C{docker-credential-HELPER ACTION} with C{request} on its stdin; its output is never shown."""
     name = docker_config.program(helper)
     try:
         done = subprocess.run(
-            [name, action], input=request, capture_output=True, timeout=HELPER_TIMEOUT, check=False
+            [name, action],
+            input=request,
+            capture_output=True,
+            timeout=HELPER_TIMEOUT,
+            check=False,
+            env=docker_config.helper_environment(os.environ),
         )
     except FileNotFoundError:
         raise CommandError(

@@ -133,7 +133,10 @@ def parser() -> argparse.ArgumentParser:
     package.add_argument("--context-size", type=_positive, help="the model's default context size")
     package.add_argument("--push", action="store_true", help="push it to its registry afterwards")
     log_in = command("login", login.login, "store a registry's credentials where `docker login` would")
-    log_in.add_argument("registry", metavar="REGISTRY", help="host[:port] of the registry")
+    log_in.epilog = login.WHERE
+    log_in.add_argument(
+        "registry", metavar="REGISTRY", type=login.registry, help="host[:port] of the registry"
+    )
     log_in.add_argument("-u", "--username", help="the user name (default: asked at a terminal)")
     log_in.add_argument(
         "--password-stdin",
@@ -141,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
         help="read the password from stdin (the default off a terminal)",
     )
     command("logout", login.logout, "remove a registry's stored credentials").add_argument(
-        "registry", metavar="REGISTRY"
+        "registry", metavar="REGISTRY", type=login.registry, help="host[:port] of the registry"
     )
     timing = command(
         "bench",

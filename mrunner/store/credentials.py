@@ -3,15 +3,16 @@
 Docker's config (L{mrunner.docker_config}) is read at each lookup, as each
 C{docker} command reads it, so a C{docker login} or C{mrunner login} counts at
 the next pull without a restart. A credential helper runs as a child process
-of the reactor, with the registry on its standard input, and is killed after
-C{timeout} seconds; a helper that fails, hangs or answers nonsense is logged
-(its name, the registry and how it failed, never its output, which may hold a
-secret) and the lookup goes on to C{auths}.
+of the reactor, found on C{PATH} only, with the registry on its standard input
+and only the environment a helper needs (not the daemon's secrets), and is
+killed after C{timeout} seconds; a helper that fails, hangs or answers nonsense
+is logged (its name, the registry and how it failed, never its output, which
+may hold a secret) and the lookup goes on to C{auths}. A config.json that
+cannot be read is logged the same way, and the pull goes on without credentials.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Mapping
 from contextlib import suppress
@@ -79,7 +80,13 @@ class Credentials:
         self._environ = environ
         self._timeout = timeout
 
+    @property
+    def config_file(self) -> str | None:
+        """The Docker config this daemon reads (None: only C{[registry.auth]}), for C{mrunner status}."""
+        return None if self._environ is None else str(docker_config.config_path(self._environ))
+
     async def find(self, host: str) -> Credential | None:
+        """C{[registry.auth]}, else the helper, else C{auths}; a source that fails is logged and skipped."""
         entry = self._configured.get(host)
         if entry:
             return Credential(entry.get("username", ""), entry.get("password", ""))
@@ -87,20 +94,23 @@ class Credentials:
             return None
         try:
             config = docker_config.read(docker_config.config_path(self._environ))
+        except DockerConfigError as e:
+            self._skipped("Docker credentials", host, e)
+            return None
+        try:
             helper = docker_config.helper_for(config, host)
-            found = await self._ask(helper, host) if helper else None
+            found = await self._run(helper, host) if helper else None
+        except DockerConfigError as e:
+            self._skipped("credential helper", host, e)
+            found = None
+        try:
             return found or docker_config.stored(config, host)
         except DockerConfigError as e:
-            self.log.warn("Docker credentials for {host} not used: {error}", host=host, error=str(e))
+            self._skipped("Docker credentials", host, e)
             return None
 
-    async def _ask(self, helper: str, host: str) -> Credential | None:
-        """The helper's answer; None for a miss, and for a failure, which is logged (C{auths} is next)."""
-        try:
-            return await self._run(helper, host)
-        except DockerConfigError as e:
-            self.log.warn("credential helper for {host} not used: {error}", host=host, error=str(e))
-            return None
+    def _skipped(self, source: str, host: str, error: DockerConfigError) -> None:
+        self.log.warn("{source} for {host} not used: {error}", source=source, host=host, error=str(error))
 
     async def _run(self, helper: str, host: str) -> Credential | None:
         """C{docker-credential-HELPER get}: its answer, or None for a miss.
@@ -108,13 +118,12 @@ class Credentials:
         @raise DockerConfigError: the helper is missing, hung, failed or answered nonsense.
         """
         name = docker_config.program(helper)
-        executable = shutil.which(name, path=self._environ.get("PATH") if self._environ else None)
+        environment = docker_config.helper_environment(self._environ or {})
+        executable = shutil.which(name, path=environment.get("PATH", ""))
         if executable is None:
             raise DockerConfigError(f"the credential helper {name} is not on PATH")
         protocol = _Helper(docker_config.server_key(host).encode())
-        process = self._reactor.spawnProcess(
-            protocol, executable, [executable, "get"], env=dict(self._environ or os.environ)
-        )
+        process = self._reactor.spawnProcess(protocol, executable, [executable, "get"], env=environment)
         timer = self._reactor.callLater(self._timeout, _kill, process)
         code = await protocol.exited
         if timer.active():

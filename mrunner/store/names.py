@@ -11,9 +11,8 @@ import re
 from functools import lru_cache
 
 import attrs
-import hyperlink
 
-from mrunner.docker_config import HUB_HOSTS
+from mrunner.docker_config import HUB_HOSTS, is_registry_host
 from mrunner.errors import BadRequest
 
 DEFAULT_NAMESPACE = "ai"
@@ -26,10 +25,6 @@ SHORT_ID = re.compile(r"[0-9a-f]{12,64}")
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")  # whitespace and control characters
 _TAG = re.compile(r"\w[\w.-]{0,127}", re.ASCII)
-_DOMAIN = re.compile(
-    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
-    r"|\[[0-9a-fA-F:.]+\])(?::[0-9]{1,5})?"
-)
 _MAX_REPOSITORY = 255
 
 
@@ -106,19 +101,10 @@ def normal_name(name: str) -> str:
 def _split_registry(name: str) -> tuple[str, str]:
     first, slash, rest = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
-        if not _DOMAIN.fullmatch(first) or not _reachable_as_url(first):
+        if not is_registry_host(first):
             raise BadRequest(f"registry {first!r} is not a valid host[:port]")
         return ("" if first.lower() in DOCKER_HUB else first.lower()), rest
     return "", name
-
-
-def _reachable_as_url(host: str) -> bool:
-    """Whether the HTTP client can address C{host}: IDNA labels (no IPv6 literal), a port up to 65535."""
-    try:
-        url = hyperlink.URL.from_text(f"https://{host}/").to_uri()
-    except ValueError:
-        return False
-    return url.port is not None and 0 < url.port <= 65535
 
 
 def _check_tag(tag: str, text: str | None = None) -> str:

@@ -8,8 +8,13 @@ A registry that sends nothing for C{read_timeout} seconds is given up
 (L{mrunner.store.stall}).
 
 A registry names its token service (the Bearer realm), so the realm is
-distrusted: HTTPS only (or a host marked insecure), no redirects, and an
-answer of at most L{MAX_TOKEN_ANSWER} bytes.
+distrusted: HTTPS only (or a host marked insecure), no redirects, an answer of
+at most L{MAX_TOKEN_ANSWER} bytes, and a token that is a valid header value.
+
+What a pull or push earns (a token, the basic credentials that served) lives
+with its L{Repository}, which each operation gets afresh: the credentials are
+read at each pull or push, so a logout or a changed config.json counts at the
+next one, as it does for C{docker}.
 """
 
 from __future__ import annotations
@@ -41,6 +46,14 @@ from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_lim
 MAX_MANIFEST = 4 * 1024 * 1024
 MAX_TOKEN_ANSWER = 64 * 1024
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+#: A token goes out in an Authorization header: visible ASCII only (RFC 6750's b64token is narrower).
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+#: What a user can do when a registry cannot be reached at all.
+OFFLINE_HINT = (
+    "check the network, or use a registry that can be reached (a mirror in [registry] mirrors, or a"
+    " local one: `mrunner pull localhost:5000/NAME`), or make the model from a GGUF file:"
+    " `mrunner package --gguf FILE NAME`"
+)
 
 
 class Unauthorized(MrunnerError):
@@ -57,23 +70,30 @@ def registry_error(message: str, code: str = "registry_error") -> BadGateway:
 
 def unreachable(what: str, error: Exception) -> BadGateway:
     """No answer at all (DNS, connection): distinct, so a client can fall back on its local copy."""
-    return registry_error(f"{what} is unreachable: {_reason(error)}", code="registry_unreachable")
+    return registry_error(
+        f"{what} is unreachable ({_reason(error)}): {OFFLINE_HINT}", code="registry_unreachable"
+    )
 
 
 @attrs.frozen
 class Repository:
-    """A repository at one registry endpoint: ``{base}/v2/{name}/...``."""
+    """A repository at one registry endpoint, ``{base}/v2/{name}/...``, for one pull or push.
+
+    C{auth} holds the Authorization header that operation earned, by scope
+    (C{""}: basic credentials, for every scope).
+    """
 
     host: str
     base: str
     name: str
+    auth: dict[str, bytes] = attrs.field(factory=dict, eq=False, repr=False)
 
     def url(self, path: str) -> str:
         return f"{self.base}/v2/{self.name}/{path}"
 
 
 class RegistryClient:
-    """Talks to registries for pulls and pushes; remembers tokens per host and scope."""
+    """Talks to registries for pulls and pushes."""
 
     log = Logger()
 
@@ -94,14 +114,14 @@ class RegistryClient:
         else:
             self._pool = None
         self._http = http
-        self._auth: dict[tuple[str, str], bytes] = {}
 
     def close(self) -> Any:
         """Close idle connections (at shutdown, and so tests leave a clean reactor)."""
         return self._pool.closeCachedConnections() if self._pool else None
 
     def repositories(self, ref: Reference, pull: bool = True) -> list[Repository]:
-        """Where to find C{ref}: its mirror first (pulls only), then the registry itself."""
+        """Where to find C{ref}: its mirror first (pulls only), then the registry itself; fresh for each
+        operation, which keeps what it earns in them."""
         host = ref.registry or self._config.default
         hosts = [host]
         mirror = self._config.mirrors.get(host) or (
@@ -179,7 +199,7 @@ class RegistryClient:
         body: Callable[[], Any] | None,
     ) -> IResponse:
         sent: dict[bytes | str, bytes | str] = {k: v for k, v in (headers or {}).items()}
-        auth = self._auth.get((repo.host, scope)) or self._auth.get((repo.host, ""))
+        auth = repo.auth.get(scope) or repo.auth.get("")
         if auth and urlsplit(url).netloc == urlsplit(repo.base).netloc:
             sent["Authorization"] = auth
         sending = self._http.request(
@@ -206,13 +226,18 @@ class RegistryClient:
                     f"registry {repo.host} wants a username and password; add"
                     f' [registry.auth."{repo.host}"] to tap.conf, or `mrunner login {repo.host}`'
                 )
-            self._auth[(repo.host, "")] = basic
+            repo.auth[""] = basic
             return
         if scheme.lower() != "bearer" or "realm" not in params:
             raise Unauthorized(f"registry {repo.host} sent an unusable challenge {challenge!r}")
         query = {"service": params.get("service", ""), "scope": params.get("scope", scope)}
         realm = params["realm"]
-        realm_url = urlsplit(realm)
+        try:
+            realm_url = urlsplit(realm)
+        except ValueError:  # an unclosed IPv6 bracket, say
+            raise registry_error(
+                f"registry {repo.host} names a token service {realm[:200]!r} that is not a URL"
+            ) from None
         if not (
             realm_url.scheme == "https" or (realm_url.scheme == "http" and self._insecure(realm_url.netloc))
         ):
@@ -231,7 +256,7 @@ class RegistryClient:
             )
         else:
             sending = self._http.get(
-                f"{realm}?{urlencode(query)}", headers=headers, allow_redirects=False, unbuffered=True
+                _with_query(realm, query), headers=headers, allow_redirects=False, unbuffered=True
             )
         try:
             response = await answer(sending, f"token service {realm}", self.timeout)
@@ -249,7 +274,12 @@ class RegistryClient:
             token = None
         if response.code != 200 or not isinstance(token, str):
             raise registry_error(f"token service {realm} answered {response.code} without a token")
-        self._auth[(repo.host, scope)] = b"Bearer " + token.encode("latin-1")
+        if not _TOKEN.fullmatch(token):
+            raise registry_error(
+                f"token service {realm} answered a token that cannot be sent in a header (it must be"
+                " visible ASCII, without spaces)"
+            )
+        repo.auth[scope] = b"Bearer " + token.encode("ascii")
         self.log.debug("token for {scope} at {host} from {realm}", scope=scope, host=repo.host, realm=realm)
 
     # The v2 API
@@ -280,8 +310,7 @@ class RegistryClient:
         location = started.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
         if not location:
             raise registry_error(f"registry {repo.host} started an upload without a Location")
-        url = urljoin(repo.url("blobs/uploads/"), location)
-        url += ("&" if "?" in url else "?") + urlencode({"digest": digest})
+        url = _with_query(urljoin(repo.url("blobs/uploads/"), location), {"digest": digest})
         response = await self.request(
             "PUT",
             repo,
@@ -306,6 +335,11 @@ class RegistryClient:
         await discard(response, f"registry {repo.host}", self.timeout)
 
 
+def _with_query(url: str, query: Mapping[str, str]) -> str:
+    """C{url} with C{query} added to the query it may already have."""
+    return url + ("&" if "?" in url else "?") + urlencode(query)
+
+
 def _basic(credential: Credential) -> bytes:
     pair = f"{credential.username}:{credential.secret}".encode()
     return b"Basic " + base64.b64encode(pair)
@@ -323,4 +357,5 @@ async def _error_detail(response: IResponse, timeout: Timeout) -> str:
 
 def _reason(error: Exception) -> str:
     reasons = getattr(error, "reasons", None)
-    return str(reasons[0].value) if reasons else str(error) or type(error).__name__
+    reason = str(reasons[0].value) if reasons else str(error)
+    return reason.rstrip(".") or type(error).__name__

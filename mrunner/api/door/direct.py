@@ -19,7 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from mrunner.api.errors import ErrorShape, render_error
+from mrunner.api.errors import ErrorShape, internal_error, render_error
 from mrunner.errors import MrunnerError
 
 Handler = Callable[[Request], Any]
@@ -54,10 +54,8 @@ class Direct(Resource):
                 if not failure.check(CancelledError):
                     self.log.failure("a route failed after its answer ended", failure)
                 return None
-            if failure.check(MrunnerError):
-                return render_error(request, failure.value, self._shape)  # type: ignore[arg-type]
-            request.processingFailed(failure)
-            return None
+            error = failure.value if failure.check(MrunnerError) else internal_error(request, failure)
+            return render_error(request, error, self._shape)  # type: ignore[arg-type]
 
         def answer(body: bytes | None) -> None:
             if body is not None:

@@ -30,19 +30,38 @@ READY = {
 }
 
 
+VERSION = {
+    "type": "object",
+    "required": ["version", "docker_config"],
+    "properties": {"version": {"type": "string"}, "docker_config": {"type": ["string", "null"]}},
+}
+
+
 class StatusAPI:
-    """C{/}, C{/health}, C{/ready}, C{/version}, C{/metrics}, and the C{/models} routes."""
+    """C{/}, C{/health}, C{/ready}, C{/version}, C{/metrics}, and the C{/models} routes.
+
+    C{docker_config} is the Docker config file the daemon reads registry credentials from (None: only
+    C{[registry.auth]}); C{/version} names it, since C{mrunner login} writes the config of whoever runs
+    it, which is not the daemon's when it runs as another user, in a pod, or with another
+    C{DOCKER_CONFIG}.
+    """
 
     app = Klein()
     handle_json_errors(app)
 
     def __init__(
-        self, models: RouteGroup, metrics: CollectorRegistry, scheduler: IScheduler, scraper: RunnerScraper
+        self,
+        models: RouteGroup,
+        metrics: CollectorRegistry,
+        scheduler: IScheduler,
+        scraper: RunnerScraper,
+        docker_config: str | None = None,
     ):
         self._models = models
         self._metrics = metrics
         self._scheduler = scheduler
         self._scraper = scraper
+        self._docker_config = docker_config
         self.mounts: dict[str, RouteGroup] = {"/models": models}
 
     def openapi(self) -> Piece:
@@ -67,7 +86,10 @@ class StatusAPI:
                         },
                     )
                 },
-                "/version": get("mrunner's version", strings("version")),
+                "/version": get(
+                    "mrunner's version, and the Docker config it reads registry credentials from",
+                    json_content(VERSION),
+                ),
                 "/metrics": get("Prometheus metrics", TEXT),
                 **self._models.openapi()["paths"],
             }
@@ -110,7 +132,7 @@ class StatusAPI:
 
     @app.route("/version", methods=["GET"])
     def version(self, request: IRequest) -> bytes:
-        return json_body(request, {"version": mrunner.__version__})
+        return json_body(request, {"version": mrunner.__version__, "docker_config": self._docker_config})
 
     @app.route("/metrics", methods=["GET"])
     async def metrics(self, request: IRequest) -> bytes:
