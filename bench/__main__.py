@@ -176,7 +176,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     for field in dataclasses.fields(Settings):
         parser.add_argument(
-            f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default
+            f"--{field.name.replace('_', '-')}",
+            type=type(field.default),
+            default=field.default,
+            help=field.metadata["help"] + " [default: %(default)s]",
         )
     parser.add_argument(
         "--default-threads",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 CHAT = "/v1/chat/completions"
@@ -11,22 +11,47 @@ MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon and
 
 @dataclass(frozen=True)
 class Settings:
-    """Sized so that ``make bench`` runs in about six minutes on two cores; each is a command-line option."""
+    """Sized so that ``make bench`` runs in about six minutes on two cores; each is a command-line option.
 
-    rounds: int = 5
-    wrk_seconds: float = 2.0
-    streams_per_round: int = 3
-    stream_tokens: int = 256
-    load_rounds: int = 6
-    parallel: int = 4
-    threads: int = 1  # 0: llama-server's default
-    default_threads_rounds: int = 5  # scenario 2 again with llama-server's default threads (0: not)
-    store_rounds: int = 3
-    soak_streams: int = 1000
-    soak_seconds: float = 60.0
-    soak_events: int = 10
-    soak_interval: float = 1.0
-    soak_ramp: float = 5.0
+    A field's C{help} is the option's text in C{python -m bench --help}.
+    """
+
+    rounds: int = field(
+        default=5, metadata={"help": "rounds of scenarios 1, 2, 6 and 9, the paths taking turns"}
+    )
+    wrk_seconds: float = field(
+        default=2.0, metadata={"help": "seconds of each wrk run in scenarios 1, 6 and 9 (small chats)"}
+    )
+    streams_per_round: int = field(
+        default=3, metadata={"help": "streams each path answers in a round of scenario 2"}
+    )
+    stream_tokens: int = field(default=256, metadata={"help": "tokens in each stream of scenario 2"})
+    load_rounds: int = field(default=6, metadata={"help": "rounds of scenarios 3 and 4 (cold loads, swaps)"})
+    parallel: int = field(
+        default=4, metadata={"help": "each runner's parallel slots ([scheduler] parallel, llama-server -np)"}
+    )
+    threads: int = field(
+        default=1, metadata={"help": "each runner's threads ([runner] threads; 0: llama-server's default)"}
+    )
+    default_threads_rounds: int = field(
+        default=5,
+        metadata={"help": "rounds of scenario 2 run again with llama-server's default threads (0: not run)"},
+    )
+    store_rounds: int = field(
+        default=3,
+        metadata={"help": "rounds of scenarios 7 and 8, pulls and imports of a 112 MB model (0: not run)"},
+    )
+    soak_streams: int = field(
+        default=1000, metadata={"help": "streams scenario 5 holds open at once (the stand-in runner)"}
+    )
+    soak_seconds: float = field(default=60.0, metadata={"help": "seconds scenario 5 lasts"})
+    soak_events: int = field(default=10, metadata={"help": "events in each stream of scenario 5"})
+    soak_interval: float = field(
+        default=1.0, metadata={"help": "seconds between a stream's events in scenario 5"}
+    )
+    soak_ramp: float = field(
+        default=5.0, metadata={"help": "seconds over which scenario 5 opens its streams"}
+    )
 
 
 def chat(model: str, max_tokens: int, stream: bool, **extra: Any) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from mrunner.store.names import DIGEST, SHORT_ID, parse
 
 DEFAULT_LISTEN = "tcp:12434:interface=127.0.0.1"
 DEFAULT_BACKEND = "llama.cpp"
+# Top-level keys the environment sets over the file (and under the command line).
+ENVIRONMENT = {"home": "MRUNNER_HOME", "listen": "MRUNNER_LISTEN"}
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -362,12 +364,17 @@ def load(
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> Config:
-    """Read the config file (``path``, else ./tap.conf, else $MRUNNER_HOME/tap.conf) and apply overrides.
+    """Read the config file (``path``, else ./tap.conf, else the home's tap.conf) and apply overrides.
 
-    Without C{path}, the other file of the two, when it exists, is not read: C{unread} names it,
-    for the log at start.
+    C{overrides} are the command line's options: they win over C{MRUNNER_HOME} and
+    C{MRUNNER_LISTEN}, which win over the file (a variable set long ago must not silently beat
+    the C{--home} typed now), and the home so chosen is where its tap.conf is looked for.
+    Without C{path}, the other file of the two, when it exists, is not read: C{unread} names
+    it, for the log at start.
     """
-    home = Path(environ.get("MRUNNER_HOME", "~/.mrunner")).expanduser()
+    options = {k: v for k, v in (overrides or {}).items() if v is not None}
+    environment = {key: environ[name] for key, name in ENVIRONMENT.items() if name in environ}
+    home = Path(options.get("home") or environment.get("home") or "~/.mrunner").expanduser()
     found = [Path("tap.conf"), home / "tap.conf"]
     if path and not Path(path).is_file():
         raise ConfigError(f"config file {path} does not exist")
@@ -389,11 +396,8 @@ def load(
     )
     if path:
         unread = ()  # chosen with --config: the others are not read on purpose
-    table.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    if "MRUNNER_HOME" in environ:
-        table["home"] = environ["MRUNNER_HOME"]
-    if "MRUNNER_LISTEN" in environ:
-        table["listen"] = environ["MRUNNER_LISTEN"]
+    table.update(environment)
+    table.update(options)
     return _with_environment(attrs.evolve(_config(table), source=source, unread=unread), environ)
 
 

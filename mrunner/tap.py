@@ -73,9 +73,9 @@ class Options(usage.Options):
     """``twistd mrunner [--config FILE] [--listen ENDPOINT] [--home DIR]``."""
 
     optParameters = [
-        ["config", "c", None, "TOML config file [default: ./tap.conf, else $MRUNNER_HOME/tap.conf]"],
-        ["listen", "l", None, "Twisted endpoint to listen on [default: tcp:12434:interface=127.0.0.1]"],
-        ["home", None, None, "state directory: models, backends, run, logs [default: ~/.mrunner]"],
+        ["config", "c", None, "TOML config file [default: ./tap.conf, else the home's tap.conf]"],
+        ["listen", "l", None, "endpoint; over $MRUNNER_LISTEN [default: tcp:12434:interface=127.0.0.1]"],
+        ["home", None, None, "models, backends, run, logs; over $MRUNNER_HOME [default: ~/.mrunner]"],
     ]
 
     def postOptions(self) -> None:
@@ -245,7 +245,7 @@ def make_service(
     for unread in config.unread:
         log.warn(
             "{unread} is NOT read: {source} comes first (--config, else ./tap.conf, else"
-            " $MRUNNER_HOME/tap.conf); give --config {unread} to use it",
+            " the home's tap.conf); give --config {unread} to use it",
             unread=unread,
             source=config.source,
         )

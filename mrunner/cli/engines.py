@@ -169,27 +169,42 @@ def logs(ctx: Context, args: Namespace) -> None:
 
 
 def requests(ctx: Context, args: Namespace) -> None:
-    """The recorded requests, newest first, as a table or JSON; with C{--follow}, each as it ends."""
+    """The recorded requests, newest first, as a table or JSON; with C{--follow}, as C{tail -f} does.
+
+    A follow shows the last L{FOLLOW_BACKLOG} records, oldest first, under the table's
+    header, then each new one as it ends (it replayed the daemon's fifty, headerless).
+    """
     query = {"model": args.model} if args.model else {}
     if not args.follow:
         records = ctx.listing("/engines/requests" + _query(query), args)
         if records is not None:
             table(ctx.out, REQUEST_COLUMNS, [request_row(record) for record in records])
         return
-    query["follow"] = "true"
+    query |= {"follow": "true", "limit": str(FOLLOW_BACKLOG)}
+    out = ctx.out.file
     with ctx.daemon.open("GET", "/engines/requests" + _query(query)) as response:
+        if not args.json:
+            out.write(_follow_row([column.upper() for column in REQUEST_COLUMNS]))
+            out.flush()
         for line in lines(response):
             if not line.startswith(b"data: "):
                 continue
             record = json.loads(line[6:])
-            if args.json:
-                ctx.out.file.write(json.dumps(record) + "\n")
-            else:
-                ctx.out.print("  ".join(request_row(record)), markup=False, highlight=False)
-            ctx.out.file.flush()
+            out.write(json.dumps(record) + "\n" if args.json else _follow_row(request_row(record)))
+            out.flush()
 
 
 REQUEST_COLUMNS = ["id", "started", "model", "route", "status", "queued", "ttfb", "total", "tokens", "answer"]
+FOLLOW_BACKLOG = 10
+# A follow's columns cannot be fitted to rows yet to come: these widths suit most (a longer cell
+# pushes the rest of its row along).
+FOLLOW_WIDTHS = (5, 8, 24, 28, 9, 8, 8, 8, 9, 0)
+
+
+def _follow_row(cells: list[str]) -> str:
+    """One line of a follow, its cells padded to L{FOLLOW_WIDTHS}."""
+    padded = (cell.ljust(width) for cell, width in zip(cells, FOLLOW_WIDTHS, strict=True))
+    return "  ".join(padded).rstrip() + "\n"
 
 
 def request_row(record: dict[str, Any]) -> list[str]:

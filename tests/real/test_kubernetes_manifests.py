@@ -2,15 +2,17 @@
 
 Kubernetes' own kinds are validated (strictly: no unknown field) against the current schemas that
 PyPI's kubernetes-validate ships; the InferencePool against the schema of its CRD, vendored from the
-Gateway API Inference Extension (v1.6.0) in deploy/kubernetes/schemas; the endpoint picker's
-configuration, which has no published schema, for its shape. Then what ties the pieces together:
-the probes, the drain, the GPU request, the pool's selector and port, the tap.conf the daemon reads.
+Gateway API Inference Extension's release the picker's image is (v1.5.0) in deploy/kubernetes/schemas;
+the endpoint picker's configuration, which has no published schema, for its shape. Then what ties
+the pieces together: the probes, the drain, the GPU request, the pool's selector and port, the
+tap.conf the daemon reads, the names it answers in the namespace the README deploys to.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -190,6 +192,13 @@ class ManifestTests(SynchronousTestCase):
         loaded = config.load(path, environ={"MRUNNER_LISTEN": "tcp:12434:interface=10.1.2.3"})
         self.assertIn("mrunner", loaded.http.allowed_hosts)
         self.assertEqual(loaded.models.preload, ("ai/smollm2:latest",))
+        # A preload unpinned would unload after keep_alive (5m) idle, as any runner does.
+        self.assertTrue(all(loaded.models.settings[name].pinned for name in loaded.models.preload))
+        # The Service's names in the namespace the README deploys to.
+        deployed = re.search(r"kubectl create namespace (\S+)", (DEPLOY / "README.md").read_text())
+        assert deployed is not None
+        for name in (f"mrunner.{deployed[1]}.svc", f"mrunner.{deployed[1]}.svc.cluster.local"):
+            self.assertIn(name, loaded.http.allowed_hosts)
 
     def test_the_drain_counts_what_the_node_serves(self) -> None:
         configmap = one(render("overlays/cpu"), "ConfigMap")
@@ -237,6 +246,8 @@ class ManifestTests(SynchronousTestCase):
 
         deployment = one(objects, "Deployment")
         [epp] = deployment["spec"]["template"]["spec"]["containers"]
+        schema = json.loads((DEPLOY / "schemas" / "inferencepool-v1.json").read_text())
+        self.assertEqual(epp["image"].rpartition(":")[2], schema["release"], "the picker's and the CRD's")
         configmap = one(objects, "ConfigMap")
         [file] = configmap["data"]
         self.assertIn(f"/config/{file}", epp["args"])

@@ -56,10 +56,22 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(options.config.scheduler.max_runners, 2)
         self.assertEqual(options.config.scheduler.keep_alive, 30)
 
-    def test_environment_overrides_both(self) -> None:
-        path = self.write('listen = "tcp:1"\n')
-        loaded = config.load(path, {"listen": "tcp:2"}, environ={"MRUNNER_LISTEN": "tcp:3"})
-        self.assertEqual(loaded.listen, "tcp:3")
+    def test_the_command_line_overrides_the_environment_which_overrides_the_file(self) -> None:
+        """An C{MRUNNER_HOME} exported long ago no longer silently beats the C{--home} typed now."""
+        path = self.write(f'listen = "tcp:1"\nhome = "{self.dir}/file"\n')
+        environ = {"MRUNNER_LISTEN": "tcp:3", "MRUNNER_HOME": f"{self.dir}/environment"}
+        loaded = config.load(path, environ=environ)
+        self.assertEqual((loaded.listen, loaded.home), ("tcp:3", self.dir / "environment"))
+        typed = config.load(path, {"listen": "tcp:2", "home": f"{self.dir}/typed"}, environ=environ)
+        self.assertEqual((typed.listen, typed.home), ("tcp:2", self.dir / "typed"))
+
+    def test_the_home_given_with_home_is_where_its_tap_conf_is_read(self) -> None:
+        typed, exported = self.dir / "typed", self.dir / "exported"
+        for home, keep_alive in ((typed, 7), (exported, 9)):
+            home.mkdir()
+            (home / "tap.conf").write_text(f"[scheduler]\nkeep_alive = {keep_alive}\n")
+        loaded = config.load(None, {"home": str(typed)}, environ={"MRUNNER_HOME": str(exported)})
+        self.assertEqual((loaded.source, loaded.scheduler.keep_alive), ((typed / "tap.conf").absolute(), 7))
 
     def test_bad_configs_are_one_line_start_errors(self) -> None:
         """Not UsageError: twistd prints its whole usage text before one of those."""
