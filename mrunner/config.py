@@ -446,10 +446,7 @@ def _keys_with_secrets(keys: Mapping[str, KeyConfig], environ: Mapping[str, str]
     for name, entry in keys.items():
         secret = entry.key
         if secret is None and entry.key_file is not None:
-            try:
-                secret = Path(entry.key_file).expanduser().read_text().strip()
-            except OSError as e:
-                raise ConfigError(f"keys.{name}.key_file: cannot read {entry.key_file}: {e.strerror}") from e
+            secret = _read_key_file(name, entry.key_file)
         elif secret is None and entry.key_env is not None:
             secret = environ.get(entry.key_env, "").strip()
         if not secret:
@@ -458,6 +455,24 @@ def _keys_with_secrets(keys: Mapping[str, KeyConfig], environ: Mapping[str, str]
             raise ConfigError(f"keys.{name}: its key is another named key's too; give each its own")
         resolved[name] = attrs.evolve(entry, key=secret)
     return resolved
+
+
+def _read_key_file(name: str, key_file: str) -> str:
+    """The key in C{key_file}; refused when users other than its owner's group may read or write the file.
+
+    Read from the descriptor whose mode was checked, so the file checked is the file read.
+    """
+    try:
+        with Path(key_file).expanduser().open() as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if mode & 0o006:
+                raise ConfigError(
+                    f"keys.{name}.key_file: {key_file} has mode {mode & 0o777:04o}: other users can"
+                    f" {'read' if mode & 0o004 else 'write'} it; chmod 600 it (or 640 for a group)"
+                )
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"keys.{name}.key_file: cannot read {key_file}: {getattr(e, 'strerror', e)}") from e
 
 
 def _config(table: Mapping[str, Any]) -> Config:
