@@ -138,19 +138,21 @@ class UsageBook:
         return len(self._pending) + self._writing
 
     def configure(self, config: Config) -> None:
-        """Keep usage from now on when C{config} names keys (at start and at each reload).
+        """Keep usage from now on when a reloaded C{config} names keys (and keep it when it names none).
 
-        The file is opened by the next write, on the book's thread, with today's totals read from it
-        then; at start L{open} does it first, before the daemon serves.
+        The file is then opened by the next write, on the book's thread, with today's totals read from
+        it; at start L{open} does it, before the daemon serves.
         """
         self.keeping = self.keeping or bool(config.keys)
 
     def open(self) -> None:
-        """Open (or create) the file and read today's totals; before the daemon serves, so it may block.
+        """Open (or create) the file and read today's totals, once; before the daemon serves, so it may
+        block.
 
         @raise mrunner.teams.usage_file.UsageFileError: the file cannot be opened (the message says why).
         """
-        self._merge_today(self._open())
+        if self._db is None:
+            self._merge_today(self._open())
 
     def start(self) -> None:
         """Start the book's thread: writes and reads from now on."""
@@ -333,13 +335,17 @@ class UsageService(Service):
         """Open the file before the listener listens (a service later in the tree): a file that cannot be
         opened ends the start with one line, not a traceback from a daemon already serving."""
         super().privilegedStartService()
-        if self._book.keeping:
-            self._book.open()
+        self._open()
 
     def startService(self) -> None:
         super().startService()
+        self._open()  # a tree started without twistd (tests) skips the privileged start
         self._book.start()
         self._writes.start(FLUSH_EVERY, now=False)
+
+    def _open(self) -> None:
+        if self._book.keeping:
+            self._book.open()
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
