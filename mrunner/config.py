@@ -458,7 +458,7 @@ def _keys_with_secrets(keys: Mapping[str, KeyConfig], environ: Mapping[str, str]
 
 
 def _read_key_file(name: str, key_file: str) -> str:
-    """The key in C{key_file}; refused when users other than its owner's group may read or write the file.
+    """The key in C{key_file}; refused when users outside its owner and group may read or write it.
 
     Read from the descriptor whose mode was checked, so the file checked is the file read.
     """
