@@ -475,10 +475,7 @@ def _secret_of(name: str, entry: KeyConfig, environ: Mapping[str, str]) -> str:
     if entry.key is not None:
         return entry.key
     if entry.key_file is not None:
-        try:
-            secret = Path(entry.key_file).expanduser().read_text().strip()
-        except OSError as e:
-            raise ConfigError(f"keys.{name}.key_file: cannot read {entry.key_file}: {e.strerror}") from e
+        secret = _read_key_file(name, entry.key_file)
         if not secret:
             raise ConfigError(f"keys.{name}.key_file: {entry.key_file} is empty; write the key in it")
         return secret
@@ -492,6 +489,24 @@ def _secret_of(name: str, entry: KeyConfig, environ: Mapping[str, str]) -> str:
             )
         return secret
     raise ConfigError(f"keys.{name}: give the key as key, key_file or key_env")
+
+
+def _read_key_file(name: str, key_file: str) -> str:
+    """The key in C{key_file}; refused when users outside its owner and group may read or write it.
+
+    Read from the descriptor whose mode was checked, so the file checked is the file read.
+    """
+    try:
+        with Path(key_file).expanduser().open() as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if mode & 0o006:
+                raise ConfigError(
+                    f"keys.{name}.key_file: {key_file} has mode {mode & 0o777:04o}: other users can"
+                    f" {'read' if mode & 0o004 else 'write'} it; chmod 600 it (or 640 for a group)"
+                )
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"keys.{name}.key_file: cannot read {key_file}: {getattr(e, 'strerror', e)}") from e
 
 
 def _config(table: Mapping[str, Any]) -> Config:

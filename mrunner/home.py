@@ -1,8 +1,11 @@
 """C{$MRUNNER_HOME}: every path and file name under it, in one value that is passed to whoever needs one.
 
 Only the owner may enter the home, C{run/} or C{logs/} (0700), and runner
-sockets, pid files and logs are 0600: another local user can neither reach a
-runner directly nor read a prompt in its log.
+sockets, pid files, logs and the usage file are 0600: another local user can
+neither reach a runner directly, nor read a prompt in its log, nor see who used
+what. A home made beforehand that others may enter is made 0700, with a line
+in the log; the daemon's umask (L{mrunner.tap.makeService}) makes every other
+file under it owner-only too.
 """
 
 from __future__ import annotations
@@ -13,12 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+from twisted.logger import Logger
 
 SOCKET_SUFFIX = ".sock"
 PID_SUFFIX = ".pid"
 LOG_SUFFIX = ".log"
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
+#: The umask the daemon and its runners work under: what they create is their owner's alone.
+PRIVATE_UMASK = 0o077
+
+log = Logger()
 
 
 @attrs.frozen
@@ -49,8 +57,27 @@ class Home:
         return self.root / "backends"
 
     def prepare(self) -> None:
-        """Create the home, C{run/} and C{logs/} for the owner alone (an existing home is left as it is)."""
+        """Create the home, C{run/} and C{logs/} for the owner alone; an existing home others may enter is
+        made 0700 (a line in the log says so; one this user may not change is named, and left)."""
         self.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        mode = self.root.stat().st_mode & 0o777
+        if mode & ~PRIVATE_DIR:
+            try:
+                self.root.chmod(PRIVATE_DIR)
+            except OSError as e:
+                log.warn(
+                    "home {home} has mode {mode:04o}: other users may read the models, logs and usage"
+                    " under it, and it cannot be made 0700 ({why}); chmod 700 it",
+                    home=self.root,
+                    mode=mode,
+                    why=e.strerror,
+                )
+            else:
+                log.warn(
+                    "home {home} had mode {mode:04o}: made 0700, as what is under it is the owner's alone",
+                    home=self.root,
+                    mode=mode,
+                )
         for directory in (self.run, self.logs):
             directory.mkdir(mode=PRIVATE_DIR, exist_ok=True)
             directory.chmod(PRIVATE_DIR)
@@ -80,6 +107,15 @@ class Home:
 def log_name(model: str) -> str:
     """How C{model} starts the names of its runners' logs: C{ai/smollm2:latest} is C{ai_smollm2_latest}."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", model)
+
+
+def private_file(path: Path) -> None:
+    """Make C{path} a file for its owner alone (0600), created empty if it is missing, whatever the umask.
+
+    For files another library opens by name (SQLite): it then finds one with the right mode.
+    """
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE))
+    path.chmod(PRIVATE_FILE)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -38,7 +38,7 @@ from mrunner.clientpool import QuietPool
 from mrunner.devices.inventory import Devices, used_by_runners
 from mrunner.devices.metrics import DeviceCollector
 from mrunner.devices.nvml import Nvml
-from mrunner.home import Home
+from mrunner.home import PRIVATE_UMASK, Home
 from mrunner.interfaces import IBackend
 from mrunner.listening import AddressFile, uses_tls
 from mrunner.logfiles import DaemonLogFile
@@ -63,7 +63,7 @@ from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
 from mrunner.teams.admission import Teams
 from mrunner.teams.key_metrics import KeyMetrics
-from mrunner.teams.usage import UsageBook, UsageService
+from mrunner.teams.usage import UsageBook, UsageCollector, UsageService
 
 log = Logger()
 TWISTD_PIDFILE = "twistd.pid"  # twistd's default --pidfile
@@ -202,7 +202,9 @@ def make_parts(
     history = RecordsAPI(records, followers)
     aliases = Aliases(config.aliases, store)
     reloadable.append(aliases.configure)
-    usage_book = UsageBook(config.home, reactor, reactor.seconds)
+    usage_book = UsageBook(config.home, reactor, reactor.seconds, store.resolve, keeping=bool(config.keys))
+    reloadable.append(usage_book.configure)
+    metrics.registry.register(UsageCollector(usage_book))
     teams = Teams(reactor.seconds, usage_book, KeyMetrics(metrics.registry))
     gateway = Gateway(
         scheduler, store, metrics, reactor, config.max_request_bytes, records, aliases=aliases, teams=teams
@@ -268,6 +270,9 @@ def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
     one_line_errors()
+    # What the daemon and its runners create under the home is their owner's alone, as twistd makes it
+    # when it daemonizes; twistd --umask, applied after this, still decides.
+    os.umask(PRIVATE_UMASK)
     service, parts = make_service(options.config, reactor, options.read_config)
     ReloadOnHangup(reactor, parts.reloader).setServiceParent(service)
     # Everything imported and built so far lives as long as the daemon: keep it

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import urllib.parse
 from argparse import ArgumentParser, Namespace
+from collections.abc import Iterator
+from typing import Any
 
 from mrunner.cli.context import Context
-from mrunner.cli.output import table
+from mrunner.cli.output import show_json, table
 
 COLUMNS = ["day", "key", "model", "requests", "prompt", "completion", "errors", "seconds"]
+#: Rows asked for per request: the most a page of C{/engines/usage} holds.
+PAGE = 1000
 
 
 def add_arguments(parser: ArgumentParser) -> None:
@@ -19,13 +23,12 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 
 def usage(ctx: Context, args: Namespace) -> None:
+    """Every row the filters select, newest day first, read page by page (a bad day is the daemon's 400)."""
     asked = {"key": args.key, "model": args.model, "from": args.since, "to": args.until}
-    path = "/engines/usage"
     filled = {name: value for name, value in asked.items() if value}
-    if filled:
-        path += "?" + urllib.parse.urlencode(filled)
-    answer = ctx.listing(path, args)
-    if answer is None:
+    found = list(_rows(ctx, filled))
+    if args.json:
+        show_json(ctx.out, {"object": "list", "data": found})
         return
     rows = [
         [
@@ -38,6 +41,17 @@ def usage(ctx: Context, args: Namespace) -> None:
             str(row["errors"]),
             f"{row['seconds']:.1f}",
         ]
-        for row in answer["data"]
+        for row in found
     ]
     table(ctx.out, COLUMNS, rows)
+
+
+def _rows(ctx: Context, filled: dict[str, str]) -> Iterator[dict[str, Any]]:
+    after = None
+    while True:
+        page = {**filled, "limit": str(PAGE), **({"after": after} if after else {})}
+        answer = ctx.daemon.call("GET", "/engines/usage?" + urllib.parse.urlencode(page))
+        yield from answer["data"]
+        after = answer.get("next")
+        if not after:
+            return

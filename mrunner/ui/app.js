@@ -578,7 +578,7 @@ function usageChart(rows) {
 
 async function loadUsage() {
   try {
-    const rows = (await getJSON("/engines/usage")).data;
+    const rows = (await getJSON("/engines/usage?limit=1000")).data;
     $("no-usage").hidden = rows.length > 0;
     usageChart(rows);
     $("usage-rows").replaceChildren(

@@ -46,6 +46,7 @@ class RefusalTests(SynchronousTestCase):
         """Each way of giving a key says what is wrong with that way."""
         empty = Path(self.mktemp())
         empty.write_text("\n")
+        empty.chmod(0o600)
         for text, environ, words in [
             ('[keys.alice]\nkey_env = "ALICE_KEY"\n', {}, "keys.alice: key_env ALICE_KEY is not set"),
             ('[keys.alice]\nkey_env = "ALICE_KEY"\n', {"ALICE_KEY": " "}, "key_env ALICE_KEY is empty"),

@@ -1,14 +1,12 @@
-"""Named keys, their limits, the meter of an answer's tokens, the usage book and the door's key check."""
+"""Named keys, their limits, the meter of an answer's tokens and the door's key check."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
-from twisted.internet import reactor
-from twisted.internet.task import Clock, deferLater
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
 from mrunner import config as configuration
@@ -20,7 +18,7 @@ from mrunner.teams.key_metrics import KeyMetrics
 from mrunner.teams.limits import DAY, Allowance, RateLimited, reset_text
 from mrunner.teams.members import KeyRing, Member
 from mrunner.teams.meter import HEAD, TAIL, Meter
-from mrunner.teams.usage import FILE, Query, UsageBook, UsageService, utc_day
+from mrunner.teams.usage import UsageBook
 
 
 def limited(allowance: Allowance, member: Member, now: float, asked: int = 0, today: int = 0) -> RateLimited:
@@ -157,6 +155,7 @@ class KeyConfigTests(SynchronousTestCase):
     def test_keys(self) -> None:
         secret = Path(self.mktemp())
         secret.write_text("bob-key\n")
+        secret.chmod(0o600)
         config = self.load(
             f'[keys.alice]\nkey = "alice-key"\nmodels = ["smollm2", "hf.co/*"]\nrequests_per_minute = 5\n'
             f'priority = "high"\n[keys.bob]\nkey_file = "{secret}"\nadmin = true\n'
@@ -270,69 +269,3 @@ class TeamsTests(SynchronousTestCase):
         self.assertEqual((ticket.key, ticket.headers), ("anonymous", ()))
         ticket.end(500)
         self.assertEqual(self.value("mrunner_key_requests_total", key="anonymous", status="500"), 1)
-
-
-class UsageBookTests(TestCase):
-    """The book's file, written on its thread: sums per day, key and model; read back after a restart."""
-
-    def setUp(self) -> None:
-        self.home = Path(self.mktemp())
-        self.home.mkdir()
-        self.clock = Clock()
-        self.clock.advance(20000 * DAY + 10)
-
-    def book(self) -> UsageBook:
-        book = UsageBook(self.home, reactor, self.clock.seconds)
-        book.open()
-        return book
-
-    async def test_sums_survive_a_restart(self) -> None:
-        book = self.book()
-        book.add("alice", "ai/m:latest", 10, 5, False, 1.5)
-        book.add("alice", "ai/m:latest", 1, 2, True, 0.5)
-        book.add("bob", "ai/n:latest", 3, 4, False, 1.0)
-        await book.flush()
-        self.clock.advance(DAY)
-        book.add("alice", "ai/m:latest", 100, 0, False, 1.0)
-        await book.close()
-
-        again = self.book()
-        self.addCleanup(again.close)
-        self.assertEqual(again.used_today("alice"), 100)
-        day = utc_day(20000 * DAY)
-        rows = await again.query(Query(key="alice", until=day))
-        self.assertEqual(
-            rows,
-            [
-                {
-                    "day": day,
-                    "key": "alice",
-                    "model": "ai/m:latest",
-                    "requests": 2,
-                    "prompt_tokens": 11,
-                    "completion_tokens": 7,
-                    "errors": 1,
-                    "seconds": 2.0,
-                }
-            ],
-        )
-        self.assertEqual(len(await again.query(Query())), 3)
-        self.assertEqual(await again.query(Query(model="ai/n:latest", since=utc_day(20001 * DAY))), [])
-        journal = sqlite3.connect(self.home / FILE).execute("PRAGMA journal_mode").fetchone()[0]
-        self.assertEqual(journal, "wal")
-
-    async def test_written_each_second(self) -> None:
-        """The service writes once a second: a second after a request, another reader of the file sees it."""
-        book = UsageBook(self.home, reactor, self.clock.seconds)
-        service = UsageService(book, self.clock)
-        service.startService()
-        self.addCleanup(service.stopService)
-        book.add("alice", "ai/m:latest", 1, 1, False, 0.1)
-        self.clock.advance(1)
-        for _ in range(500):  # the write runs on the book's thread
-            rows = sqlite3.connect(self.home / FILE).execute("SELECT requests FROM usage").fetchall()
-            if rows:
-                break
-            await deferLater(reactor, 0.01, lambda: None)
-        self.assertEqual(rows, [(1,)])
-

@@ -1,25 +1,32 @@
-"""``GET /engines/usage[?key=&model=&from=&to=]`` (admin): usage per UTC day, key name and model.
+"""``GET /engines/usage[?key=&model=&from=&to=&limit=&after=]`` (admin): usage per UTC day, key and model.
 
 The rows come from the usage book's SQLite file (L{mrunner.teams.usage}),
-read on its own thread: a report never holds up the reactor.
+read on its own thread: a report never holds up the reactor. A page holds at
+most L{MAX_LIMIT} rows, newest day first; its C{next} is the C{?after=} of the
+page after it (C{DAY/KEY/MODEL} of its last row: a key's name has no slash).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
-from typing import Any
 
 from klein import Klein
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.reading.bodies import query
+from mrunner.api.reading.bodies import count, query
 from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.errors import BadRequest, NotFound
 from mrunner.store.names import normal_name
-from mrunner.teams.usage import FIELDS, Query, UsageBook
+from mrunner.teams.usage import FIELDS, Page, Query, UsageBook
 
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+DEFAULT_LIMIT = 100
+#: A page's most rows, as C{/engines/requests} lists at most 1000 records.
+MAX_LIMIT = 1000
+#: The longest C{?after=}: a day, a key's name (64) and a model name, with room to spare.
+MAX_AFTER = 1024
 ROW = {
     "type": "object",
     "required": list(FIELDS),
@@ -47,11 +54,21 @@ class UsageAPI:
             parameter("model", "query", {"type": "string"}, "only this model"),
             parameter("from", "query", day, "from this UTC day (YYYY-MM-DD), inclusive"),
             parameter("to", "query", day, "to this UTC day (YYYY-MM-DD), inclusive"),
+            parameter(
+                "limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "at most this many"
+            ),
+            parameter(
+                "after", "query", {"type": "string", "maxLength": MAX_AFTER}, "the rows after this one (next)"
+            ),
         ]
         body = {
             "type": "object",
-            "required": ["data"],
-            "properties": {"data": {"type": "array", "items": ROW}},
+            "required": ["data", "has_more", "next"],
+            "properties": {
+                "data": {"type": "array", "items": ROW},
+                "has_more": {"type": "boolean"},
+                "next": {"type": ["string", "null"], "description": "?after= for the next page"},
+            },
         }
         answers = {"200": answer("usage by day, key name and model", json_content(body))}
         return {
@@ -64,25 +81,49 @@ class UsageAPI:
 
     @app.route("/engines/usage", methods=["GET"])
     async def usage(self, request: IRequest) -> bytes:
-        if self._book is None:
-            raise NotFound("usage is not kept by this daemon", code="usage_off")
+        if self._book is None or not self._book.keeping:
+            raise NotFound(
+                'usage is kept only for named keys: add one ([keys."NAME"] in tap.conf)', code="usage_off"
+            )
         model = query(request, "model")
         asked = Query(
             key=query(request, "key") or None,
             model=normal_name(model) if model else None,
             since=_day(request, "from"),
             until=_day(request, "to"),
+            after=_after(query(request, "after")),
+            limit=count(request, "limit", DEFAULT_LIMIT, MAX_LIMIT),
         )
-        rows: list[dict[str, Any]] = await self._book.query(asked)
-        return json_body(request, {"object": "list", "data": rows})
+        page: Page = await self._book.query(asked)
+        last = page.rows[-1] if page.more else None
+        after = "/".join((last["day"], last["key"], last["model"])) if last else None
+        return json_body(request, {"object": "list", "data": page.rows, "has_more": page.more, "next": after})
 
 
 def _day(request: IRequest, key: str) -> str | None:
     value = query(request, key)
     if value is None:
         return None
-    if not _DAY.fullmatch(value):
+    if _DAY.fullmatch(value):
+        try:
+            datetime.date.fromisoformat(value)
+            return value
+        except ValueError:
+            pass
+    raise BadRequest(
+        f"?{key}= must be a UTC day as YYYY-MM-DD (a day of the calendar), not {value[:40]!r}",
+        code=f"invalid_{key}",
+    )
+
+
+def _after(value: str | None) -> tuple[str, str, str] | None:
+    """C{?after=DAY/KEY/MODEL} (a page's C{next}) as the row it names."""
+    if value is None:
+        return None
+    parts = value.split("/", 2)
+    if len(value) > MAX_AFTER or len(parts) != 3 or not _DAY.fullmatch(parts[0]) or not all(parts):
         raise BadRequest(
-            f"?{key}= must be a UTC day as YYYY-MM-DD, not {value[:40]!r}", code=f"invalid_{key}"
+            f"?after= must be the next of the page before (DAY/KEY/MODEL), not {value[:40]!r}",
+            code="invalid_after",
         )
-    return value
+    return parts[0], parts[1], parts[2]
