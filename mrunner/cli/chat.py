@@ -174,8 +174,8 @@ def converse(chat: Chat, console: Console, errors: Console) -> None:
     import readline  # noqa: F401  # gives input() line editing and history
 
     console.print(
-        f"Chatting with {chat.model}. Ctrl-C stops an answer; {NEW} starts anew; {LEAVE_HINT};"
-        f" {HELP} lists the commands.",
+        f"Chatting with {chat.model}. Ctrl-C stops an answer; {NEW} starts anew; {HELP} lists the"
+        f" commands; {LEAVE_HINT}.",
         markup=False,
     )
     out = console.file

@@ -10,6 +10,7 @@ import time
 import urllib.parse
 from argparse import Namespace
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ from mrunner.address import advertised, home_of, running
 from mrunner.cli.chat import Chat, converse, flushing
 from mrunner.cli.client import Daemon, lines
 from mrunner.cli.context import Context
-from mrunner.cli.errors import CommandError, DaemonError
+from mrunner.cli.errors import NEAREST, CommandError, DaemonError, explain
 from mrunner.cli.models import show_transfer
 from mrunner.cli.output import duration, table
 from mrunner.sizes import format_size
@@ -33,26 +34,33 @@ def run(ctx: Context, args: Namespace) -> None:
     prompt = args.prompt
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
-    load(ctx, chat, args.pull)
-    if prompt is None:
+    if prompt is None:  # loaded first, so a failed load shows before the first question
+        pulling(ctx, chat.model, args.pull, chat.preload)
         converse(chat, ctx.out, ctx.err)
         return
-    chat.ask(prompt, flushing(ctx.out.file))
+    pulling(ctx, chat.model, args.pull, lambda: chat.ask(prompt, flushing(ctx.out.file)))
     chat.end_answer(ctx.out.file)
 
 
-def load(ctx: Context, chat: Chat, pull: bool) -> None:
-    """Load the chat's model, so a failed load shows before the first question; a model not in the
-    store is pulled first (unless C{--no-pull}), with the pull's progress on stderr, as C{docker model
-    run} and C{ollama run} do, leaving stdout to the answer."""
+def pulling(ctx: Context, model: str, pull: bool, act: Callable[[], None]) -> None:
+    """C{act}; if C{model} is not in the store, pull it (unless C{--no-pull}) and C{act} again.
+
+    The pull's progress goes to stderr, leaving stdout to the answer, as C{docker model run} and
+    C{ollama run} pull. Not a name close to a stored one's: that is a typo more likely than a model
+    to download, and the error offers the stored name.
+    """
     try:
-        chat.preload()
+        act()
     except DaemonError as e:
-        if e.code != "model_not_found" or not pull:
+        if e.code != "model_not_found" or not pull or NEAREST.search(e.message):
             raise
-        ctx.err.print(f"{chat.model} is not in the store: pulling it", markup=False, highlight=False)
-        show_transfer(ctx, "pull", ctx.daemon.ndjson("POST", "/models/create", {"from": chat.model}), ctx.err)
-        chat.preload()
+        ctx.err.print(f"{model} is not in the store: pulling it", markup=False, highlight=False)
+        try:
+            show_transfer(ctx, "pull", ctx.daemon.ndjson("POST", "/models/create", {"from": model}), ctx.err)
+        except CommandError as failed:
+            why = explain(failed, "pull", model)
+            raise CommandError(f"{model} is not in the store, and pulling it failed: {why}") from None
+        act()
 
 
 PS_COLUMNS = ["model", "id", "backend", "mode", "state", "memory", "processor", "context", "until"]

@@ -141,7 +141,7 @@ class DaemonCommandTests(CLITestCase):
     async def test_status_and_version(self) -> None:
         out = await self.ok("status")
         self.assertIn(f"mrunner is running at {self.daemon.url}", out)
-        self.assertIn("test: Running", out)
+        self.assertIn("test: installed (", out)
         self.assertNotIn("preload", out, "none configured")
         self.assertTrue(json.loads(await self.ok("status", "--json"))["test"].startswith("Running"))
         out = await self.ok("version")
@@ -176,7 +176,10 @@ class DaemonCommandTests(CLITestCase):
         self.assertEqual(self.requests()[-1]["messages"], [{"role": "user", "content": "piped question"}])
 
         listing = (await self.ok("ps")).splitlines()
-        self.assertEqual(listing[0].split(), ["MODEL", "ID", "BACKEND", "MODE", "STATE", "MEMORY", "UNTIL"])
+        self.assertEqual(
+            listing[0].split(),
+            ["MODEL", "ID", "BACKEND", "MODE", "STATE", "MEMORY", "PROCESSOR", "CONTEXT", "UNTIL"],
+        )
         self.assertEqual(
             listing[1].split()[:5], ["ai/tiny:latest", listing[1].split()[1], "test", "completion", "idle"]
         )
@@ -229,7 +232,7 @@ class DaemonCommandTests(CLITestCase):
 
     async def test_missing_model_suggests_pull(self) -> None:
         for args in (
-            ("run", "nothere", "hi"),
+            ("run", "--no-pull", "nothere", "hi"),
             ("inspect", "nothere"),
             ("rm", "nothere"),
             ("push", "nothere"),
