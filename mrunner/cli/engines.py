@@ -46,20 +46,22 @@ def pulling(ctx: Context, model: str, pull: bool, act: Callable[[], None]) -> No
     """C{act}; if C{model} is not in the store, pull it (unless C{--no-pull}) and C{act} again.
 
     The pull's progress goes to stderr, leaving stdout to the answer, as C{docker model run} and
-    C{ollama run} pull. Not a name close to a stored one's: that is a typo more likely than a model
-    to download, and the error offers the stored name.
+    C{ollama run} pull. A pull that fails names the stored model closest to C{model}, if any: the
+    name may be a typo (but C{ai/smollm3} beside C{ai/smollm2} is another model, so it is pulled).
     """
     try:
         act()
     except DaemonError as e:
-        if e.code != "model_not_found" or not pull or NEAREST.search(e.message):
+        if e.code != "model_not_found" or not pull:
             raise
+        near = NEAREST.search(e.message)
         ctx.err.print(f"{model} is not in the store: pulling it", markup=False, highlight=False)
         try:
             show_transfer(ctx, "pull", ctx.daemon.ndjson("POST", "/models/create", {"from": model}), ctx.err)
         except CommandError as failed:
+            guess = f" (did you mean {near.group(1)}?)" if near else ""
             why = explain(failed, "pull", model)
-            raise CommandError(f"{model} is not in the store, and pulling it failed: {why}") from None
+            raise CommandError(f"{model} is not in the store{guess}, and pulling it failed: {why}") from None
         act()
 
 

@@ -239,7 +239,8 @@ class DaemonCommandTests(CLITestCase):
         ):
             self.assertIn("get it with `mrunner pull nothere`", await self.fails(*args), args)
         await self.daemon.import_model("tiny", self.gguf)
-        self.assertIn("did you mean ai/tiny:latest? Else get it with", await self.fails("run", "tiyn", "hi"))
+        error = await self.fails("run", "--no-pull", "tiyn", "hi")
+        self.assertIn("did you mean ai/tiny:latest? Else get it with", error)
 
     async def test_logs(self) -> None:
         await self.daemon.import_model("tiny", self.gguf)

@@ -119,14 +119,20 @@ class RunPullsTests(CLITestCase):
         self.hub.add("team/tiny-gguf", Repo({"tiny-Q4_K_M.gguf": self.gguf.read_bytes()}))
         error = await self.fails("run", "--no-pull", "hf.co/team/tiny-gguf", "hi")
         self.assertIn("get it with `mrunner pull hf.co/team/tiny-gguf`", error)
-        error = await self.fails("run", "hf.co/team/missing", "hi")
-        self.assertIn("hf.co/team/missing is not in the store, and pulling it failed: ", error)
+        error = await self.fails("run", "hf.co/team/tiny-ggu", "hi")
+        self.assertIn("hf.co/team/tiny-ggu is not in the store, and pulling it failed: ", error)
         ran = await self.mrunner("run", "hf.co/team/tiny-gguf", "hi")
         self.assertEqual((ran.code, ran.out), (0, "tok0 tok1 tok2 \n"), ran)
         self.assertIn("hf.co/team/tiny-gguf is not in the store: pulling it", ran.err)
         self.assertRegex(ran.err, r"(?m)^pull [0-9a-f]{12}: .* \(100%\)$")
         self.assertIn("Model pulled successfully", ran.err)
         self.assertIn("hf.co/team/tiny-gguf:latest", await self.ok("ls"))
+        error = await self.fails("run", "hf.co/team/tiny-ggu", "hi")
+        self.assertIn(
+            "hf.co/team/tiny-ggu is not in the store (did you mean hf.co/team/tiny-gguf:latest?), and"
+            " pulling it failed: ",
+            error,
+        )
 
 
 class ChatHelpTests(CLITestCase):
