@@ -136,6 +136,11 @@ class Daemon:
                 f" ({reason.verify_message}): give its certificate (or the authority that signed it)"
                 " with --cacert FILE, MRUNNER_CACERT=FILE or SSL_CERT_FILE=FILE"
             )
+        if isinstance(reason, http.client.RemoteDisconnected) and self.url.startswith("http://"):
+            return CommandError(
+                f"the daemon at {self.url} hung up without an answer: if it listens with TLS (an ssl:"
+                f" endpoint), its address is {self.url.replace('http://', 'https://', 1)}"
+            )
         return CommandError(
             f"cannot reach the mrunner daemon at {self.url} ({reason}): {START_HINT},"
             " or point --host / MRUNNER_HOST at it"
