@@ -39,7 +39,8 @@ class ContextSize:
 
     llama-server gives a request at most the model's trained context
     (C{<arch>.context_length}), whatever C{--ctx-size} says, and says so only
-    in its own log: C{in_force} is that smaller number, which a person must see.
+    in its own log: C{in_force} is that smaller number, which a person must see,
+    and the C{--ctx-size} a llama.cpp runner is started with.
     """
 
     asked: int | None = None
@@ -55,7 +56,8 @@ class ContextSize:
             return None
         return (
             f"context_size {self.asked} for {model} is more than the model will give: each request"
-            f" gets at most {self.in_force} tokens (the context it was trained for)"
+            f" gets at most {self.in_force} tokens (the context it was trained for), and its runners"
+            f" are started with {self.in_force}"
         )
 
 

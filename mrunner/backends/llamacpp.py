@@ -57,24 +57,31 @@ _VERSION = re.compile(r"version:.*\(.*?\b([0-9a-f]{7,40})\)")
 
 
 def context_size(model: Model, settings: RunnerSettings) -> int:
-    """The ``--ctx-size`` a runner gets: the settings', else the model config's, else 4096.
+    """The ``--ctx-size`` a runner gets: the context in force (L{context_in_force}).
 
     Never llama-server's own default (0, the model's training context), which
     can be 128k tokens and many GiB of KV cache; the memory estimate needs this
     number too.
     """
-    if settings.context_size:
-        return settings.context_size
-    return min(int(model.config.get("context_size") or DEFAULT_CONTEXT_SIZE), MAX_DEFAULT_CONTEXT_SIZE)
+    return context_in_force(model, settings).in_force or DEFAULT_CONTEXT_SIZE
 
 
 def context_in_force(model: Model, settings: RunnerSettings) -> ContextSize:
-    """The ``--ctx-size`` asked for, and what llama-server gives each request of it.
+    """The context asked for (the settings', else the model config's up to 8192, else 4096), and
+    the one in force: no more than the model was trained for.
 
     With ``--kv-unified`` a slot may use the whole context, but llama-server caps
-    a slot at the model's trained context (its log says "capping", nothing else does).
+    a slot at the model's trained context (its log says "capping", nothing else
+    does) while it still allocates the KV cache for all of ``--ctx-size``: 2.36 GiB
+    for SmolLM2-135M asked for 100000 tokens, where its 8192 take 311 MiB. So a
+    runner is started with the context in force, whichever load starts it (one
+    that ``_configure`` restarts, or the next request's), and the estimate is of that.
     """
-    asked = context_size(model, settings)
+    if settings.context_size:
+        asked = settings.context_size
+    else:
+        named = int(model.config.get("context_size") or DEFAULT_CONTEXT_SIZE)
+        asked = min(named, MAX_DEFAULT_CONTEXT_SIZE)
     trained = model.trained_context
     return ContextSize(asked, asked if trained is None else min(asked, trained))
 

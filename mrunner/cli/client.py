@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,13 +28,28 @@ DEFAULT_HOST = "http://127.0.0.1:12434"
 
 def find_host(explicit: str | None, environ: Mapping[str, str] = os.environ) -> str:
     """C{--host}, else C{$MRUNNER_HOST}, else where the daemon of C{$MRUNNER_HOME} says it listens,
-    else the default address."""
-    return (
-        explicit
-        or environ.get("MRUNNER_HOST")
-        or (advertised(home_of(environ)) or {}).get("url")
-        or DEFAULT_HOST
-    )
+    else the default address, but only when nothing names a home.
+
+    @raise CommandError: C{$MRUNNER_HOME} is set, or its C{run/daemon.json} names a daemon that is
+        gone, and no daemon runs there: the default address may be another daemon with another
+        store, which an C{rm} or C{unload} must not act on.
+    """
+    host = explicit or environ.get("MRUNNER_HOST")
+    if host:
+        return host
+    home = home_of(environ)
+    said = advertised(home)
+    if said is not None:
+        return str(said["url"])
+    after = f"{START_HINT}, or point --host / MRUNNER_HOST at another daemon"
+    if home.address.exists():
+        raise CommandError(
+            f"the mrunner daemon of {home.root} is not running (it was stopped or killed: the process"
+            f" its {home.address.relative_to(home.root)} names has ended): {after}"
+        )
+    if environ.get("MRUNNER_HOME"):
+        raise CommandError(f"no mrunner daemon is running for MRUNNER_HOME={home.root}: {after}")
+    return DEFAULT_HOST
 
 
 def model_path(name: str, action: str = "") -> str:
@@ -44,10 +60,12 @@ def model_path(name: str, action: str = "") -> str:
 class Daemon:
     """The daemon at C{host} (C{http://HOST:PORT}; a bare C{HOST:PORT} means http; C{unix:PATH} a socket).
 
-    With C{api_key}, every request carries it as C{Authorization: Bearer KEY}.
+    With C{api_key}, every request carries it as C{Authorization: Bearer KEY}; with C{cacert}, an
+    C{https} daemon's certificate is checked against that file (a self-signed one, say) rather
+    than the system's authorities (which C{SSL_CERT_FILE} also replaces).
     """
 
-    def __init__(self, host: str, api_key: str | None = None) -> None:
+    def __init__(self, host: str, api_key: str | None = None, cacert: str | None = None) -> None:
         if host.startswith("unix:"):
             self.url = host
             self._base = "http://localhost"
@@ -56,7 +74,9 @@ class Daemon:
             )
         else:
             self.url = self._base = (host if "://" in host else f"http://{host}").rstrip("/")
-            self._opener = urllib.request.build_opener()
+            self._opener = urllib.request.build_opener(
+                *([urllib.request.HTTPSHandler(context=_trusting(cacert))] if cacert else [])
+            )
         self._api_key = api_key
 
     def open(
@@ -110,10 +130,29 @@ class Daemon:
         return True
 
     def _unreachable(self, reason: object) -> CommandError:
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            return CommandError(
+                f"the mrunner daemon at {self.url} sent a certificate this client does not trust"
+                f" ({reason.verify_message}): give its certificate (or the authority that signed it)"
+                " with --cacert FILE, MRUNNER_CACERT=FILE or SSL_CERT_FILE=FILE"
+            )
+        if isinstance(reason, http.client.RemoteDisconnected) and self.url.startswith("http://"):
+            return CommandError(
+                f"the daemon at {self.url} hung up without an answer: if it listens with TLS (an ssl:"
+                f" endpoint), its address is {self.url.replace('http://', 'https://', 1)}"
+            )
         return CommandError(
             f"cannot reach the mrunner daemon at {self.url} ({reason}): {START_HINT},"
             " or point --host / MRUNNER_HOST at it"
         )
+
+
+def _trusting(cacert: str) -> ssl.SSLContext:
+    """A TLS context that trusts the certificates in the file C{cacert}, and no others."""
+    try:
+        return ssl.create_default_context(cafile=cacert)
+    except (OSError, ssl.SSLError) as e:
+        raise CommandError(f"cannot read the certificates in --cacert {cacert}: {e}") from None
 
 
 def _json_line(line: bytes) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from argparse import Namespace
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -12,13 +13,21 @@ from mrunner.cli.client import Daemon
 from mrunner.cli.output import show_json
 
 
-@attrs.frozen
+@attrs.define
 class Context:
-    """The daemon to talk to; C{out} for results and progress, C{err} for errors."""
+    """The daemon to talk to, found when a command first asks for it (C{connect}: C{wait} asks
+    again until one answers); C{out} for results and progress, C{err} for errors."""
 
-    daemon: Daemon
+    connect: Callable[[], Daemon]
     out: Console
     err: Console
+    _daemon: Daemon | None = None
+
+    @property
+    def daemon(self) -> Daemon:
+        if self._daemon is None:
+            self._daemon = self.connect()
+        return self._daemon
 
     def listing(self, path: str, args: Namespace) -> Any:
         """C{GET path}: printed as JSON and None with C{--json}, else returned for a table."""

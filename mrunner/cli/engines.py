@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
 import time
 import urllib.parse
 from argparse import Namespace
+from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -16,9 +19,13 @@ from mrunner.address import advertised, home_of, running
 from mrunner.cli.chat import Chat, converse, flushing
 from mrunner.cli.client import Daemon, lines
 from mrunner.cli.context import Context
-from mrunner.cli.errors import CommandError, DaemonError
+from mrunner.cli.errors import NEAREST, CommandError, DaemonError, explain
+from mrunner.cli.models import show_transfer
 from mrunner.cli.output import duration, table
 from mrunner.sizes import format_size
+
+#: How alike a name must be to a loaded one (both without C{ai/} and C{:latest}) to be offered instead.
+NEAR = 0.6
 
 
 def run(ctx: Context, args: Namespace) -> None:
@@ -27,16 +34,46 @@ def run(ctx: Context, args: Namespace) -> None:
     prompt = args.prompt
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
-    if prompt is None:
+    if prompt is None:  # loaded first, so a failed load shows before the first question
+        pulling(ctx, chat.model, args.pull, chat.preload)
         converse(chat, ctx.out, ctx.err)
         return
-    chat.ask(prompt, flushing(ctx.out.file))
+    pulling(ctx, chat.model, args.pull, lambda: chat.ask(prompt, flushing(ctx.out.file)))
     chat.end_answer(ctx.out.file)
+
+
+def pulling(ctx: Context, model: str, pull: bool, act: Callable[[], None]) -> None:
+    """C{act}; if C{model} is not in the store, pull it (unless C{--no-pull}) and C{act} again.
+
+    The pull's progress goes to stderr, leaving stdout to the answer, as C{docker model run} and
+    C{ollama run} pull. A pull that fails names the stored model closest to C{model}, if any: the
+    name may be a typo (but C{ai/smollm3} beside C{ai/smollm2} is another model, so it is pulled).
+    """
+    try:
+        act()
+    except DaemonError as e:
+        if e.code != "model_not_found" or not pull:
+            raise
+        near = NEAREST.search(e.message)
+        ctx.err.print(f"{model} is not in the store: pulling it", markup=False, highlight=False)
+        try:
+            show_transfer(ctx, "pull", ctx.daemon.ndjson("POST", "/models/create", {"from": model}), ctx.err)
+        except CommandError as failed:
+            guess = f" (did you mean {near.group(1)}?)" if near else ""
+            why = explain(failed, "pull", model)
+            raise CommandError(f"{model} is not in the store{guess}, and pulling it failed: {why}") from None
+        act()
+
+
+PS_COLUMNS = ["model", "id", "backend", "mode", "state", "memory", "processor", "context", "until"]
 
 
 def ps(ctx: Context, args: Namespace) -> None:
     runners = ctx.listing("/engines/ps", args)
     if runners is None:
+        return
+    if not runners:
+        ctx.out.print("no models loaded", markup=False)
         return
     now = time.time()
     failed = [runner for runner in runners if runner["state"] == "failed"]
@@ -48,16 +85,13 @@ def ps(ctx: Context, args: Namespace) -> None:
             runner["mode"],
             state(runner),
             format_size(runner["memory"]),
+            processor(runner),
+            str(runner.get("context_size") or "-"),
             "-" if runner in failed else until(runner, now),
         ]
         for runner in runners
     ]
-    headers = ["model", "id", "backend", "mode", "state", "memory", "until"]
-    if any(runner.get("gpu_layers") for runner in runners):  # only where a GPU is used: "CUDA0 71% / CPU 29%"
-        headers.append("processor")
-        for row, runner in zip(rows, runners, strict=True):
-            row.append(runner.get("processor") or "-")
-    table(ctx.out, headers, rows)
+    table(ctx.out, PS_COLUMNS, rows)
     for runner in runners:
         if runner.get("warning"):  # a context_size above what the model gives
             ctx.out.print(runner["warning"], markup=False, highlight=False)
@@ -65,6 +99,14 @@ def ps(ctx: Context, args: Namespace) -> None:
         ctx.out.print(
             f"preload {runner['model_name']} failed: {runner['error']}", markup=False, highlight=False
         )
+
+
+def processor(runner: dict[str, Any]) -> str:
+    """Where its memory is, as Ollama's C{ps} says it: C{100% CPU}, or the share on each device."""
+    where = runner.get("processor")
+    if not where:
+        return "-"
+    return "100% CPU" if where == "CPU" else str(where)
 
 
 def state(runner: dict[str, Any]) -> str:
@@ -98,9 +140,36 @@ def df(ctx: Context, args: Namespace) -> None:
 
 
 def unload(ctx: Context, args: Namespace) -> None:
-    result = ctx.daemon.call("POST", "/engines/unload", {"models": args.models, "all": args.all})
-    count = result["unloaded_runners"]
-    ctx.out.print(f"Unloaded {count} runner{'' if count == 1 else 's'}")
+    """Unload every runner, or each named model's (one request each, so a name that has none is told)."""
+    if args.all:
+        count = ctx.daemon.call("POST", "/engines/unload", {"all": True})["unloaded_runners"]
+    else:
+        counts = {
+            name: ctx.daemon.call("POST", "/engines/unload", {"models": [name]})["unloaded_runners"]
+            for name in args.models
+        }
+        count = sum(counts.values())
+    ctx.out.print(f"Unloaded {count} runner{'' if count == 1 else 's'}", markup=False)
+    missing = [] if args.all else [name for name, hits in counts.items() if not hits]
+    if missing:
+        loaded = [runner["model_name"] for runner in ctx.daemon.call("GET", "/engines/ps")]
+        raise CommandError("; ".join(not_loaded(name, loaded) for name in missing))
+
+
+def not_loaded(name: str, loaded: list[str]) -> str:
+    """C{name} has no runner: said with the loaded model closest to it, or that none is loaded."""
+    if not loaded:
+        return f"{name} is not loaded: no model is"
+    short = {_short(model): model for model in loaded}
+    near = difflib.get_close_matches(_short(name), list(short), n=1, cutoff=NEAR)
+    if near:
+        return f"{name} is not loaded; did you mean {short[near[0]]}?"
+    return f"{name} is not loaded (loaded: {', '.join(dict.fromkeys(loaded))})"
+
+
+def _short(name: str) -> str:
+    """A name as people type it: no C{ai/} in front, no C{:latest} behind."""
+    return name.removeprefix("ai/").removesuffix(":latest")
 
 
 def configure(ctx: Context, args: Namespace) -> None:
@@ -135,8 +204,11 @@ def status(ctx: Context, args: Namespace) -> None:
     if statuses is None:
         return
     ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
+    runners = Counter(
+        runner["backend_name"] for runner in ctx.daemon.call("GET", "/engines/ps") if runner["pid"]
+    )
     for backend, text in statuses.items():
-        ctx.out.print(f"{backend}: {text}", markup=False, highlight=False)
+        ctx.out.print(f"{backend}: {install_state(text, runners[backend])}", markup=False, highlight=False)
     docker_config = ctx.daemon.call("GET", "/version").get("docker_config")
     ctx.out.print(
         f"registry logins: read from {docker_config} (`mrunner login --help`)"
@@ -154,6 +226,17 @@ def status(ctx: Context, args: Namespace) -> None:
     for preload in preloads:
         if preload["state"] != "failed":  # a failed one is among the statuses above
             ctx.out.print(f"preload {preload['model']}: {preload['state']}", markup=False, highlight=False)
+
+
+def install_state(text: str, runners: int) -> str:
+    """A backend's install status in words: DMR's C{Running: llama.cpp b1} is "installed", with how
+    many runners it has, since "Running" reads as a model running."""
+    state, _, detail = text.partition(": ")
+    if state != "Running":
+        return text
+    version = f" ({detail})" if detail else ""
+    running = "no runner" if not runners else f"{runners} runner{'' if runners == 1 else 's'}"
+    return f"installed{version}, {running} running"
 
 
 def logs(ctx: Context, args: Namespace) -> None:
@@ -252,7 +335,7 @@ def wait(ctx: Context, args: Namespace) -> None:
         if args.pid is not None and not running(args.pid):
             raise CommandError(f"the daemon (pid {args.pid}) ended before it answered")
         try:
-            daemon = advertising(args.pid, args.api_key) if follow else ctx.daemon
+            daemon = advertising(args.pid, args.api_key, args.cacert) if follow else ctx.connect()
             daemon.call("GET", "/health")
             ctx.out.print(daemon.url, markup=False, highlight=False)
             return
@@ -262,9 +345,9 @@ def wait(ctx: Context, args: Namespace) -> None:
         time.sleep(0.2)
 
 
-def advertising(pid: int, api_key: str | None) -> Daemon:
+def advertising(pid: int, api_key: str | None, cacert: str | None) -> Daemon:
     """The daemon that process C{pid} says it is, in the home's C{run/daemon.json}."""
     said = advertised(home_of(os.environ))
     if said is None or said.get("pid") != pid:
         raise CommandError(f"the daemon (pid {pid}) has not said where it listens")
-    return Daemon(said["url"], api_key)
+    return Daemon(said["url"], api_key, cacert)

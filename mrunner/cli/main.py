@@ -1,7 +1,9 @@
 """``mrunner [--host URL] COMMAND ...``: read the command line, run the command, exit 0, 1 or 2.
 
 0 is success, 1 an error (told on stderr with what to do about it), 2 a
-usage error; 130 when Ctrl-C interrupts a command, as shells expect.
+usage error (told with that command's usage); 130 when Ctrl-C interrupts a
+command, as shells expect. A command's options go anywhere among its
+arguments, as docker and git take them.
 """
 
 from __future__ import annotations
@@ -21,11 +23,34 @@ from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError, explain
 
 PIPE_WIDTH = 10_000  # a listing written to a pipe or file is never wrapped
+STORED = "a model in the store, e.g. ai/smollm2"
 Command = Callable[[Context, argparse.Namespace], None]
 
 
+class CommandParser(argparse.ArgumentParser):
+    """One command's arguments: its options anywhere among its positionals (C{run MODEL --max-tokens 0
+    PROMPT}), and a word it does not know refused with its own usage rather than the top-level one."""
+
+    _inside = False  # parse_known_intermixed_args calls parse_known_args itself, twice
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inside:
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            parsed, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def global_options(parser: argparse.ArgumentParser, defaults: bool) -> argparse.ArgumentParser:
-    """C{--host} and C{--api-key}: before the command (with their defaults) or after it, as docker takes them.
+    """C{--host}, C{--api-key}, C{--cacert}: before the command (with their defaults) or after it, as docker
+    takes them.
 
     After the command they default to nothing, so that one given before it stands.
     """
@@ -40,6 +65,13 @@ def global_options(parser: argparse.ArgumentParser, defaults: bool) -> argparse.
         default=os.environ.get("MRUNNER_API_KEY") if defaults else argparse.SUPPRESS,
         help="the key a daemon with [http] api_keys requires (default: $MRUNNER_API_KEY)",
     )
+    parser.add_argument(
+        "--cacert",
+        metavar="FILE",
+        default=os.environ.get("MRUNNER_CACERT") if defaults else argparse.SUPPRESS,
+        help="trust an https daemon's certificate (a self-signed one) from this PEM file"
+        " (default: $MRUNNER_CACERT, else the system's authorities or $SSL_CERT_FILE)",
+    )
     return parser
 
 
@@ -50,23 +82,33 @@ def parser() -> argparse.ArgumentParser:
         ),
         defaults=True,
     )
-    common = global_options(argparse.ArgumentParser(add_help=False), defaults=False)
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = CommandParser(add_help=False)
+    global_options(common, defaults=False)
+    commands = top.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=CommandParser, title="commands"
+    )
 
     def command(
         name: str, run: Command, summary: str, *aliases: str, json: bool = False
     ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, aliases=aliases, help=summary, description=summary, parents=[common])
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, usage=sub)
         if json:
             sub.add_argument("--json", action="store_true", help="print JSON, for scripts")
         return sub
 
-    command("pull", models.pull, "pull a model from a registry, one bar per layer").add_argument("model")
-    command("push", models.push, "push a model to the registry its name points at").add_argument("model")
+    command("pull", models.pull, "pull a model from a registry, one bar per layer").add_argument(
+        "model", help="ai/smollm2 (Docker Hub), HOST:PORT/REPO[:TAG] or hf.co/ORG/REPO[:QUANT]"
+    )
+    command("push", models.push, "push a model to the registry its name points at").add_argument(
+        "model", help=f"{STORED}, named HOST[:PORT]/REPO[:TAG] (see `mrunner tag`)"
+    )
     run = command("run", engines.run, "answer PROMPT and exit; without one, chat until Ctrl-D")
-    run.add_argument("model")
+    run.add_argument("model", help=f"{STORED} (pulled first if it is not), or an alias")
     run.add_argument("prompt", nargs="?", help="the question (default: piped input, else a chat)")
+    run.add_argument(
+        "--no-pull", dest="pull", action="store_false", help="fail rather than pull a model not in the store"
+    )
     run.add_argument(
         "--max-tokens",
         type=_whole,
@@ -74,26 +116,26 @@ def parser() -> argparse.ArgumentParser:
         help=f"the most tokens an answer may have (default: {DEFAULT_MAX_TOKENS}; 0: no limit)",
     )
     command("ls", models.ls, "list the models in the store", "list", json=True)
-    command("inspect", models.inspect, "show a model's details as JSON").add_argument("model")
+    command("inspect", models.inspect, "show a model's details as JSON").add_argument("model", help=STORED)
     command("verify", models.verify, "re-hash a model's files (all models without NAME)").add_argument(
-        "model", nargs="?", metavar="NAME"
+        "model", nargs="?", metavar="NAME", help=f"{STORED} (default: every model)"
     )
     rm = command("rm", models.rm, "remove a model from the store (and unload it)", "remove")
-    rm.add_argument("model")
+    rm.add_argument("model", help=f"{STORED}, or its id")
     rm.add_argument("--force", action="store_true", help="remove it under all of its tags")
     tag = command("tag", models.tag, "give a model another name")
-    tag.add_argument("model", metavar="SOURCE")
-    tag.add_argument("target", metavar="TARGET")
+    tag.add_argument("model", metavar="SOURCE", help=STORED)
+    tag.add_argument("target", metavar="TARGET", help="its new name, e.g. localhost:5000/ai/smollm2:v1")
     command("ps", engines.ps, "list the running models", json=True)
     command("df", engines.df, "show disk usage of models and backends", json=True)
     command("devices", devices.devices, "show the GPUs and RAM runners use: memory, budget, use", json=True)
     unload = command("unload", engines.unload, "unload the named models' runners, or all of them")
-    unload.add_argument("models", nargs="*", metavar="MODEL")
+    unload.add_argument("models", nargs="*", metavar="MODEL", help="a loaded model (`mrunner ps` lists them)")
     unload.add_argument("--all", action="store_true", help="unload every runner")
     configure = command(
         "configure", engines.configure, "set a model's runner settings (docker model configure)"
     )
-    configure.add_argument("model")
+    configure.add_argument("model", help=STORED)
     pin = configure.add_mutually_exclusive_group()
     pin.add_argument(
         "--pin", action="store_true", default=None, help="keep it loaded: no expiry, no eviction"
@@ -121,7 +163,7 @@ def parser() -> argparse.ArgumentParser:
     package = command(
         "package", models.package, "store a GGUF file (or shard set) as a model, with its files"
     )
-    package.add_argument("model", metavar="NAME")
+    package.add_argument("model", metavar="NAME", help="its name in the store, e.g. ai/mymodel:v1")
     package.add_argument(
         "--gguf",
         required=True,
@@ -152,7 +194,7 @@ def parser() -> argparse.ArgumentParser:
         "tokens per second at several concurrencies, and the time to first token",
         json=True,
     )
-    timing.add_argument("model")
+    timing.add_argument("model", help=STORED)
     timing.add_argument(
         "--concurrency",
         type=bench.concurrencies,
@@ -227,17 +269,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     words = joined(sys.argv[1:] if argv is None else argv)
     words, passed = launch.passed_on(words)
     args = top.parse_args(words)
+    if args.command is None:  # `mrunner` alone: what it can do
+        top.print_help(sys.stderr)
+        sys.exit(2)
     if passed and args.command != "launch":
-        top.error("arguments after -- are for `mrunner launch TOOL -- ARGS` only")
+        args.usage.error("arguments after -- are for `mrunner launch TOOL -- ARGS` only")
     if passed:
         args.args += passed
     if args.command == "unload" and bool(args.models) == args.all:
-        top.error("unload needs model names or --all (not both)")
+        args.usage.error("name the models to unload, or give --all (not both)")
     tty = sys.stdout.isatty()
     out = Console(highlight=False, width=None if tty else PIPE_WIDTH)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        args.run(Context(Daemon(find_host(args.host), args.api_key), out, err), args)
+        args.run(Context(lambda: Daemon(find_host(args.host), args.api_key, args.cacert), out, err), args)
     except CommandError as e:
         err.print(f"mrunner: {explain(e, args.command, getattr(args, 'model', None))}", markup=False)
         sys.exit(1)

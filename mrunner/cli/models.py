@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from mrunner.cli.client import model_path
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError, DaemonError
@@ -32,10 +34,14 @@ def push(ctx: Context, args: Namespace) -> None:
     show_transfer(ctx, "push", ctx.daemon.ndjson("POST", model_path(args.model, "/push")))
 
 
-def show_transfer(ctx: Context, verb: str, events: Iterable[dict[str, Any]]) -> None:
-    """Show a pull's or push's NDJSON progress, one bar per layer, then its outcome."""
+def show_transfer(
+    ctx: Context, verb: str, events: Iterable[dict[str, Any]], console: Console | None = None
+) -> None:
+    """Show a pull's or push's NDJSON progress, one bar per layer, then its outcome, on C{console}
+    (default: stdout)."""
+    console = console or ctx.out
     outcome = None
-    with layer_progress(ctx.out, verb) as bars:
+    with layer_progress(console, verb) as bars:
         for event in events:
             layer = event.get("layer")
             if event.get("type") == "progress" and isinstance(layer, dict):
@@ -46,7 +52,7 @@ def show_transfer(ctx: Context, verb: str, events: Iterable[dict[str, Any]]) -> 
                 outcome = str(event.get("message"))
     if outcome is None:
         raise CommandError(f"the daemon ended the {verb} without saying whether it succeeded")
-    ctx.out.print(outcome, markup=False, highlight=False)
+    console.print(outcome, markup=False, highlight=False)
 
 
 def ls(ctx: Context, args: Namespace) -> None:

@@ -141,7 +141,7 @@ class DaemonCommandTests(CLITestCase):
     async def test_status_and_version(self) -> None:
         out = await self.ok("status")
         self.assertIn(f"mrunner is running at {self.daemon.url}", out)
-        self.assertIn("test: Running", out)
+        self.assertIn("test: installed (", out)
         self.assertNotIn("preload", out, "none configured")
         self.assertTrue(json.loads(await self.ok("status", "--json"))["test"].startswith("Running"))
         out = await self.ok("version")
@@ -176,7 +176,10 @@ class DaemonCommandTests(CLITestCase):
         self.assertEqual(self.requests()[-1]["messages"], [{"role": "user", "content": "piped question"}])
 
         listing = (await self.ok("ps")).splitlines()
-        self.assertEqual(listing[0].split(), ["MODEL", "ID", "BACKEND", "MODE", "STATE", "MEMORY", "UNTIL"])
+        self.assertEqual(
+            listing[0].split(),
+            ["MODEL", "ID", "BACKEND", "MODE", "STATE", "MEMORY", "PROCESSOR", "CONTEXT", "UNTIL"],
+        )
         self.assertEqual(
             listing[1].split()[:5], ["ai/tiny:latest", listing[1].split()[1], "test", "completion", "idle"]
         )
@@ -229,14 +232,15 @@ class DaemonCommandTests(CLITestCase):
 
     async def test_missing_model_suggests_pull(self) -> None:
         for args in (
-            ("run", "nothere", "hi"),
+            ("run", "--no-pull", "nothere", "hi"),
             ("inspect", "nothere"),
             ("rm", "nothere"),
             ("push", "nothere"),
         ):
             self.assertIn("get it with `mrunner pull nothere`", await self.fails(*args), args)
         await self.daemon.import_model("tiny", self.gguf)
-        self.assertIn("did you mean ai/tiny:latest? Else get it with", await self.fails("run", "tiyn", "hi"))
+        error = await self.fails("run", "--no-pull", "tiyn", "hi")
+        self.assertIn("did you mean ai/tiny:latest? Else get it with", error)
 
     async def test_logs(self) -> None:
         await self.daemon.import_model("tiny", self.gguf)

@@ -19,9 +19,9 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
-from mrunner.cli.client import DEFAULT_HOST, find_host
+from mrunner.cli.client import find_host
 from mrunner.cli.engines import state
-from mrunner.cli.errors import CommandError, DaemonError, explain
+from mrunner.cli.errors import START_HINT, CommandError, DaemonError, explain
 from mrunner.cli.main import joined, parser
 from mrunner.cli.models import split_tag
 from mrunner.cli.output import ago
@@ -275,18 +275,26 @@ class CommandLineTests(SynchronousTestCase):
 
     def test_the_host_is_the_one_the_daemon_wrote(self) -> None:
         """Without --host or MRUNNER_HOST, the address in $MRUNNER_HOME/run/daemon.json while the
-        daemon that wrote it lives, else the default."""
+        daemon that wrote it lives; never the default address (another daemon's) for a home named
+        by MRUNNER_HOME, or whose daemon was killed."""
         home = Home(Path(self.mktemp()))
         home.prepare()
         environ = {"MRUNNER_HOME": str(home.root)}
-        self.assertEqual(find_host(None, environ), DEFAULT_HOST)
+        error = self.assertRaises(CommandError, find_host, None, environ)
+        self.assertEqual(
+            str(error),
+            f"no mrunner daemon is running for MRUNNER_HOME={home.root}: {START_HINT}, or point"
+            " --host / MRUNNER_HOST at another daemon",
+        )
         home.address.write_text('{"url": "unix:/tmp/api.sock", "pid": 1}\n')
         self.assertEqual(find_host(None, environ), "unix:/tmp/api.sock")
         self.assertEqual(find_host(None, {**environ, "MRUNNER_HOST": "h:2"}), "h:2")
         self.assertEqual(find_host("h:3", environ), "h:3")
         gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, check=True).stdout
         home.address.write_text(f'{{"url": "http://127.0.0.1:9", "pid": {int(gone)}}}\n')
-        self.assertEqual(find_host(None, environ), DEFAULT_HOST, "a killed daemon's leftover is ignored")
+        error = self.assertRaises(CommandError, find_host, None, environ)
+        self.assertIn(f"the mrunner daemon of {home.root} is not running (it was stopped", str(error))
+        self.assertEqual(find_host(None, {**environ, "MRUNNER_HOST": "h:2"}), "h:2")
 
     def test_the_url_of_a_listening_port(self) -> None:
         self.assertEqual(url_of("tcp:0", IPv4Address("TCP", "0.0.0.0", 5)), "http://127.0.0.1:5")

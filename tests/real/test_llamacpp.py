@@ -485,6 +485,13 @@ class CommandTests(SynchronousTestCase):
         self.assertEqual(context_size(model({"context_size": 8192}), RunnerSettings()), 8192)
         self.assertEqual(context_size(model({"context_size": 131072}), RunnerSettings()), 8192)
         self.assertEqual(context_size(model({"context_size": 8192}), RunnerSettings(context_size=512)), 512)
+        gguf = {"llama.context_length": 8192}
+        trained = model({"context_size": 8192, "architecture": "llama", "gguf": gguf})
+        self.assertEqual(
+            context_size(trained, RunnerSettings(context_size=100000)),
+            8192,
+            "llama-server would hold a cache for 100000 tokens and give each request 8192",
+        )
 
     def test_cache_root(self) -> None:
         self.assertEqual(cache_root({}, {"HOME": "/h"}), Path("/h/.cache/mrunner"))

@@ -7,7 +7,10 @@ Run as ``python runner_program.py --socket S --alias NAME [--health-delay SECOND
 --requests each POST body as a JSON line; --gate is the default gate of every stream;
 --close-after-answer reads nothing more on a connection once an answer ends, and closes it
 a moment later, though the answer announced keep-alive (as llama-server does after streams);
---context refuses a request whose messages hold more words, with llama-server's 400.
+--context refuses a request whose messages hold more words, with llama-server's 400, and
+ends a stream whose words fill it with finish_reason "length", as llama-server does when
+its context fills mid-answer; a stream asked for usage (stream_options.include_usage) ends
+with a chunk that has it.
 A request may carry ``"test": {"events": N, "interval": SECONDS, "gate": PREFIX,
 "crash_after": K, "refuse": STATUS}`` in its JSON body: stream N
 events, before event i wait until the file PREFIX<i> exists, exit the process after
@@ -71,7 +74,7 @@ class Runner(resource.Resource):
             return json.dumps({"error": error}).encode()
         if body.get("stream"):
             request.setHeader(b"content-type", b"text/event-stream")
-            self.stream(request, body, control)
+            self.stream(request, body, control, words)
             return server.NOT_DONE_YET
         answer = {
             b"/v1/chat/completions": chat,
@@ -84,10 +87,13 @@ class Runner(resource.Resource):
             return b'{"error": "not found"}'
         return json.dumps(answer(self.options.alias, body)).encode()
 
-    def stream(self, request, body, control):
+    def stream(self, request, body, control, words):
         events = control.get("events", 3)
-        cut = body.get("max_tokens") is not None and body["max_tokens"] < events
-        events = min(events, body.get("max_tokens") or events)  # as llama-server: stop at max_tokens
+        room = self.options.context - words if self.options.context else events
+        # As llama-server: stop at max_tokens, or when the context is full.
+        limit = min(room, body.get("max_tokens") or events)
+        cut = limit < events
+        events = min(events, limit)
         gate = control.get("gate", self.options.gate)
         crash_after = control.get("crash_after")
         interval = control.get("interval", 0.0)
@@ -105,6 +111,9 @@ class Runner(resource.Resource):
                 reactor.callLater(0.1, os._exit, 3)  # after what was written is flushed
                 return
             if sent == events:
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    usage = {"prompt_tokens": words, "completion_tokens": sent, "total_tokens": words + sent}
+                    request.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
                 request.write(b"data: [DONE]\n\n")
                 request.finish()
                 return

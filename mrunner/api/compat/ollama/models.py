@@ -118,6 +118,7 @@ class OllamaModelsAPI:
                     "expires_at": expires or EXPIRES_NEVER,
                     "size": runner.memory or _size(model),
                     "size_vram": 0,
+                    "context_length": runner.context.in_force,
                 }
             )
         return json_body(request, {"models": models})
