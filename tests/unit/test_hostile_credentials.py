@@ -320,13 +320,14 @@ class TellingTheUserTests(SynchronousTestCase):
 
 
 class FakeDaemon:
-    """Answers C{mrunner status}'s three calls."""
+    """Answers C{mrunner status}'s calls."""
 
     url = "http://127.0.0.1:12434"
 
     def __init__(self, docker_config: str | None) -> None:
         self.answers = {
             "/engines/status": {"llama.cpp": "Running"},
+            "/engines/ps": [],
             "/version": {"version": "0", "docker_config": docker_config},
             "/ready": {"preloads": []},
         }
@@ -355,7 +356,7 @@ class WhichConfigTests(SynchronousTestCase):
         ]:
             out = io.StringIO()
             console = Console(file=out, width=200)
-            status(Context(FakeDaemon(docker_config), console, console), parser().parse_args(["status"]))  # type: ignore[arg-type]
+            status(Context(lambda: FakeDaemon(docker_config), console, console), parser().parse_args(["status"]))  # type: ignore[arg-type]
             self.assertIn(line, out.getvalue())
 
 
