@@ -152,6 +152,7 @@ def make_parts(
         lambda: scheduler.memory_budget(),
         lambda: used_by_runners(scheduler.snapshot()),
         Nvml.load(),
+        now=reactor.seconds,
     )
     scheduler = Scheduler(
         reactor,
