@@ -88,6 +88,12 @@ class RebuildTests(StoreTestCase):
         store.collect()
         self.assertEqual(self.stored_files(), files)
 
+    def test_blobs_that_are_not_manifests_are_passed_over(self) -> None:
+        """A blob of nested brackets (a license, say) is not a manifest, nor a reason to stop."""
+        self.store.blobs.put(b"[" * 100_000)
+        self.index.unlink()
+        self.restarted()
+
     def test_a_fresh_home_says_nothing(self) -> None:
         home = Path(self.mktemp())
         self.assertEqual(ModelStore(home, self.clock).list(), [])

@@ -4,11 +4,11 @@ The channel asks L{Trust} as soon as a request's headers are in: a refused
 request is answered at once and its body is never read. What twisted.web's
 parser refuses by closing the connection without a word (a request line or
 header past its 16 KiB, a malformed header or chunk) is answered here with a
-status and a JSON error before the close: 414, 431 or 400. A head whose lines
-end in a bare LF is a 400 at once: twisted.web's parser waits for a CRLF that never
-comes, and the client, waiting too, saw a reset 10 s later (RFC 9112 lets a server
-take LF alone as a line end; mrunner refuses it, as a node that routers forward to
-should, rather than read a head otherwise than the router before it). A request refused
+status and a JSON error before the close: 414, 431 or 400. A head with a line
+ended by LF alone is a 400 at once: twisted.web's parser waits for a CRLF that
+never comes, and the client, waiting too, saw a reset 10 s later (RFC 9112 lets
+a server take LF alone as a line end; a node that routers forward to refuses it
+rather than read a head otherwise than the router before it). A request refused
 before its body is read is answered at once; what the client still sends of it
 is read and dropped, not taken for a next request (twisted.web would buffer it
 and stop reading, and the client, still writing, would see a reset instead of

@@ -10,11 +10,12 @@ trust rules, bodies, routes, answers and framing are L{GatedChannel}'s and
 twisted.web's, unchanged.
 
 A head that does not come whole in one read, or that httptools refuses or
-reads otherwise than twisted.web would (a bare LF, which twisted.web's side
-refuses, two spaces, HTTP/2.0, a size over the limits), is read by twisted.web's own parser: a malformed or
-oversized request gets exactly the answer it got before, and a trickled head
-the answer to each line as it comes. tests/unit/test_lean.py checks that both
-parsers answer any stream of requests, cut anywhere, alike.
+reads otherwise than twisted.web would (a bare LF, which the twisted.web side
+refuses, two spaces, HTTP/2.0, a size over the limits), is read by twisted.web's
+own parser: a malformed or oversized request gets exactly the answer it got
+before, and a trickled head the answer to each line as it comes.
+tests/unit/test_lean.py checks that both parsers answer any stream of requests,
+cut anywhere, alike.
 """
 
 from __future__ import annotations
