@@ -173,6 +173,9 @@ class IDevices(Interface):
     def used_by(pid: int) -> dict[str, int]:
         """Bytes process C{pid} holds on each GPU as NVML measures them; none without NVML."""
 
+    def check() -> None:
+        """Warn of the C{[gpu] devices} the build does not list (after an install, when it is known)."""
+
 
 class IRunnerProcess(Interface):
     """One started runner process, as the loader sees it (see L{mrunner.scheduling.process})."""

@@ -17,6 +17,10 @@ names by default (the extension's "model server protocol"):
 
 C{/slots} is read with C{/metrics}, only when C{/metrics} is, in parallel and
 within the same bound: a request never waits for it.
+
+A scrape that C{[cluster] open_metrics} lets in without a key sees these signals
+alone (L{load_signals}), with mrunner's own queue and runner gauges: never a key's
+name or counts, nor the models a node has merely served or failed to load.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 
@@ -35,6 +40,26 @@ from mrunner.values import RunnerSnapshot, State
 
 #: Tokens held and tokens of room, of one runner.
 KV = tuple[int, int]
+#: The families a router reads: the queue, the requests running, KV-cache use, the models resident.
+LOAD_SIGNALS = frozenset(
+    {
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:lora_requests_info",
+        "mrunner_queue_waiting",
+        "mrunner_runners",
+        "mrunner_runner_requests_in_flight",
+    }
+)
+
+
+def load_signals(*sources: Collector | Families) -> Families:
+    """Only the L{LOAD_SIGNALS} of C{sources}: what a scrape without a key sees."""
+    found = Families()
+    for source in sources:
+        found.add(family for family in source.collect() if family.name in LOAD_SIGNALS)
+    return found
 
 
 def kv_tokens(slots: object) -> KV:

@@ -56,6 +56,7 @@ from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.store.credentials import Credentials
 from mrunner.store.huggingface import HubClient
+from mrunner.store.model import StoreCorrupt
 from mrunner.store.names import parse
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
@@ -132,7 +133,10 @@ def make_parts(
     """Build every part of the daemon from C{config}; C{read_config} reads it again for a reload."""
     home = Home(config.home)
     backends = make_backends(config, reactor)
-    store = ModelStore(config.home, reactor, config.store.partial_max_age)
+    try:
+        store = ModelStore(config.home, reactor, config.store.partial_max_age)
+    except StoreCorrupt as e:  # an index it may not read, or cannot move aside to rebuild
+        raise StartupError(e.message) from None
     runner_pool = RunnerPool(reactor, unix_connect(reactor), max(config.scheduler.parallel, 2))
     options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
@@ -152,6 +156,7 @@ def make_parts(
         lambda: scheduler.memory_budget(),
         lambda: used_by_runners(scheduler.snapshot()),
         Nvml.load(),
+        now=reactor.seconds,
     )
     scheduler = Scheduler(
         reactor,

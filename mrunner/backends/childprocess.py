@@ -29,6 +29,9 @@ SETPRIV = shutil.which("setpriv")
 #: What a child's output pipe holds while it is read now and then (Linux's default limit for a pipe).
 PIPE_BYTES = 1 << 20
 READ_BYTES = 1 << 16
+#: A line is cut into pieces this long: a child that never ends its line cannot make each read copy
+#: all it printed so far (quadratic) or hold it all.
+MAX_LINE_BYTES = 1 << 16
 
 
 @attrs.frozen
@@ -117,7 +120,11 @@ class _Collector(ProcessProtocol):
         self.read_as_it_comes()
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
-        *lines, self._partial[childFD] = (self._partial.get(childFD, b"") + data).split(b"\n")
+        *lines, partial = (self._partial.get(childFD, b"") + data).split(b"\n")
+        if len(partial) >= MAX_LINE_BYTES:
+            lines.append(partial)
+            partial = b""
+        self._partial[childFD] = partial
         if lines:
             self._lines(lines)
 

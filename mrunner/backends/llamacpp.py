@@ -358,20 +358,30 @@ class LlamaCppBackend:
         if self._installed is None:
             return []
         path = self._installed.executable
-        probe = childprocess.run(self._reactor, [str(path), "--list-devices"], keep=200)
+        found = listing.Listing()
+        probe = childprocess.run(self._reactor, [str(path), "--list-devices"], on_line=found.feed)
         probe.addTimeout(PROBE_TIMEOUT, self._reactor)
         try:
-            output = "\n".join((await probe).tail)
+            tail = (await probe).tail
         except (childprocess.ChildFailed, OSError, TimeoutError) as e:
             self.log.warn("{path} --list-devices failed, taking it as no GPUs: {error}", path=path, error=e)
-            output = ""
-        if output and not listing.looks_like_listing(output):
+            found, tail = listing.Listing(), ()
+        if tail and not found.looks_like_listing():
             self.log.warn(
                 "{path} --list-devices printed no device list, taking it as no GPUs: {output!r:.200}",
                 path=path,
-                output=output,
+                output="\n".join(tail),
             )
-        self._listed = listing.parse(output)
+        for reason in found.refused:
+            self.log.warn("{path} --list-devices: {reason}", path=path, reason=reason)
+        if found.over:
+            self.log.warn(
+                "{path} --list-devices listed {over} devices past the first {kept}; only those are used",
+                path=path,
+                over=found.over,
+                kept=listing.MAX_DEVICES,
+            )
+        self._listed = found.devices
         return self.listed()
 
     async def _probe(self, path: Path) -> str:

@@ -9,11 +9,13 @@ L{used_by_runners}.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from mrunner.config import GPUConfig, physical_memory
@@ -23,6 +25,9 @@ from mrunner.interfaces import IDevices
 from mrunner.values import Device, RunnerSnapshot
 
 CPU = "CPU"
+#: Seconds a ``--list-devices`` answers refreshes for: any caller of C{/engines/devices} (the page
+#: polls it every 5 s, from each tab) would otherwise start a llama-server each time.
+LISTING_MAX_AGE = 10.0
 
 
 class DeviceSource(Protocol):
@@ -72,8 +77,10 @@ class Devices:
     """The devices runners can use, as the build lists them and C{[gpu]} allows, and the RAM.
 
     C{used} answers what runners hold per device id (L{used_by_runners}); C{nvml} is None
-    where NVML does not load; C{host} reads the RAM (total, available).
+    where NVML does not load; C{host} reads the RAM (total, available); C{now} the time.
     """
+
+    log = Logger()
 
     _source: DeviceSource
     _settings: GPUConfig
@@ -81,6 +88,9 @@ class Devices:
     _used: Callable[[], Mapping[str, int]] = dict
     _nvml: Nvml | None = None
     _host: Callable[[], tuple[int, int]] = host_memory
+    _now: Callable[[], float] = time.monotonic
+    _listed_at: float | None = attrs.field(default=None, init=False)
+    _unlisted: tuple[str, ...] = attrs.field(default=(), init=False)
     _live: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
     _waiters: list[Deferred[list[Device]]] = attrs.field(factory=list, init=False)
 
@@ -102,8 +112,24 @@ class Devices:
         """NVML's bytes for process C{pid} on each GPU; none where NVML does not load."""
         return {} if self._nvml is None else self._nvml.used_by(pid)
 
+    def check(self) -> None:
+        """Warn (once a change) of the C{[gpu] devices} the build does not list, naming those it does."""
+        chosen = self._settings.devices
+        listed = [device.id for device in self._source.listed()]
+        unlisted = () if isinstance(chosen, str) else tuple(d for d in chosen if d not in listed)
+        if unlisted and unlisted != self._unlisted:
+            self.log.warn(
+                "[gpu] devices names {unlisted}, which this llama-server ({variant}) does not list;"
+                " it lists {listed}: runners use only those of [gpu] devices it lists",
+                unlisted=", ".join(unlisted),
+                variant=self.variant,
+                listed=", ".join(listed) or "no GPU",
+            )
+        self._unlisted = unlisted
+
     def refresh(self) -> Deferred[list[Device]]:
-        """NVML's numbers when it answers for every listed NVIDIA GPU, else the build's list again."""
+        """NVML's numbers when it answers for every listed NVIDIA GPU, else the build's list again
+        (the last one while it is under L{LISTING_MAX_AGE} seconds old)."""
         if self._nvml is not None:
             live = self._nvml.memory()
             wanted = {listed.id for listed in self._source.listed()}
@@ -111,6 +137,8 @@ class Devices:
                 self._live = live
                 return succeed(self.devices())
         self._live = {}
+        if self._listed_at is not None and self._now() - self._listed_at < LISTING_MAX_AGE:
+            return succeed(self.devices())
         waiter: Deferred[list[Device]] = Deferred()
         self._waiters.append(waiter)
         if len(self._waiters) == 1:  # one llama-server --list-devices at a time, for every caller
@@ -119,6 +147,7 @@ class Devices:
 
     def _listed_again(self, _: object) -> None:
         waiters, self._waiters = self._waiters, []
+        self._listed_at = self._now()
         for waiter in waiters:
             waiter.callback(self.devices())
 

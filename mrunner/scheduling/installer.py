@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
@@ -64,8 +64,14 @@ class Installer:
 
     log = Logger()
 
-    def __init__(self, backends: Mapping[str, IBackend], clock: IReactorTime):
+    def __init__(
+        self,
+        backends: Mapping[str, IBackend],
+        clock: IReactorTime,
+        on_installed: Callable[[str], object] = lambda name: None,
+    ):
         self._clock = clock
+        self._on_installed = on_installed
         self._installs = {name: _Install(backend) for name, backend in backends.items()}
 
     def __contains__(self, name: object) -> bool:
@@ -117,6 +123,7 @@ class Installer:
         def installed(version: str) -> None:
             install.move(InstallState.RUNNING, version)
             self.log.info("backend {backend} ready: {version}", backend=name, version=version)
+            self._on_installed(name)
             self._wake(install, None)
 
         def failed(reason: Failure) -> None:

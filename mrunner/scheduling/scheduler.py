@@ -77,7 +77,8 @@ class Scheduler:
         self._store = store
         self._start_runner = start_runner
         self.home = home or Home(config.home)
-        self.installer = Installer(backends, clock)
+        # What the build lists is known once it is installed: [gpu] devices is checked against it then.
+        self.installer = Installer(backends, clock, lambda name: devices.check() if devices else None)
         self.loader = Loader(
             clock,
             self._spawn,

@@ -161,7 +161,7 @@ def parse_manifest(data: bytes) -> Manifest:
     """
     try:
         value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: "[" nested past the limit
         raise InvalidManifest("the manifest is not JSON") from None
     if not isinstance(value, dict) or value.get("schemaVersion") != 2:
         raise InvalidManifest("the manifest is not an OCI or Docker schema 2 manifest")

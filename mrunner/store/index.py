@@ -5,6 +5,12 @@ fsync, rename) and owned by the reactor thread, so a reader never sees half
 of it. A name is a tag (normalised as Docker Model Runner does), a manifest
 digest, or a short id (a digest's first hex digits); a mistyped tag is
 answered with the stored tag closest to it.
+
+An index that cannot be read (empty, cut short, not JSON, nested past Python's
+recursion limit, a directory) or that is gone is not a reason to stop: the damaged
+one is moved aside, and the index is rebuilt from the manifests the store holds,
+their tags lost (the manifests never carried them), with a warning saying how to
+name them again. An index the daemon may not read is a start error: it may be whole.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ import difflib
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+from twisted.logger import Logger
 
 from mrunner.errors import BadRequest, Conflict, NotFound
 from mrunner.store.blobs import fsync_dir
@@ -28,15 +36,25 @@ REMEMBERED = 1024
 Tags = dict[str, list[str]]  # manifest digest -> tags
 
 
-class Index:
-    """The stored models' manifest digests and their tags, in C{root}/index.json."""
+class _Damaged(Exception):
+    """What is wrong with an index file that was read."""
 
-    def __init__(self, root: Path) -> None:
+
+class Index:
+    """The stored models' manifest digests and their tags, in C{root}/index.json.
+
+    C{manifests} lists the digests of the stored manifests whose blobs are all there: what a
+    missing or damaged index is rebuilt from.
+    """
+
+    log = Logger()
+
+    def __init__(self, root: Path, manifests: Callable[[], Iterable[str]] = tuple) -> None:
         self._root = root
         self.path = root / "index.json"
         for temp in root.glob("index.*.tmp"):  # a crash between write and rename
             temp.unlink()
-        self._tags = self._read()
+        self._tags = self._read(manifests)
         self._digests = self._by_tag()
         self._found: dict[str, str] = {}
 
@@ -147,17 +165,56 @@ class Index:
     def _by_tag(self) -> dict[str, str]:
         return {tag: digest for digest, tags in self._tags.items() for tag in tags}
 
-    def _read(self) -> Tags:
+    def _read(self, manifests: Callable[[], Iterable[str]]) -> Tags:
+        try:
+            return self._load()
+        except FileNotFoundError:
+            problem, aside = "is missing", None
+        except PermissionError as e:
+            raise StoreCorrupt(
+                f"cannot read {self.path} ({e.strerror}): give it to the user the daemon runs as"
+            ) from None
+        except (OSError, _Damaged) as e:
+            problem = str(e) if isinstance(e, _Damaged) else f"cannot be read ({e.strerror})"
+            aside = self._set_aside(problem)
+        tags: Tags = {digest: [] for digest in manifests()}
+        if tags or aside:
+            self._save(tags)
+            self.log.warn(
+                "{path} {problem}{moved}; rebuilt from the {count} model manifests in the store, without"
+                " tags (the index alone holds them): see them with `mrunner ls` and name each again with"
+                " `mrunner tag ID NAME`",
+                path=self.path,
+                problem=problem,
+                moved=f" (moved to {aside})" if aside else "",
+                count=len(tags),
+            )
+        return tags
+
+    def _load(self) -> Tags:
         try:
             value = json.loads(self.path.read_bytes())
-        except FileNotFoundError:
-            return {}
-        except ValueError:
-            raise StoreCorrupt(f"{self.path} is not valid JSON") from None
+        except (ValueError, RecursionError):  # RecursionError: "[" nested past the interpreter's limit
+            raise _Damaged("is not valid JSON") from None
         models = value.get("models") if isinstance(value, dict) else None
-        if not isinstance(models, dict):
-            raise StoreCorrupt(f"{self.path} is not a model index")
-        return {str(d): [str(t) for t in tags] for d, tags in models.items()}
+        if not isinstance(models, dict) or not all(
+            DIGEST.fullmatch(digest) and isinstance(tags, list) and all(isinstance(tag, str) for tag in tags)
+            for digest, tags in models.items()
+        ):
+            raise _Damaged("is not a model index")
+        return {digest: list(tags) for digest, tags in models.items()}
+
+    def _set_aside(self, problem: str) -> Path:
+        """Move the damaged index out of the way, kept for a person to look at; where it went."""
+        aside = self.path.with_name(f"index.json.damaged-{uuid.uuid4().hex[:8]}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as e:
+            raise StoreCorrupt(
+                f"{self.path} {problem} and cannot be moved aside ({e.strerror}): move it away, and"
+                " the index is rebuilt from the model manifests at the next start"
+            ) from None
+        return aside
 
     def _save(self, tags: Tags) -> None:
         temp = self.path.with_name(f"index.{uuid.uuid4().hex}.tmp")

@@ -37,6 +37,7 @@ from mrunner.store.index import Index
 from mrunner.store.integrity import Integrity
 from mrunner.store.model import Deletion, Model, ModelCorrupt, Reports, StoreCorrupt
 from mrunner.store.names import Reference, parse
+from mrunner.store.registry import MAX_MANIFEST
 from mrunner.store.upload import Upload
 
 DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
@@ -77,7 +78,7 @@ class ModelStore:
         self.reactor = reactor
         self._partial_max_age = partial_max_age
         self.remove_old_partials()
-        self._index = Index(self.root)
+        self._index = Index(self.root, self._manifests)
         self._bundles = Bundles(self.root / "bundles")
         self._artifacts: dict[str, _Stored] = {}
         self._kept: Counter[str] = Counter()
@@ -250,6 +251,18 @@ class ModelStore:
         return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), f, *args)
 
     # Internals
+
+    def _manifests(self) -> Iterator[str]:
+        """The digests of the stored model manifests whose blobs are all there (what the index lists)."""
+        for digest in self.blobs.digests():
+            if (self.blobs.size(digest) or 0) > MAX_MANIFEST:
+                continue  # weights
+            try:
+                manifest = parse_manifest(self.blobs.read(digest))
+            except (OSError, InvalidManifest):
+                continue  # a config, a license, a template, or not a model's
+            if all(self.blobs.has(blob.digest) for blob in manifest.blobs):
+                yield digest
 
     def _link_shards(self, digest: str) -> None:
         """Give a split model's shards the names llama.cpp expects (L{Bundles})."""

@@ -178,6 +178,35 @@ class HostilePeerTests(DaemonTestCase):
         await eventually(lambda: self.daemon.site.connections == 0, 9)
 
 
+class BareLineFeedTests(DaemonTestCase):
+    """Issue 35, A21: a head whose lines end in LF alone is a 400 at once (it got no answer, and a reset
+    10 s later); a body with LFs in it is a body."""
+
+    async def test_a_bare_lf_head_is_a_400_at_once(self) -> None:
+        await self.start()
+        port = port_of(self.daemon.url)
+        for name, data in [
+            ("every line", b"GET /health HTTP/1.1\nHost: 127.0.0.1\n\n"),
+            ("one header", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\nX-A: 1\r\n\r\n"),
+            ("the blank line", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\n"),
+        ]:
+            start = time.monotonic()
+            code, headers, error = await deferToThread(answer_to, port, data)
+            self.assertLess(time.monotonic() - start, 2, name)
+            self.assertEqual(
+                (code, error["error"]["code"], headers[b"connection"]), (400, "bare_lf", b"close")
+            )
+            self.assertIn("CRLF", error["error"]["message"])
+        body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "a\nb"}]}, indent=1).encode()
+        code, _, answer = await deferToThread(
+            answer_to,
+            port,
+            b"POST /engines/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+        )
+        self.assertEqual(code, 200, answer)
+
+
 class FollowerTests(DaemonTestCase):
     config_text = (
         '[http]\nmax_connections = 8\nmax_followers = 2\n[records]\nmax_body = "2MiB"\nmax_bytes = "64MiB"\n'
@@ -398,6 +427,7 @@ class CommandLineKeyTests(DaemonTestCase):
 EarlyLimitTestsTwistedHeads = with_twisted_heads(EarlyLimitTests)
 HostilePeerTestsTwistedHeads = with_twisted_heads(HostilePeerTests)
 FollowerTestsTwistedHeads = with_twisted_heads(FollowerTests)
+BareLineFeedTestsTwistedHeads = with_twisted_heads(BareLineFeedTests)
 ConnectionCapTestsTwistedHeads = with_twisted_heads(ConnectionCapTests)
 BusyDoorTestsTwistedHeads = with_twisted_heads(BusyDoorTests)
 CommandLineKeyTestsTwistedHeads = with_twisted_heads(CommandLineKeyTests)

@@ -52,7 +52,7 @@ from tests.real.test_cli import MRUNNER, CLITestCase
 from tests.real.test_daemon import MODEL, DaemonTestCase
 from tests.real.test_huggingface import HubTestCase
 from tests.real.test_registry import RegistryTestCase, StandInTestCase
-from tests.support.daemon import eventually, http
+from tests.support.daemon import InProcessDaemon, eventually, http
 from tests.support.ggufs import flip_last_byte, write_tiny_gguf
 from tests.support.hub_server import Repo, StandInHub
 from tests.support.registry_server import SKIP, RealRegistry, StandInRegistry
@@ -212,6 +212,26 @@ class HostileUploadTests(DaemonTestCase):
             self.assertEqual(sorted(os.listdir(blobs)), before)
         response = await http.get(self.daemon.url + "/models")
         self.assertEqual([model["tags"] for model in await response.json()], [[MODEL]])
+
+
+class DamagedIndexTests(DaemonTestCase):
+    """Issue 35, A22: a daemon restarted on a damaged index starts, and serves the model by its id."""
+
+    async def test_a_restart_on_a_damaged_index(self) -> None:
+        await self.start()
+        (model,) = await (await http.get(self.daemon.url + "/models")).json()
+        await self.daemon.stop()
+        index = self.home / "models" / "index.json"
+        index.write_bytes(b"[" * 100_000)
+        self.daemon = InProcessDaemon(self.daemon.config_path)
+        response = await http.get(self.daemon.url + "/models")
+        self.assertEqual([(m["id"], m["tags"]) for m in await response.json()], [(model["id"], [])])
+        response = await http.post(
+            self.daemon.url + "/engines/v1/chat/completions", json=self.chat(model=model["id"])
+        )
+        self.assertEqual(response.code, 200, await response.text())
+        (aside,) = index.parent.glob("index.json.damaged-*")
+        self.assertEqual(aside.read_bytes(), b"[" * 100_000)
 
 
 class RegistrySizeLieTests(RegistryTestCase):

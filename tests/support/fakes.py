@@ -188,6 +188,9 @@ class FakeDeviceBudgets:
     def used_by(self, pid: int) -> dict[str, int]:
         return dict(self.processes.get(pid, {}))
 
+    def check(self) -> None:
+        pass
+
 
 def unreachable_runners(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:
     """A GET of runner sockets that no runner answers on: the scrape of C{/metrics} skips them."""

@@ -9,13 +9,14 @@ import attrs
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from mrunner import config as configuration
 from mrunner.config import ConfigError, GPUConfig
 from mrunner.devices import listing
-from mrunner.devices.inventory import Devices, used_by_runners
+from mrunner.devices.inventory import LISTING_MAX_AGE, Devices, used_by_runners
 from mrunner.devices.listing import MIB, Listed
 from mrunner.devices.metrics import DeviceCollector
 from mrunner.devices.nvml import Nvml
@@ -65,12 +66,12 @@ class ParseTests(SynchronousTestCase):
     def test_cases(self) -> None:
         for name, (output, expected) in self.CASES.items():
             with self.subTest(name):
-                self.assertEqual(listing.parse(output), expected)
+                self.assertEqual(listing.read(output).devices, expected)
 
     def test_garbage_is_not_a_listing(self) -> None:
-        self.assertFalse(listing.looks_like_listing(gpu_server.list_devices("garbage")))
-        self.assertTrue(listing.looks_like_listing(gpu_server.list_devices("none")))
-        self.assertTrue(listing.looks_like_listing(gpu_server.list_devices("two")))
+        self.assertFalse(listing.read(gpu_server.list_devices("garbage")).looks_like_listing())
+        self.assertTrue(listing.read(gpu_server.list_devices("none")).looks_like_listing())
+        self.assertTrue(listing.read(gpu_server.list_devices("two")).looks_like_listing())
 
     def test_variant(self) -> None:
         for scenario, variant in {
@@ -82,7 +83,7 @@ class ParseTests(SynchronousTestCase):
         }.items():
             with self.subTest(scenario):
                 self.assertEqual(
-                    listing.variant_of(listing.parse(gpu_server.list_devices(scenario))), variant
+                    listing.variant_of(listing.read(gpu_server.list_devices(scenario)).devices), variant
                 )
         self.assertEqual(listing.variant_of([Listed("MTL0", "Apple M2", 1, 1)]), "metal")
 
@@ -182,7 +183,8 @@ class DevicesTests(SynchronousTestCase):
         self.assertEqual(source.asked, 1)
 
     def test_refreshes_at_once_share_one_listing(self) -> None:
-        inventory, source = devices([CUDA0])
+        clock = Clock()
+        inventory, source = devices([CUDA0], now=clock.seconds)
         source.pending = Deferred()
         first, second = inventory.refresh(), inventory.refresh()
         self.assertNoResult(first)
@@ -190,8 +192,12 @@ class DevicesTests(SynchronousTestCase):
         source.pending.callback([CUDA0])
         self.assertEqual(self.successResultOf(first), self.successResultOf(second))
         source.pending = None
+        clock.advance(LISTING_MAX_AGE - 1)
         self.successResultOf(inventory.refresh())
-        self.assertEqual(source.asked, 2, "a refresh after the last one ended lists again")
+        self.assertEqual(source.asked, 1, "a refresh just after the last one ended takes its answer")
+        clock.advance(1)
+        self.successResultOf(inventory.refresh())
+        self.assertEqual(source.asked, 2, "a refresh once that answer is old lists again")
 
     def test_refresh_with_nvml_is_live(self) -> None:
         inventory, source = devices([CUDA0], nvml=FakeNvml({"CUDA0": (24 * GIB, 3 * GIB)}))

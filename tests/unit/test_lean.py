@@ -171,3 +171,32 @@ class ParserChoiceTests(SynchronousTestCase):
         self.assertIs(site.protocol, LeanChannel)
         site.configure(attrs.evolve(Config(), http=HTTPConfig(head_parser="twisted")))
         self.assertNotIsInstance(site.buildProtocol(None), LeanChannel)
+
+
+class BareLineFeedTests(SynchronousTestCase):
+    """Issue 35, A21: a head with a line ended by LF alone is a 400 at once, from either parser, however
+    it is cut; twisted.web's parser waited for a CRLF until the connection's timeout."""
+
+    GOOD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+    def test_refused_at_once(self) -> None:
+        for name, data in {
+            "every line": b"GET /health HTTP/1.1\nHost: 127.0.0.1\n\n",
+            "the request line": b"GET /health HTTP/1.1\nHost: 127.0.0.1\r\n\r\n",
+            "the blank line": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\n",
+            "after a request served": self.GOOD + b"GET /health HTTP/1.1\nHost: 127.0.0.1\n\n",
+        }.items():
+            for parser in ("httptools", "twisted"):
+                for cut in range(len(data) + 1):
+                    with self.subTest(name, parser=parser, cut=cut):
+                        answer, _ = serve(parser, [data[:cut], data[cut:]])
+                        self.assertEqual(answer.count(b"HTTP/1.1 400 Bad Request"), 1)
+                        self.assertIn(b'"code": "bare_lf"', answer)
+
+    def test_crlf_cut_between_cr_and_lf_and_lfs_in_a_body_are_served(self) -> None:
+        post = b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\na\nb\nc"
+        for parser in ("httptools", "twisted"):
+            for data in (self.GOOD, post, post + self.GOOD):
+                for cut in range(len(data) + 1):
+                    answer, _ = serve(parser, [data[:cut], data[cut:]])
+                    self.assertNotIn(b"400", answer, (parser, data, cut))

@@ -13,7 +13,7 @@ from zope.interface.verify import verifyClass, verifyObject
 from mrunner.errors import BadRequest, Conflict, NotFound
 from mrunner.interfaces import IModelStore, IModelStoreAdmin
 from mrunner.store import artifact
-from mrunner.store.model import Model, StoreCorrupt
+from mrunner.store.model import Model
 from mrunner.store.store import ModelStore
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.sync_reactor import SyncThreadsClock
@@ -158,10 +158,6 @@ class ResolveTests(StoreTestCase):
         self.store.delete("y")
         for name in ("y", old.short_id):
             self.assertRaises(NotFound, self.store.resolve, name)
-
-    def test_corrupt_index(self) -> None:
-        (self.home / "models" / "index.json").write_text("{")
-        self.assertRaises(StoreCorrupt, ModelStore, self.home, self.clock)
 
 
 class TagDeleteTests(StoreTestCase):

@@ -153,6 +153,9 @@ class WebTests(SynchronousTestCase):
         self.assertIsNone(channel.length)
         self.assertTrue(callable(channel._finishRequestBody))
         self.assertTrue(callable(channel._respondToBadRequestAndDisconnect))
+        # What the door reads to refuse a head of bare LFs, which LineReceiver holds unended.
+        channel = self.channel(b"GET / HTTP/1.1\nHost: x\n")
+        self.assertEqual((channel._buffer, channel._busyReceiving), (b"GET / HTTP/1.1\nHost: x\n", False))
 
     def test_the_chunked_decoder(self) -> None:
         self.assertEqual(

@@ -24,11 +24,14 @@ class Caller:
     """C{admin}: reaches the admin routes (every caller, without keys). C{owner}: the key's SHA-256.
 
     C{member}: the named key's rules (C{[keys."NAME"]}); None for an anonymous key or none.
+    C{load_signals_only}: a scrape of C{/metrics} without a valid key, let in by
+    C{[cluster] open_metrics}: it sees the load signals, not each key's or model's counts.
     """
 
     admin: bool
     owner: str | None
     member: Member | None = None
+    load_signals_only: bool = False
 
     @property
     def name(self) -> str:

@@ -4,7 +4,11 @@ The channel asks L{Trust} as soon as a request's headers are in: a refused
 request is answered at once and its body is never read. What twisted.web's
 parser refuses by closing the connection without a word (a request line or
 header past its 16 KiB, a malformed header or chunk) is answered here with a
-status and a JSON error before the close: 414, 431 or 400. A request refused
+status and a JSON error before the close: 414, 431 or 400. A head with a line
+ended by LF alone is a 400 at once: twisted.web's parser waits for a CRLF that
+never comes, and the client, waiting too, saw a reset 10 s later (RFC 9112 lets
+a server take LF alone as a line end; a node that routers forward to refuses it
+rather than read a head otherwise than the router before it). A request refused
 before its body is read is answered at once; what the client still sends of it
 is read and dropped, not taken for a next request (twisted.web would buffer it
 and stop reading, and the client, still writing, would see a reset instead of
@@ -136,10 +140,29 @@ class GatedChannel(HTTPChannel):
     def _receive(self, data: bytes) -> None:
         """Parse C{data}: here with twisted.web's parser, a line of the head at a time."""
         super().dataReceived(data)
+        self._refuse_bare_lf()
+
+    def _refuse_bare_lf(self) -> None:
+        """Answer 400 now if the head twisted.web's parser holds, unended, has a line ended by LF alone.
+
+        Read through a whole read, in line mode and not paused, the parser holds only a line
+        without its CRLF: an LF in it is a bare one.
+        """
+        if (
+            self.line_mode
+            and not self.paused
+            and not self._busyReceiving
+            and b"\n" in self._buffer
+            and not self.transport.disconnecting
+        ):
+            self._answer_and_close(bare_lf())
 
     def lineReceived(self, line: bytes) -> None:
         if self._lingering is not None:
             return  # refused: the rest of what was sent is not a next request
+        if b"\n" in line:
+            self._answer_and_close(bare_lf())
+            return
         if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
             self._head_too_large()
             return
@@ -349,6 +372,14 @@ def raw_answer(error: MrunnerError) -> bytes:
         *(name + b": " + value for name, value in error.headers),
     ]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def bare_lf() -> BadRequest:
+    """The refusal of a head with a line ended by LF alone."""
+    return BadRequest(
+        "the request's head has a line ended by LF alone; HTTP/1.1 ends each line with CRLF (\\r\\n)",
+        code="bare_lf",
+    )
 
 
 def unserved_method(method: bytes) -> MethodNotAllowed:

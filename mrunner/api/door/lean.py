@@ -10,11 +10,12 @@ trust rules, bodies, routes, answers and framing are L{GatedChannel}'s and
 twisted.web's, unchanged.
 
 A head that does not come whole in one read, or that httptools refuses or
-reads otherwise than twisted.web would (a bare LF, two spaces, HTTP/2.0, a
-size over the limits), is read by twisted.web's own parser: a malformed or
-oversized request gets exactly the answer it got before, and a trickled head
-the answer to each line as it comes. tests/unit/test_lean.py checks that both
-parsers answer any stream of requests, cut anywhere, alike.
+reads otherwise than twisted.web would (a bare LF, which the twisted.web side
+refuses, two spaces, HTTP/2.0, a size over the limits), is read by twisted.web's
+own parser: a malformed or oversized request gets exactly the answer it got
+before, and a trickled head the answer to each line as it comes.
+tests/unit/test_lean.py checks that both parsers answer any stream of requests,
+cut anywhere, alike.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class LeanChannel(GatedChannel):
     def _receive(self, data: bytes) -> None:
         if self._twisted_heads:
             LineReceiver.dataReceived(self, data)
+            self._refuse_bare_lf()
             return
         self._pending += data
         if self._busy:
@@ -78,6 +80,7 @@ class LeanChannel(GatedChannel):
         if self._twisted_heads and self._pending:
             data, self._pending = self._pending, b""
             LineReceiver.dataReceived(self, data)
+            self._refuse_bare_lf()
 
     def _take_head(self) -> bool:
         """Read the head at the start of C{_pending}, if all of it is there; whether one was read."""

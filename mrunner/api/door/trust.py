@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from urllib.parse import unquote_to_bytes
 
+import attrs
 from twisted.web.http_headers import Headers
 
 from mrunner.api.door.callers import OPEN, Caller, key_caller
@@ -33,6 +34,7 @@ ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"_drain", b"re
 ADMIN_OLLAMA = frozenset({b"pull", b"push", b"delete", b"copy", b"create"})
 # A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
 # and the page asks for a key when the API answers 401.
+METRICS = b"/metrics"
 OPEN_PATHS = frozenset({b"/health", b"/ready", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
 _LISTEN_FIELDS = re.compile(r"(?<!\\):")
 
@@ -58,7 +60,8 @@ class Trust:
         admin = tuple(key.encode() for key in http.admin_api_keys)
         # Named keys ([keys."NAME"]) make a key needed on every route: anonymous ones still work.
         self._members = KeyRing(config.keys)
-        self._open = OPEN_PATHS | ({b"/metrics"} if config.cluster.open_metrics else set())
+        self._open_metrics = config.cluster.open_metrics
+        self._open = OPEN_PATHS | ({METRICS} if self._open_metrics else set())
         self._keys = keys + admin if keys or self._members else ()
         self._admin_keys = admin or keys
         self._limits = {b"/models/load": http.max_load_bytes, b"/models/create": MAX_CREATE_BODY}
@@ -89,9 +92,16 @@ class Trust:
             if not preflight:
                 _check_member(route_path(target), member, self._open)
             return key_caller(presented, member.admin, member)
+        path = route_path(target)
         if not preflight:
-            self._check_key(route_path(target), presented)
-        return key_caller(presented, presented is not None and _matches(presented, self._admin_keys))
+            self._check_key(path, presented)
+        found = key_caller(presented, presented is not None and _matches(presented, self._admin_keys))
+        if self._open_metrics and path.rstrip(b"/") == METRICS and not self._valid(presented):
+            return attrs.evolve(found, load_signals_only=True)
+        return found
+
+    def _valid(self, presented: bytes | None) -> bool:
+        return presented is not None and _matches(presented, self._keys + self._admin_keys)
 
     def body_limit(self, target: bytes, length: int | None) -> int:
         """The most bytes the body of a request to C{target} may carry; raises when C{length} is over it."""

@@ -10,12 +10,14 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
 import mrunner
+from mrunner.api.door.callers import caller
 from mrunner.api.door.route_group import RouteGroup
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.observe.page import wants_html
 from mrunner.api.service.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.api.service.scheduler_json import failed_preloads, install_ready, preload_json
 from mrunner.interfaces import IScheduler
+from mrunner.router_metrics import load_signals
 from mrunner.runner_metrics import RunnerScraper
 
 READY = {
@@ -136,9 +138,12 @@ class StatusAPI:
 
     @app.route("/metrics", methods=["GET"])
     async def metrics(self, request: IRequest) -> bytes:
-        """The daemon's metrics, then those of every ready runner that answers in time."""
+        """The daemon's metrics, then those of every ready runner that answers in time; the load signals
+        alone for a scrape without a key that C{[cluster] open_metrics} let in."""
         runners = await self._scraper.scrape(self._scheduler.snapshot())
         request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        if caller(request).load_signals_only:
+            return generate_latest(load_signals(self._metrics, runners))
         return generate_latest(self._metrics) + generate_latest(runners)
 
     @app.route("/models", branch=True)

@@ -1,0 +1,62 @@
+"""Issue 35, A16: which scrapes of C{/metrics} C{[cluster] open_metrics} lets in without a valid key
+(they see the load signals alone), and that view itself."""
+
+from __future__ import annotations
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http_headers import Headers
+
+from mrunner.api.door.trust import Trust
+from mrunner.config import ClusterConfig, Config, HTTPConfig, KeyConfig
+from mrunner.errors import Unauthorized
+from mrunner.router_metrics import load_signals
+
+KEYS = {"alice": KeyConfig(key="alice-key")}
+
+
+def trust(open_metrics: bool = True, **http: tuple[str, ...]) -> Trust:
+    return Trust(
+        attrs.evolve(
+            Config(), http=HTTPConfig(**http), cluster=ClusterConfig(open_metrics=open_metrics), keys=KEYS
+        )
+    )
+
+
+def signals_only(door: Trust, key: str | None, target: bytes = b"/metrics") -> bool:
+    headers = Headers({b"authorization": [f"Bearer {key}".encode()]} if key else {})
+    return door.check_key(b"GET", target, headers, None).load_signals_only
+
+
+class WhoTests(SynchronousTestCase):
+    def test_without_a_valid_key(self) -> None:
+        door = trust(api_keys=("k",), admin_api_keys=("admin",))
+        for key in (None, "wrong"):
+            for target in (b"/metrics", b"/metrics/", b"/metrics?x=1"):
+                self.assertTrue(signals_only(door, key, target), (key, target))
+
+    def test_with_a_key_all(self) -> None:
+        door = trust(api_keys=("k",), admin_api_keys=("admin",))
+        for key in ("k", "admin", "alice-key"):
+            self.assertFalse(signals_only(door, key), key)
+        self.assertFalse(signals_only(trust(admin_api_keys=("admin",)), "admin"))
+
+    def test_only_when_open_metrics_opens_it(self) -> None:
+        self.assertRaises(Unauthorized, signals_only, trust(open_metrics=False), None)
+        self.assertFalse(signals_only(trust(open_metrics=False), "alice-key"))
+        self.assertFalse(signals_only(trust(api_keys=("k",)), None, b"/health"))
+
+
+class ViewTests(SynchronousTestCase):
+    def test_the_load_signals_of_every_source(self) -> None:
+        daemon, runners = CollectorRegistry(), CollectorRegistry()
+        Gauge("mrunner_queue_waiting", "queued", registry=daemon).set(3)
+        Counter("mrunner_key_requests", "by key", ["key"], registry=daemon).labels("alice").inc()
+        Gauge("vllm:num_requests_running", "running", registry=runners).set(1)
+        Gauge("llamacpp:tokens", "a runner's own", ["model"], registry=runners).labels("ai/secret").set(1)
+        text = generate_latest(load_signals(daemon, runners)).decode()
+        self.assertIn("mrunner_queue_waiting 3.0", text)
+        self.assertIn("vllm:num_requests_running 1.0", text)
+        self.assertNotIn("alice", text)
+        self.assertNotIn("ai/secret", text)
