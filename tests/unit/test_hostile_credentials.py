@@ -356,7 +356,8 @@ class WhichConfigTests(SynchronousTestCase):
         ]:
             out = io.StringIO()
             console = Console(file=out, width=200)
-            status(Context(lambda: FakeDaemon(docker_config), console, console), parser().parse_args(["status"]))  # type: ignore[arg-type]
+            daemon = FakeDaemon(docker_config)
+            status(Context(lambda: daemon, console, console), parser().parse_args(["status"]))  # type: ignore[arg-type,return-value]
             self.assertIn(line, out.getvalue())
 
 
