@@ -357,7 +357,7 @@ class WhichConfigTests(SynchronousTestCase):
             out = io.StringIO()
             console = Console(file=out, width=200)
             daemon = FakeDaemon(docker_config)
-            status(Context(lambda: daemon, console, console), parser().parse_args(["status"]))  # type: ignore[arg-type,return-value]
+            status(Context(lambda daemon=daemon: daemon, console, console), parser().parse_args(["status"]))  # type: ignore[arg-type,return-value]
             self.assertIn(line, out.getvalue())
 
 
