@@ -427,7 +427,7 @@ class UsageCommandTests(SynchronousTestCase):
             [{"data": [ROW], "next": "2026-03-02/alice/ai/m:latest"}, {"data": [ROW], "next": None}]
         )
         out = io.StringIO()
-        ctx = Context(daemon, Console(file=out), Console(file=io.StringIO()))  # type: ignore[arg-type]
+        ctx = Context(lambda: daemon, Console(file=out), Console(file=io.StringIO()))  # type: ignore[arg-type,return-value]
         args = Namespace(key=None, model=None, since="2026-03-01", until=None, json=True)
         usage_command.usage(ctx, args)
         self.assertEqual(json.loads(out.getvalue()), {"object": "list", "data": [ROW, ROW]})
