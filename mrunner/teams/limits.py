@@ -91,17 +91,16 @@ class Allowance:
             )
             if limit
         ]
-        most = None if ask.tokens is None else ask.tokens * ask.answers
+        # At least a token for each answer when no length is given (a prompt alone costs tokens too).
+        need = max(ask.answers if ask.tokens is None else ask.tokens * ask.answers, 1)
         for limit, name in budgets:
-            if most is not None and most > limit:
+            if need > limit:
                 raise BadRequest(
-                    f"the request asks for up to {most} tokens, more than this key's whole {name} ({limit});"
-                    " ask for fewer (max_tokens)",
+                    f"the request asks for up to {need} tokens ({ask.answers} answers), more than this key's"
+                    f" whole {name} ({limit}); ask for fewer (max_tokens, n)",
                     code="tokens_over_budget",
                     param="max_tokens",
                 )
-        # At least a token for each answer (a prompt alone costs tokens too).
-        need = max(most if most is not None else ask.answers, 1)
         refusal = self._refusal(member, now, need, used_today)
         if refusal is not None:
             why, retry = refusal

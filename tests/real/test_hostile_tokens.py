@@ -28,7 +28,9 @@ STREAMS = [
     ("claude", "/v1/messages", {"messages": HI, "max_tokens": 1500, "stream": True}),
 ]
 BUDGET = 2000
-KEYS = '[http]\nadmin_api_keys = ["admin-key"]\n' + "".join(f'[keys.{name}]\nkey = "{name}-key"\ntokens_per_day = {BUDGET}\n' for name, _, _ in STREAMS)
+KEYS = '[http]\nadmin_api_keys = ["admin-key"]\n' + "".join(
+    f'[keys.{name}]\nkey = "{name}-key"\ntokens_per_day = {BUDGET}\n' for name, _, _ in STREAMS
+)
 KEYS += '[keys.small]\nkey = "small-key"\ntokens_per_day = 500\n[keys.root]\nkey = "root-key"\nadmin = true\n'
 KEYS += "".join(f'[keys.{name}-free]\nkey = "{name}-free-key"\n' for name, _, _ in STREAMS)
 #: A prompt of a few hundred tokens, the same each time: after its first sending it is read from the cache.

@@ -161,6 +161,8 @@ class ReservationTests(SynchronousTestCase):
         self.assertEqual(caught.exception.code, "tokens_over_budget")
         with self.assertRaises(BadRequest):
             self.teams.admit(Member("d", tokens_per_day=500), "ai/m", {"max_tokens": 200, "n": 3}, OPENAI)
+        with self.assertRaises(BadRequest, msg="more answers than the budget has tokens: no wait helps"):
+            self.teams.admit(Member("m", tokens_per_minute=100), "ai/m", {"prompt": ["a"] * 101}, OPENAI)
 
     def test_no_length_gets_the_budget_left(self) -> None:
         """A2: a limited key's request without max_tokens is capped at what is left, and its runner is
