@@ -67,16 +67,19 @@ def refusal(status: int, body: bytes) -> MrunnerError:
 
 
 class _Pieces(BodyReceiver):
-    """Keeps an answer's body for a reader that takes it piece by piece."""
+    """Keeps an answer's body for a reader that takes it piece by piece (and shows C{observer} each)."""
 
-    def __init__(self, connection: RunnerConnection) -> None:
+    def __init__(self, connection: RunnerConnection, observer: Observer | None) -> None:
         self._connection = connection
+        self._observer = observer
         self._chunks: deque[bytes] = deque()
         self._waiting: Deferred[bytes | None] | None = None
         self._ended = False
         self._why: str | None = None
 
     def write(self, data: bytes) -> None:
+        if self._observer is not None:
+            self._observer.write(data)
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
             waiting.callback(data)
@@ -115,12 +118,16 @@ class _Pieces(BodyReceiver):
 
 
 class Answer:
-    """A runner's answer, once its head is in (L{RunnerPool.request}); its body is taken once."""
+    """A runner's answer, once its head is in (L{RunnerPool.request}); its body is taken once.
+
+    C{observer} (a key's meter) sees the body as it comes, however it is taken.
+    """
 
     def __init__(self, connection: RunnerConnection, head: Head):
         self.head = head
         self.code = head.code
         self.connection = connection
+        self.observer: Observer | None = None
         self._pieces: _Pieces | None = None
 
     @property
@@ -129,7 +136,7 @@ class Answer:
 
     def _next(self) -> Deferred[bytes | None]:
         if self._pieces is None:
-            self._pieces = _Pieces(self.connection)
+            self._pieces = _Pieces(self.connection, self.observer)
             self.connection.relay(self._pieces, framed=False)
         return self._pieces.next()
 
@@ -184,7 +191,7 @@ class Answer:
             request.setHeader(b"content-type", content_type)
         if is_event_stream(content_type):
             start_event_stream(request)
-        return self.pass_on(request, False, error_event)
+        return self.pass_on(request, False, error_event, self.observer)
 
 
 class RunnerClient:
@@ -193,9 +200,13 @@ class RunnerClient:
     def __init__(self, pool: RunnerPool):
         self._pool = pool
 
-    async def post(self, socket: str, path: bytes, body: bytes) -> Answer:
-        """POST the JSON C{body} to C{path} on the runner at C{socket}; L{RunnerRefused} for an error."""
+    async def post(self, socket: str, path: bytes, body: bytes, observer: Observer | None = None) -> Answer:
+        """POST the JSON C{body} to C{path} on the runner at C{socket}; L{RunnerRefused} for an error.
+
+        C{observer} sees the body of a successful answer as it comes (L{Answer.observer}).
+        """
         answer: Answer = await self._pool.request(b"POST", socket, path, _JSON.copy(), body)
         if answer.code >= 400:
             raise refusal(answer.code, await answer.read())
+        answer.observer = observer
         return answer

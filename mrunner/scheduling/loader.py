@@ -202,14 +202,8 @@ class Loader:
         running = [r for r in map(self.runners.get, _instances(request)) if r is not None]
         runner = _least_busy(running)
         room = runner is not None and runner.has_room
-        if len(self._queue) >= self._max_queue and not room:
-            return fail(
-                Unavailable(
-                    f"too many requests waiting ({self._max_queue}); try again shortly",
-                    code="queue_full",
-                    retry_after=1.0,
-                )
-            )
+        if len(self._queue) >= self._max_queue and not room and not self._make_way(rank):
+            return fail(self._full("try again shortly"))
         if not self._queue and runner is not None and room:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = _Waiter(request, Deferred(lambda d: self._leave(waiter)), rank, self._clock.seconds())
@@ -366,6 +360,21 @@ class Loader:
         self._queue.remove(waiter)
         self._pump()
         self._settle()
+
+    def _full(self, advice: str) -> Unavailable:
+        return Unavailable(
+            f"too many requests waiting ({self._max_queue}); {advice}", code="queue_full", retry_after=1.0
+        )
+
+    def _make_way(self, rank: int) -> bool:
+        """Turn away the waiter a request of class C{rank} may take the place of in the full queue
+        (L{priority.displaced}); False when there is none."""
+        waiter = priority.displaced(self._queue, rank, self._clock.seconds(), self.starvation)
+        if waiter is None:
+            return False
+        self._queue.remove(waiter)
+        waiter.deferred.errback(self._full("a request of a higher priority class took this place; try again"))
+        return True
 
     def _lease(self, runner: Runner, request: LoadRequest) -> Lease:
         runner.lease()

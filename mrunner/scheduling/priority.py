@@ -55,3 +55,19 @@ def first(queue: Iterable[R], now: float, starvation: float) -> R | None:
             if rank == 0:
                 break
     return best
+
+
+def displaced(queue: Iterable[R], rank: int, now: float, starvation: float) -> R | None:
+    """The waiter a full queue turns away so that a request of class C{rank} may wait, or None.
+
+    The last to come of the worst class waiting, if that class (L{effective}, so a waiter
+    promoted for its wait keeps its place) is worse than C{rank}: a full queue of low waiters
+    never shuts out a high request, and a waiter only ever makes way for a better class.
+    """
+    worst: R | None = None
+    worst_class = rank
+    for waiter in queue:
+        cls = effective(waiter, now, starvation)
+        if cls >= worst_class and cls > rank:
+            worst, worst_class = waiter, cls
+    return worst

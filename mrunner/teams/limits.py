@@ -4,6 +4,8 @@ Pure bookkeeping over times it is given (no clock of its own), so the rules are
 tested as a table. Minutes are sliding windows (a request counts for sixty
 seconds after it began, its tokens for sixty seconds after it ended); a day is
 the UTC day, whose totals come from the usage book and so survive restarts.
+What a request may generate is reserved when it is admitted and settled when
+it ends, so requests sent at once cannot together pass a budget each fits alone.
 Over a limit is L{RateLimited}: a 429 with C{Retry-After} and the
 C{x-ratelimit-*} headers OpenAI sends, which the official clients' retries read.
 """
@@ -13,7 +15,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import attrs
+
 from mrunner.errors import BadRequest, TooManyRequests
+from mrunner.teams.lengths import Ask
 from mrunner.teams.members import Member
 
 MINUTE = 60.0
@@ -45,36 +50,58 @@ def reset_text(seconds: float) -> bytes:
     return (f"{hours}h" if hours else "").encode() + f"{minutes}m{rest}s".encode()
 
 
+@attrs.frozen
+class Grant:
+    """What admission gave a request: its headers, the length its runner is told, the tokens held for it."""
+
+    headers: Headers
+    #: Tokens per answer the runner must be told (None: no token limit, the request's own length stands).
+    cap: int | None = None
+    #: Tokens held for the request until it ends (L{Allowance.end}), counted as used meanwhile.
+    reserved: int = 0
+
+
 class Allowance:
     """One key's counts, kept by its name across reloads: the last minute's requests and tokens,
-    the requests in flight."""
+    the requests in flight and the tokens they may still generate."""
 
     def __init__(self) -> None:
         self._requests: deque[float] = deque()
         self._tokens: deque[tuple[float, int]] = deque()
         self._token_sum = 0
         self.in_flight = 0
+        #: Tokens the requests in flight may still generate: what they reserved when admitted.
+        self.reserved = 0
 
-    def admit(self, member: Member, now: float, asked: int, used_today: int) -> Headers:
-        """Count a request that will ask for up to C{asked} tokens; return its C{x-ratelimit-*} headers.
+    def admit(self, member: Member, now: float, ask: Ask, used_today: int) -> Grant:
+        """Count a request that may generate C{ask}; reserve that against the token limits.
+
+        A request that gives no length gets what is left of the tightest budget as its cap
+        (shared among its answers), so that it too stops within the budget.
 
         @raise RateLimited: over a limit, with the headers and when to retry.
-        @raise BadRequest: C{asked} is more than a whole budget: no wait would help.
+        @raise BadRequest: the request asks for more than a whole budget: no wait would help.
         """
         self._expire(now)
-        asked = max(asked, 1)
-        for limit, name in (
-            (member.tokens_per_minute, "tokens_per_minute"),
-            (member.tokens_per_day, "tokens_per_day"),
-        ):
-            if limit and asked > limit:
+        budgets = [
+            (limit, name)
+            for limit, name in (
+                (member.tokens_per_minute, "tokens_per_minute"),
+                (member.tokens_per_day, "tokens_per_day"),
+            )
+            if limit
+        ]
+        # At least a token for each answer when no length is given (a prompt alone costs tokens too).
+        need = max(ask.answers if ask.tokens is None else ask.tokens * ask.answers, 1)
+        for limit, name in budgets:
+            if need > limit:
                 raise BadRequest(
-                    f"the request asks for up to {asked} tokens, more than this key's whole {name} ({limit});"
-                    " ask for fewer (max_tokens)",
+                    f"the request asks for up to {need} tokens ({ask.answers} answers), more than this key's"
+                    f" whole {name} ({limit}); ask for fewer (max_tokens, n)",
                     code="tokens_over_budget",
                     param="max_tokens",
                 )
-        refusal = self._refusal(member, now, asked, used_today)
+        refusal = self._refusal(member, now, need, used_today)
         if refusal is not None:
             why, retry = refusal
             error = RateLimited(
@@ -85,23 +112,47 @@ class Allowance:
                 (b"retry-after-ms", b"%d" % (retry * 1000)),
             )
             raise error
+        cap = None
+        if budgets and ask.tokens != 0:
+            cap = ask.tokens if ask.tokens is not None else self._room(member, used_today) // ask.answers
+            self.reserved += cap * ask.answers
         self._requests.append(now)
         self.in_flight += 1
-        return self.headers(member, now, used_today)
+        return Grant(self.headers(member, now, used_today), cap, 0 if cap is None else cap * ask.answers)
 
-    def _refusal(self, member: Member, now: float, asked: int, used_today: int) -> tuple[str, float] | None:
-        """Which limit refuses the request and the seconds until it would not, or None."""
+    def _room(self, member: Member, used_today: int) -> int:
+        """Tokens left in the tightest of C{member}'s budgets, what requests in flight hold aside."""
+        rooms = [
+            limit - used - self.reserved
+            for limit, used in (
+                (member.tokens_per_minute, self._token_sum),
+                (member.tokens_per_day, used_today),
+            )
+            if limit
+        ]
+        return max(0, min(rooms))
+
+    def _refusal(self, member: Member, now: float, need: int, used_today: int) -> tuple[str, float] | None:
+        """Which limit refuses the request and the seconds until it would not, or None.
+
+        A budget full only with what requests in flight reserved may have room again as soon as
+        one ends (and charges what it used): it is retried like the concurrency limit."""
         if member.max_concurrent and self.in_flight >= member.max_concurrent:
             return f"max_concurrent ({member.max_concurrent} requests at once)", CONCURRENT_RETRY
         rpm = member.requests_per_minute
         if rpm and len(self._requests) >= rpm:
             return f"requests_per_minute ({rpm})", self._requests[-rpm] + MINUTE - now
+        held = f"; {self.reserved} held for requests in flight" if self.reserved else ""
         tpm = member.tokens_per_minute
-        if tpm and self._token_sum + asked > tpm:
-            return f"tokens_per_minute ({tpm})", self._tokens_free_at(tpm - asked) - now
+        if tpm and self._token_sum + need > tpm:
+            return f"tokens_per_minute ({tpm}{held})", self._tokens_free_at(tpm - need) - now
+        if tpm and self._token_sum + self.reserved + need > tpm:
+            return f"tokens_per_minute ({tpm}{held})", CONCURRENT_RETRY
         tpd = member.tokens_per_day
-        if tpd and used_today + asked > tpd:
-            return f"tokens_per_day ({tpd})", day_end(now) - now
+        if tpd and used_today + need > tpd:
+            return f"tokens_per_day ({tpd}{held})", day_end(now) - now
+        if tpd and used_today + self.reserved + need > tpd:
+            return f"tokens_per_day ({tpd}{held})", CONCURRENT_RETRY
         return None
 
     def _tokens_free_at(self, room: int) -> float:
@@ -111,11 +162,13 @@ class Allowance:
             left -= tokens
             if left <= room:
                 return ended + MINUTE
-        return math.inf  # not reached: asked is within the limit, and all the minute's tokens expire
+        return math.inf  # not reached: need is within the limit, and all the minute's tokens expire
 
-    def end(self, now: float, tokens: int) -> None:
-        """A request admitted by L{admit} is over, having used C{tokens} (prompt and completion)."""
+    def end(self, now: float, tokens: int, reserved: int = 0) -> None:
+        """A request admitted by L{admit} is over, having used C{tokens} (prompt and completion): its
+        reservation (L{Grant.reserved}) is let go and what it used is counted instead."""
         self.in_flight -= 1
+        self.reserved -= reserved
         if tokens > 0:
             self._tokens.append((now, tokens))
             self._token_sum += tokens
@@ -128,9 +181,11 @@ class Allowance:
             fields += _fields(b"requests", member.requests_per_minute, len(self._requests), reset)
         if member.tokens_per_minute:
             reset = self._tokens[-1][0] + MINUTE - now if self._tokens else 0.0
-            fields += _fields(b"tokens", member.tokens_per_minute, self._token_sum, reset)
+            fields += _fields(b"tokens", member.tokens_per_minute, self._token_sum + self.reserved, reset)
         elif member.tokens_per_day:
-            fields += _fields(b"tokens", member.tokens_per_day, used_today, day_end(now) - now)
+            fields += _fields(
+                b"tokens", member.tokens_per_day, used_today + self.reserved, day_end(now) - now
+            )
         return tuple(fields)
 
     def _expire(self, now: float) -> None:

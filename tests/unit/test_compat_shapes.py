@@ -80,9 +80,7 @@ class OllamaShapeTests(SynchronousTestCase):
             {
                 "total_duration": 1_000_000_000,
                 "load_duration": 250_000_000,
-                "prompt_eval_count": 3,
                 "prompt_eval_duration": 1_500_000,
-                "eval_count": 4,
                 "eval_duration": 2_000_000,
             },
         )

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.errors import Unavailable
 from mrunner.scheduling import priority
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
@@ -129,3 +130,48 @@ class LoaderPriorityTests(SynchronousTestCase):
         self.assertEqual(got, [])
         self.spawn.processes[-1].ready.callback(None)
         self.assertEqual(got, ["high"])
+
+
+DISPLACED = [
+    # (name, queue as (name, class, since), the newcomer's class, now, starvation, turned away)
+    ("a high takes the newest low's place", [("l1", 2, 0), ("l2", 2, 1), ("n", 1, 2)], HIGH, 3, 60, "l2"),
+    ("a normal takes a low's place", [("l", 2, 0), ("h", 0, 1)], NORMAL, 2, 60, "l"),
+    ("the same class waits its turn: no one", [("l1", 2, 0), ("l2", 2, 1)], LOW, 2, 60, None),
+    ("a better class is never turned away", [("h", 0, 0), ("n", 1, 1)], LOW, 2, 60, None),
+    ("a low promoted by its wait keeps its place", [("l", 2, 0), ("n", 1, 100)], NORMAL, 130, 60, None),
+    ("an empty queue: no one", [], HIGH, 0, 60, None),
+]
+
+
+class DisplacedTests(SynchronousTestCase):
+    def test_cases(self) -> None:
+        for name, queue, rank, now, starvation, expected in DISPLACED:
+            waiters = [W(*entry) for entry in queue]
+            turned = priority.displaced(waiters, rank, now, starvation)
+            self.assertEqual(turned.name if turned else None, expected, name)
+
+    def test_lows_do_not_shut_out_highs(self) -> None:
+        """Issue 35 A8: max_queue = 10, one slot held, fourteen lows, then three highs: the highs wait
+        (and are served first); the lows that came last are turned away with the queue-full 503."""
+        spawn = FakeSpawner()
+        loader = Loader(Clock(), spawn, Limits(1), max_queue=10, starvation=60)
+        first = loader.acquire(request())
+        spawn.processes[0].ready.callback(None)
+        held = self.successResultOf(first)
+        lows = [loader.acquire(request(), LOW) for _ in range(14)]
+        full = [self.failureResultOf(d, Unavailable).value for d in lows[10:]]
+        self.assertEqual({e.code for e in full}, {"queue_full"})
+        highs = [loader.acquire(request(), HIGH) for _ in range(3)]
+        for d in highs:
+            self.assertNoResult(d)
+        turned = [self.failureResultOf(d, Unavailable).value for d in lows[7:10]]
+        self.assertEqual({e.code for e in turned}, {"queue_full"})
+        self.assertIn("higher priority", turned[0].message)
+        self.assertEqual(loader.queued, 10)
+        held.release()
+        self.successResultOf(highs[0]).release()
+        self.successResultOf(highs[1]).release()
+        self.successResultOf(highs[2]).release()
+        self.successResultOf(lows[0])
+        for d in lows[1:7]:
+            self.assertNoResult(d)

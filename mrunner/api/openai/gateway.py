@@ -9,6 +9,7 @@ C{/metrics} counts are the same whichever API a client speaks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
@@ -34,6 +35,7 @@ from mrunner.metrics import Metrics
 from mrunner.runners.relay import Observer
 from mrunner.store.names import normal_name
 from mrunner.teams.admission import Teams, Ticket
+from mrunner.teams.lengths import NONE, Length
 from mrunner.teams.meter import Tee
 
 T = TypeVar("T")
@@ -57,10 +59,26 @@ class Asked(Generic[T]):
 
     @property
     def observer(self) -> Observer | None:
-        """What sees the answer as it goes out: the record, and the meter of the key's tokens."""
+        """What sees a forwarded answer as it goes out: the record, and the meter of the key's tokens."""
         if self.ticket is None:
             return self.record
         return Tee(self.record, self.ticket.meter)
+
+    @property
+    def meter(self) -> Observer | None:
+        """What counts the key's tokens: it sees the runner's answer (L{RunnerClient.post}'s C{observer})."""
+        return None if self.ticket is None else self.ticket.meter
+
+    def runner_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body a route built for the runner, and what the key's limits impose (L{Ticket.runner_body})."""
+        return body if self.ticket is None else self.ticket.runner_body(body)
+
+    def forwarded(self) -> bytes:
+        """The body to forward: as it came, unless the key's limits impose a length (decoded again then:
+        the payload is not kept while a stream lasts)."""
+        if self.ticket is None or self.ticket.grant.cap is None:
+            return self.body
+        return json.dumps(self.ticket.runner_body(json.loads(self.body))).encode()
 
 
 class Gateway:
@@ -95,6 +113,7 @@ class Gateway:
         *,
         writes_answer: bool,
         named: Callable[[dict[str, Any]], str] = model_name,
+        length: Length = NONE,
     ) -> Asked[T]:
         """Every step an inference request takes before it waits for a runner, in one order.
 
@@ -103,9 +122,12 @@ class Gateway:
         becomes the stored model's name here, L{stored_name}) and
         C{keep_alive}, run the route's C{check} on the payload (what it returns
         is kept as L{Asked.checked}), refuse images for a model without a
-        projector, then record it, with the bytes received. C{writes_answer}:
-        the route writes the answer itself (a translation or a relay), so its
-        writes are what the record keeps; the forwarder records what it forwards.
+        projector, admit it by its key's rules (C{length}: how this API's request
+        says how many tokens it may generate, L{Length}), then record it, with
+        the bytes received. C{writes_answer}: the route writes the answer itself
+        (a translation or a relay), so its writes are what the record keeps (the
+        key's meter sees the runner's answer, L{Asked.meter}); the forwarder
+        records what it forwards.
 
         The decoded payload is dropped here unless C{check} returns it: a stream
         can last minutes, and a forwarded request already holds its body as bytes.
@@ -119,22 +141,21 @@ class Gateway:
         checked = check(payload)
         if has_image_parts(payload):
             check_vision(self._store, model)
-        ticket = self._admit(request, model, payload)
+        ticket = self._admit(request, model, payload, length)
         record = self._record(request, model, mode, body)
         if record is not None and ticket is not None:
             record.key = ticket.key
         asked = Asked(backend, mode, model, seconds, body, record, checked, ticket)
-        observer = asked.observer
-        if observer is not None and writes_answer:
-            _record_writes(request, observer)
+        if record is not None and writes_answer:
+            _record_writes(request, record)
         return asked
 
-    def _admit(self, request: Request, model: str, payload: dict[str, Any]) -> Ticket | None:
+    def _admit(self, request: Request, model: str, payload: dict[str, Any], length: Length) -> Ticket | None:
         """The key's check (L{Teams.admit}: its models, its limits), its headers, and its end when the
         answer ends."""
         if self._teams is None:
             return None
-        ticket = self._teams.admit(caller(request).member, normal_name(model), payload)
+        ticket = self._teams.admit(caller(request).member, normal_name(model), payload, length)
         for name, value in ticket.headers:
             request.setHeader(name, value)
         request.notifyFinish().addBoth(lambda result: ticket.end(request.code))
@@ -185,8 +206,7 @@ class Gateway:
 
 
 def _record_writes(request: Request, record: Observer) -> None:
-    """For a route that writes its own answer: what the client receives is what the record (and the
-    key's meter) sees."""
+    """For a route that writes its own answer: what the client receives is what the record sees."""
     write = request.write
 
     def recorded(data: bytes) -> None:

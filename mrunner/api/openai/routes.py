@@ -29,6 +29,7 @@ from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.interfaces import IModelStore
 from mrunner.runners.forwarder import Forwarder
 from mrunner.store.model import Model
+from mrunner.teams.lengths import NONE, OPENAI, Length
 
 Check = Callable[[Mapping[str, Any]], None]
 
@@ -116,17 +117,31 @@ class InferenceAPI:
         self._forwarder = forwarder
 
     async def _infer(
-        self, request: Request, backend: str | None, mode: str, path: bytes, check: Check
+        self,
+        request: Request,
+        backend: str | None,
+        mode: str,
+        path: bytes,
+        check: Check,
+        length: Length = NONE,
     ) -> Any:
-        """Check the body (its shape only when it will be forwarded), lease a runner, forward."""
+        """Check the body (its shape only when it will be forwarded), lease a runner, forward.
+
+        C{length}: how the body says the most tokens it may generate (nothing, but for completions).
+        """
         preload = (request.getHeader(b"x-preload-only") or b"").lower() == b"true"
         # The body is checked JSON, whatever the client called it: a runner reading the
         # Content-Type (multipart/form-data, say) must not take it for something else.
         request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
         asked = self._gateway.begin(
-            request, mode, backend, _unchecked if preload else check, writes_answer=False
+            request,
+            mode,
+            backend,
+            _unchecked if preload else check,
+            writes_answer=False,
+            length=NONE if preload else length,
         )
-        body = asked.body
+        body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
             if preload:
                 return json_body(request, {"status": "loaded", "model": lease.model})
@@ -178,11 +193,11 @@ class InferenceAPI:
 
     @route_every(app, CHAT, methods=["POST"])
     def chat(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions", validate.chat)
+        return self._infer(request, backend, COMPLETION, b"/v1/chat/completions", validate.chat, OPENAI)
 
     @route_every(app, COMPLETIONS, methods=["POST"])
     def completions(self, request: Request, backend: str | None = None) -> Any:
-        return self._infer(request, backend, COMPLETION, b"/v1/completions", validate.completions)
+        return self._infer(request, backend, COMPLETION, b"/v1/completions", validate.completions, OPENAI)
 
     @route_every(app, EMBEDDINGS, methods=["POST"])
     def embeddings(self, request: Request, backend: str | None = None) -> Any:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mrunner.teams.meter import counts
+
 
 class Tally:
     """What an answer adds up to: text, reasoning, tool calls (streamed in pieces), finish reason, counts.
@@ -53,7 +55,16 @@ class Tally:
 
     @property
     def counts(self) -> tuple[int, int]:
-        """Prompt and generated tokens, from usage or else llama-server's timings."""
-        prompt = self.usage.get("prompt_tokens", self.timings.get("prompt_n", 0))
-        generated = self.usage.get("completion_tokens", self.timings.get("predicted_n", 0))
-        return int(prompt), int(generated)
+        """Prompt (cached tokens included) and generated tokens, as the key's meter counts them."""
+        prompt, generated, _ = self._counts()
+        return prompt, generated
+
+    @property
+    def cached(self) -> int:
+        """Of the prompt's tokens, those the runner read from its cache."""
+        return self._counts()[2]
+
+    def _counts(self) -> tuple[int, int, int]:
+        details = self.usage.get("prompt_tokens_details")
+        fields = {**self.timings, **self.usage, **(details if isinstance(details, Mapping) else {})}
+        return counts({name: value for name, value in fields.items() if isinstance(value, int)})

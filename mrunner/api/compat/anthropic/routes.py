@@ -24,6 +24,7 @@ from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
 from mrunner.errors import NotFound
 from mrunner.runners.answer import RunnerClient
+from mrunner.teams.lengths import ANTHROPIC, NONE, Length
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
 SERVED = ("/v1/messages", "/v1/messages/count_tokens")
@@ -72,11 +73,11 @@ class AnthropicAPI:
         self._gateway = gateway
         self._runners = runners
 
-    async def _forward(self, request: Request, backend: str | None, path: bytes) -> bytes:
-        asked = self._gateway.begin(request, COMPLETION, backend, MESSAGES, writes_answer=True)
-        body = asked.body
+    async def _forward(self, request: Request, backend: str | None, path: bytes, length: Length) -> bytes:
+        asked = self._gateway.begin(request, COMPLETION, backend, MESSAGES, writes_answer=True, length=length)
+        body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
-            answer = await self._runners.post(lease.socket, path, body)
+            answer = await self._runners.post(lease.socket, path, body, asked.meter)
             await answer.relay(request, anthropic_stream_error)
         return b""
 
@@ -99,8 +100,8 @@ class AnthropicAPI:
 
     @route_every(app, _paths(SERVED[0]), methods=["POST"])
     def messages(self, request: Request, backend: str | None = None) -> Any:
-        return self._forward(request, backend, b"/v1/messages")
+        return self._forward(request, backend, b"/v1/messages", ANTHROPIC)
 
     @route_every(app, _paths(SERVED[1]), methods=["POST"])
     def count_tokens(self, request: Request, backend: str | None = None) -> Any:
-        return self._forward(request, backend, b"/v1/messages/count_tokens")
+        return self._forward(request, backend, b"/v1/messages/count_tokens", NONE)

@@ -32,6 +32,7 @@ from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
 from mrunner.runners.answer import RunnerClient
 from mrunner.store.model import Model
+from mrunner.teams.lengths import NONE, OLLAMA
 from mrunner.values import ModelSettings
 
 CHAT, GENERATE = "chat", "generate"
@@ -69,7 +70,13 @@ class OllamaAPI:
         (a missing model, an unsupported option) is in C{/engines/requests} as OpenAI's are.
         """
         return self._gateway.begin(
-            request, mode, None, _whole_payload, writes_answer=True, named=shapes.named_model
+            request,
+            mode,
+            None,
+            _whole_payload,
+            writes_answer=True,
+            named=shapes.named_model,
+            length=OLLAMA if mode == COMPLETION else NONE,
         )
 
     async def _context_size(self, request: IRequest, name: str, num_ctx: int | None) -> None:
@@ -102,7 +109,9 @@ class OllamaAPI:
         body.update(model=name, stream=stream)
         async with self._gateway.lease(request, asked) as lease:
             loaded = self._gateway.clock.seconds()
-            answer = await self._runners.post(lease.socket, path, json.dumps(body).encode())
+            answer = await self._runners.post(
+                lease.socket, path, json.dumps(asked.runner_body(body)).encode(), asked.meter
+            )
             if not stream:
                 tally = Tally().whole(await answer.json())
                 line = self._line(
@@ -182,6 +191,7 @@ class OllamaAPI:
             "done": True,
             "done_reason": shapes.done_reason(tally.finish_reason),
             **shapes.durations(tally.timings, started, loaded, self._gateway.clock.seconds()),
+            **shapes.counts(*tally.counts),
         }
 
     # Embeddings
@@ -213,7 +223,8 @@ class OllamaAPI:
             prompt_tokens = 0
             if texts:
                 body = json.dumps({"model": name, "input": texts}).encode()
-                result = await (await self._runners.post(lease.socket, b"/v1/embeddings", body)).json()
+                answer = await self._runners.post(lease.socket, b"/v1/embeddings", body, asked.meter)
+                result = await answer.json()
                 vectors = [
                     item["embedding"] for item in sorted(result["data"], key=lambda item: item["index"])
                 ]

@@ -198,7 +198,7 @@ def timestamp(seconds: float) -> str:
 
 
 def durations(timings: Mapping[str, Any], started: float, loaded: float, now: float) -> dict[str, int]:
-    """Ollama's final counts and durations (ns) from llama-server's C{timings} and mrunner's clock."""
+    """Ollama's final durations (ns) from llama-server's C{timings} and mrunner's clock."""
 
     def ns(seconds: float) -> int:
         return max(0, round(seconds * 1e9))
@@ -206,11 +206,15 @@ def durations(timings: Mapping[str, Any], started: float, loaded: float, now: fl
     return {
         "total_duration": ns(now - started),
         "load_duration": ns(loaded - started),
-        "prompt_eval_count": int(timings.get("prompt_n", 0)),
         "prompt_eval_duration": ns(timings.get("prompt_ms", 0) / 1000),
-        "eval_count": int(timings.get("predicted_n", 0)),
         "eval_duration": ns(timings.get("predicted_ms", 0) / 1000),
     }
+
+
+def counts(prompt: int, completion: int) -> dict[str, int]:
+    """Ollama's final counts: the prompt's tokens (those the runner had cached included, as the key's
+    meter counts them) and the answer's."""
+    return {"prompt_eval_count": prompt, "eval_count": completion}
 
 
 def done_reason(finish_reason: str | None) -> str:

@@ -37,6 +37,7 @@ from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
 from mrunner.runners.answer import RunnerClient
 from mrunner.runners.relay import start_event_stream
+from mrunner.teams.lengths import RESPONSES
 
 PREFIXES = ("", "/v1", "/engines", "/engines/v1", "/engines/<backend>/v1")
 
@@ -159,7 +160,7 @@ class ResponsesAPI:
 
     async def _create(self, request: Request, backend: str | None) -> bytes:
         asked = self._gateway.begin(
-            request, COMPLETION, backend, partial(self._read, request), writes_answer=True
+            request, COMPLETION, backend, partial(self._read, request), writes_answer=True, length=RESPONSES
         )
         payload, items, conversation, body = asked.checked
         stream = body["stream"]
@@ -167,7 +168,10 @@ class ResponsesAPI:
         created = int(self._gateway.clock.seconds())
         async with self._gateway.lease(request, asked) as lease:
             answer = await self._runners.post(
-                lease.socket, b"/v1/chat/completions", json.dumps(body).encode()
+                lease.socket,
+                b"/v1/chat/completions",
+                json.dumps(asked.runner_body(body)).encode(),
+                asked.meter,
             )
             if stream:
                 response = await self._stream(request, answer, response_id, created, payload)

@@ -270,7 +270,8 @@ def response_object(
     tally: Tally | None = None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The Response object: what was asked, and what came of it."""
+    """The Response object: what was asked, and what came of it (its usage as the key's meter counts it:
+    C{input_tokens} includes the cached ones, which C{cached_tokens} tells apart)."""
     prompt, generated = tally.counts if tally else (0, 0)
     incomplete = status == "incomplete"
     return {
@@ -296,7 +297,7 @@ def response_object(
         "truncation": payload.get("truncation") or "disabled",
         "usage": {
             "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": tally.cached},
             "output_tokens": generated,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + generated,
