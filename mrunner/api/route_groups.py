@@ -67,7 +67,7 @@ def route_groups(
         StatusAPI(models, metrics, scheduler, scraper),
         logs,
         history,
-        PageAPI(scheduler, clock),
+        PageAPI(scheduler, clock, store),
         AdminAPI(scheduler, store, backends, max_request_bytes, reload),
         UsageAPI(usage),
     ]

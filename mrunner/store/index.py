@@ -4,7 +4,9 @@ The index is the store's only mutable file: rewritten whole (temp file,
 fsync, rename) and owned by the reactor thread, so a reader never sees half
 of it. A name is a tag (normalised as Docker Model Runner does), a manifest
 digest, or a short id (a digest's first hex digits); a mistyped tag is
-answered with the stored tag closest to it.
+answered with the stored tag closest to it. A C{name@digest} finds the model
+only when C{name} is one of that model's names: the digest alone would let the
+name say anything, and a key's model list could be fooled by it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
+
 from mrunner.errors import BadRequest, Conflict, NotFound
 from mrunner.store.blobs import fsync_dir
 from mrunner.store.model import StoreCorrupt
-from mrunner.store.names import DIGEST, SHORT_ID, parse
+from mrunner.store.names import DIGEST, SHORT_ID, Reference, parse
 
 NEAR = 0.8  # how alike a missing name and a stored tag must be to suggest it (difflib's ratio)
 # Names remembered with the digest they found; past this many the memory starts afresh.
@@ -82,8 +86,22 @@ class Index:
                 return matches[0]
         ref = parse(name)
         if ref.digest:
-            return self.known(ref.digest, name)
+            return self._named(ref, self.known(ref.digest, name), name)
         return self.known(self._digests.get(str(ref), ""), str(ref))
+
+    def _named(self, ref: Reference, digest: str, name: str) -> str:
+        """C{digest}, when the name in C{ref} (with its tag, if it has one) is one of that model's tags.
+
+        @raise NotFound: it is not, said of C{name}.
+        """
+        wanted = str(attrs.evolve(ref, digest=None))
+        for tag in self._tags[digest]:
+            if tag == wanted or (ref.tag is None and tag.rpartition(":")[0] == wanted):
+                return digest
+        raise NotFound(
+            f"model {name} not found locally: no model named {wanted} has the digest {digest}",
+            code="model_not_found",
+        )
 
     def known(self, digest: str, name: str) -> str:
         """C{digest}, when it is a stored model's.

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mrunner.config import ANONYMOUS
-from mrunner.errors import Forbidden
 from mrunner.teams.key_metrics import KeyMetrics
 from mrunner.teams.limits import Allowance, Headers, RateLimited
 from mrunner.teams.members import Member
@@ -45,20 +44,15 @@ class Teams:
         self._allowances: dict[str, Allowance] = {}
 
     def admit(self, member: Member | None, model: str, payload: Mapping[str, Any]) -> Ticket:
-        """A ticket for a request of C{member} (None: an anonymous key, or no keys) to C{model} (normalised).
+        """A ticket for a request of C{member} (None: an anonymous key, or no keys) to C{model} (normalised),
+        which the key may use (L{mrunner.teams.access.usable} said so).
 
-        @raise Forbidden: the key may not use C{model}.
         @raise RateLimited: the key is over a limit (its headers and C{Retry-After} say which, and when).
         """
         now = self.now()
         if member is None:
             return Ticket(self, ANONYMOUS, model, now, None)
         name = member.name
-        if not member.may_use(model):
-            raise Forbidden(
-                f"key {name!r} may not use model {model}; it may use {', '.join(member.models)}",
-                code="model_not_allowed",
-            )
         if not member.limited:
             return Ticket(self, name, model, now, None)
         allowance = self._allowances.get(name)

@@ -1,4 +1,7 @@
-"""``GET /engines/usage[?key=&model=&from=&to=]`` (admin): usage per UTC day, key name and model.
+"""``GET /engines/usage[?key=&model=&from=&to=]``: usage per UTC day, key name and model.
+
+An admin reads every key's; any other key reads its own name's only (reading is not
+managing: a team member may see what it used, never what others did).
 
 The rows come from the usage book's SQLite file (L{mrunner.teams.usage}),
 read on its own thread: a report never holds up the reactor.
@@ -12,10 +15,11 @@ from typing import Any
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading.bodies import query
 from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
-from mrunner.errors import BadRequest, NotFound
+from mrunner.errors import BadRequest, Forbidden, NotFound
 from mrunner.store.names import normal_name
 from mrunner.teams.usage import FIELDS, Query, UsageBook
 
@@ -57,7 +61,9 @@ class UsageAPI:
         return {
             "paths": {
                 "/engines/usage": {
-                    "get": operation("Usage per day, key and model (admin)", answers, parameters=parameters)
+                    "get": operation(
+                        "Usage per day, key and model (a normal key: its own)", answers, parameters=parameters
+                    )
                 }
             }
         }
@@ -68,13 +74,27 @@ class UsageAPI:
             raise NotFound("usage is not kept by this daemon", code="usage_off")
         model = query(request, "model")
         asked = Query(
-            key=query(request, "key") or None,
+            key=_key(request),
             model=normal_name(model) if model else None,
             since=_day(request, "from"),
             until=_day(request, "to"),
         )
         rows: list[dict[str, Any]] = await self._book.query(asked)
         return json_body(request, {"object": "list", "data": rows})
+
+
+def _key(request: IRequest) -> str | None:
+    """The key name whose usage is asked for: C{?key=}, and for a normal key always its own name."""
+    asked = query(request, "key") or None
+    who = caller(request)
+    if who.admin or asked == who.name:
+        return asked
+    if asked is None:
+        return who.name
+    raise Forbidden(
+        f"key {who.name!r} may read only its own usage: leave out ?key= (or give ?key={who.name})",
+        code="usage_of_another_key",
+    )
 
 
 def _day(request: IRequest, key: str) -> str | None:

@@ -33,6 +33,7 @@ from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.runners.relay import Observer
 from mrunner.store.names import normal_name
+from mrunner.teams.access import check_usable
 from mrunner.teams.admission import Teams, Ticket
 from mrunner.teams.meter import Tee
 
@@ -100,10 +101,10 @@ class Gateway:
 
         Measure it, refuse an unknown backend, read the body within the limit,
         decode it, read its model (C{named}; the C{model} field by default; an alias
-        becomes the stored model's name here, L{stored_name}) and
-        C{keep_alive}, run the route's C{check} on the payload (what it returns
-        is kept as L{Asked.checked}), refuse images for a model without a
-        projector, then record it, with the bytes received. C{writes_answer}:
+        becomes the stored model's name here, L{stored_name}), refuse a model the key
+        may not use (L{check_usable}), read C{keep_alive}, run the route's C{check} on
+        the payload (what it returns is kept as L{Asked.checked}), refuse images for a
+        model without a projector, then record it, with the bytes received. C{writes_answer}:
         the route writes the answer itself (a translation or a relay), so its
         writes are what the record keeps; the forwarder records what it forwards.
 
@@ -115,6 +116,7 @@ class Gateway:
         body = read_body(request, self._max_request_bytes)
         payload = json_object(body)
         model = stored_name(named(payload), self.aliases.table, self._store)
+        check_usable(caller(request).member, self._store, model)
         seconds = keep_alive(payload.get("keep_alive"))
         checked = check(payload)
         if has_image_parts(payload):
@@ -130,8 +132,7 @@ class Gateway:
         return asked
 
     def _admit(self, request: Request, model: str, payload: dict[str, Any]) -> Ticket | None:
-        """The key's check (L{Teams.admit}: its models, its limits), its headers, and its end when the
-        answer ends."""
+        """The key's limits (L{Teams.admit}), its headers, and its end when the answer ends."""
         if self._teams is None:
             return None
         ticket = self._teams.admit(caller(request).member, normal_name(model), payload)
