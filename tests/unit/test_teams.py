@@ -241,7 +241,6 @@ class TeamsTests(SynchronousTestCase):
     def value(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
 
-
     def test_charged_after_from_the_answer(self) -> None:
         dave = Member("dave", tokens_per_day=100)
         ticket = self.teams.admit(dave, "ai/m:latest", {"max_tokens": 50})
@@ -329,4 +328,3 @@ class UsageBookTests(TestCase):
                 break
             await deferLater(reactor, 0.01, lambda: None)
         self.assertEqual(rows, [(1,)])
-
