@@ -29,10 +29,11 @@ from mrunner.api.reading.bodies import (
     model_name,
     read_body,
 )
-from mrunner.interfaces import IModelStore, IScheduler
+from mrunner.interfaces import ILease, IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.runners.relay import Observer
-from mrunner.store.names import normal_name
+from mrunner.runners.rename import Renaming, renaming
+from mrunner.store.names import DIGEST, SHORT_ID, normal_name
 from mrunner.teams.access import check_usable
 from mrunner.teams.admission import Teams, Ticket
 from mrunner.teams.meter import Tee
@@ -55,6 +56,19 @@ class Asked(Generic[T]):
     checked: T
     #: The key's admission (L{Teams.admit}); None where no teams are kept.
     ticket: Ticket | None = None
+
+    @property
+    def named(self) -> str | None:
+        """The model's name as the request gave it (normalised), which its answer says; None for a digest
+        or an id, which is no name (the answer then says the runner's)."""
+        if DIGEST.fullmatch(self.model) or SHORT_ID.fullmatch(self.model):
+            return None
+        return normal_name(self.model)
+
+    def renaming(self, lease: ILease) -> Renaming | None:
+        """What makes the answer of the runner C{lease} holds say L{named}, where the runner names it
+        otherwise."""
+        return renaming(lease.model, self.named)
 
     @property
     def observer(self) -> Observer | None:

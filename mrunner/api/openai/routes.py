@@ -131,8 +131,10 @@ class InferenceAPI:
         body = asked.body
         async with self._gateway.lease(request, asked) as lease:
             if preload:
-                return json_body(request, {"status": "loaded", "model": lease.model})
-            await self._forwarder.forward(request, lease.socket, path, body, asked.observer)
+                return json_body(request, {"status": "loaded", "model": asked.named or lease.model})
+            await self._forwarder.forward(
+                request, lease.socket, path, body, asked.observer, asked.renaming(lease)
+            )
         return None
 
     def openapi(self) -> Piece:

@@ -77,7 +77,7 @@ class AnthropicAPI:
         body = asked.body
         async with self._gateway.lease(request, asked) as lease:
             answer = await self._runners.post(lease.socket, path, body)
-            await answer.relay(request, anthropic_stream_error)
+            await answer.relay(request, anthropic_stream_error, asked.renaming(lease))
         return b""
 
     def openapi(self) -> Piece:

@@ -123,6 +123,8 @@ class OllamaModelsAPI:
             models.append(
                 {
                     **_entries(model)[0],
+                    "name": model.name,  # the one name that stands for a runner's model (Model.name)
+                    "model": model.name,
                     "expires_at": expires or EXPIRES_NEVER,
                     "size": runner.memory or _size(model),
                     "size_vram": 0,
