@@ -45,7 +45,7 @@ class Teams:
 
     def admit(self, member: Member | None, model: str, payload: Mapping[str, Any]) -> Ticket:
         """A ticket for a request of C{member} (None: an anonymous key, or no keys) to C{model} (normalised),
-        which the key may use (L{mrunner.teams.access.usable} said so).
+        which the key may use (L{mrunner.teams.access.check_usable} said so).
 
         @raise RateLimited: the key is over a limit (its headers and C{Retry-After} say which, and when).
         """
