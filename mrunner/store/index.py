@@ -99,7 +99,8 @@ class Index:
             if tag == wanted or (ref.tag is None and tag.rpartition(":")[0] == wanted):
                 return digest
         raise NotFound(
-            f"model {name} not found locally: no model named {wanted} has the digest {digest}",
+            f"model {name} not found locally: no model named {wanted} has the digest {digest}"
+            f" (a model pulled by digest has no name: give the digest alone)",
             code="model_not_found",
         )
 
