@@ -68,7 +68,7 @@ def route_groups(
         StatusAPI(models, metrics, scheduler, scraper, docker_config),
         logs,
         history,
-        PageAPI(scheduler, clock),
+        PageAPI(scheduler, clock, store),
         AdminAPI(scheduler, store, backends, max_request_bytes, reload),
         UsageAPI(usage),
     ]

@@ -32,6 +32,7 @@ from mrunner.runners.relay import (
     start_event_stream,
     stopped_midway,
 )
+from mrunner.runners.rename import Renaming
 from mrunner.runners.wire import Head
 
 if TYPE_CHECKING:
@@ -173,14 +174,24 @@ class Answer:
                 yield value
 
     def pass_on(
-        self, request: Request, framed: bool, error_event: ErrorEvent | None, observer: Observer | None = None
+        self,
+        request: Request,
+        framed: bool,
+        error_event: ErrorEvent | None,
+        observer: Observer | None = None,
+        renaming: Renaming | None = None,
     ) -> Deferred[None]:
-        """Relay the body to C{request} as it comes (L{Relay}); fires at its end. The head is the caller's."""
+        """Relay the body to C{request} as it comes (L{Relay}); fires at its end. The head is the caller's.
+
+        With a C{renaming} (never C{framed}: the lengths change), the model's name is the one asked.
+        """
         relay = Relay(request, self.connection, framed, error_event, observer)
-        self.connection.relay(relay, framed)
+        self.connection.relay(relay if renaming is None else renaming.around(relay), framed)
         return relay.done
 
-    def relay(self, request: Request, error_event: ErrorEvent) -> Deferred[None]:
+    def relay(
+        self, request: Request, error_event: ErrorEvent, renaming: Renaming | None = None
+    ) -> Deferred[None]:
         """Send the runner's status, content type and body to the client as they come.
 
         A runner that stops mid-answer is told with C{error_event}, whatever the content type.
@@ -191,7 +202,7 @@ class Answer:
             request.setHeader(b"content-type", content_type)
         if is_event_stream(content_type):
             start_event_stream(request)
-        return self.pass_on(request, False, error_event, self.observer)
+        return self.pass_on(request, False, error_event, self.observer, renaming)
 
 
 class RunnerClient:

@@ -21,6 +21,7 @@ from mrunner.errors import ContextExceeded
 from mrunner.runners.answer import Answer
 from mrunner.runners.pool import RunnerPool
 from mrunner.runners.relay import ErrorEvent, Observer, is_event_stream, start_event_stream
+from mrunner.runners.rename import Renaming
 from mrunner.runners.wire import CHUNKED, Head
 
 # RFC 9110 §7.6.1 hop-by-hop fields, those twisted.web sets itself, and Expect (the body is here already).
@@ -91,7 +92,13 @@ class Forwarder:
         self._error_event = error_event
 
     async def forward(
-        self, request: Request, socket: str, path: bytes, body: bytes, observer: Observer | None = None
+        self,
+        request: Request,
+        socket: str,
+        path: bytes,
+        body: bytes,
+        observer: Observer | None = None,
+        renaming: Renaming | None = None,
     ) -> None:
         """Relay C{request} (whose body is C{body}) to the runner; returns when the answer is sent.
 
@@ -100,7 +107,9 @@ class Forwarder:
 
         Cancelling the Deferred that awaits it (Klein does, when the client
         disconnects) aborts the upstream connection. An C{observer} sees the
-        answer's body as it goes to the client.
+        answer's body as it goes to the client. A C{renaming} gives the answer the
+        model name the request asked for (L{Renamed}): its length is then unknown,
+        and the runner's framing is not kept.
         """
         answer = await self._send(request, socket, path, body)
         refusal = await _refusal(answer) if answer.code == 400 else None
@@ -109,7 +118,7 @@ class Forwarder:
         headers = request.responseHeaders
         for name, value in answer_fields(head):
             headers.addRawHeader(name, value)
-        if head.length >= 0:
+        if head.length >= 0 and renaming is None:
             headers.setRawHeaders(b"content-length", [b"%d" % head.length])
         if refusal is not None:
             if observer is not None:
@@ -122,13 +131,13 @@ class Forwarder:
             start_event_stream(request)
         # An HTTP/1.1 client takes the runner's chunks as they are: Twisted sends the
         # headers saying chunked, and is then told not to frame the body a second time.
-        framed = head.framing == CHUNKED and request.clientproto == b"HTTP/1.1"
+        framed = head.framing == CHUNKED and request.clientproto == b"HTTP/1.1" and renaming is None
         if framed:
             request.write(b"")
             request.chunked = False
         if observer is not None:
             observer.start(framed)
-        relayed = answer.pass_on(request, framed, self._error_event if events else None, observer)
+        relayed = answer.pass_on(request, framed, self._error_event if events else None, observer, renaming)
         del answer, head  # not kept for the minutes a stream may last (1,000 streams: 0.5 MB)
         await relayed
 

@@ -11,6 +11,10 @@ recursion limit, a directory) or that is gone is not a reason to stop: the damag
 one is moved aside, and the index is rebuilt from the manifests the store holds,
 their tags lost (the manifests never carried them), with a warning saying how to
 name them again. An index the daemon may not read is a start error: it may be whole.
+
+A C{name@digest} finds the model only when C{name} is one of that model's names:
+the digest alone would let the name say anything, and a key's model list could be
+fooled by it.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import attrs
 from twisted.logger import Logger
 
 from mrunner.errors import BadRequest, Conflict, NotFound
 from mrunner.store.blobs import fsync_dir
 from mrunner.store.model import StoreCorrupt
-from mrunner.store.names import DIGEST, SHORT_ID, parse
+from mrunner.store.names import DIGEST, SHORT_ID, Reference, parse
 
 NEAR = 0.8  # how alike a missing name and a stored tag must be to suggest it (difflib's ratio)
 # Names remembered with the digest they found; past this many the memory starts afresh.
@@ -100,8 +105,23 @@ class Index:
                 return matches[0]
         ref = parse(name)
         if ref.digest:
-            return self.known(ref.digest, name)
+            return self._named(ref, self.known(ref.digest, name), name)
         return self.known(self._digests.get(str(ref), ""), str(ref))
+
+    def _named(self, ref: Reference, digest: str, name: str) -> str:
+        """C{digest}, when the name in C{ref} (with its tag, if it has one) is one of that model's tags.
+
+        @raise NotFound: it is not, said of C{name}.
+        """
+        wanted = str(attrs.evolve(ref, digest=None))
+        for tag in self._tags[digest]:
+            if tag == wanted or (ref.tag is None and tag.rpartition(":")[0] == wanted):
+                return digest
+        raise NotFound(
+            f"model {name} not found locally: no model named {wanted} has the digest {digest}"
+            f" (a model pulled by digest has no name: give the digest alone)",
+            code="model_not_found",
+        )
 
     def known(self, digest: str, name: str) -> str:
         """C{digest}, when it is a stored model's.

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from mrunner.errors import Conflict, MrunnerError
+from mrunner.store.names import names_registry
 
 #: Docker's answer to a delete: C{[{"Untagged": tag}, ..., {"Deleted": digest}]}.
 Deletion = list[dict[str, str]]
@@ -76,5 +77,9 @@ class Model:
 
     @property
     def name(self) -> str:
-        """The first tag, or the short id of an untagged model."""
-        return self.tags[0] if self.tags else self.short_id
+        """The one name that stands for the model where no request names it (C{ps}, the page, an
+        alias's C{alias_of}, the runner's C{--alias}): its first tag on the default registry, as a
+        person types it (C{ai/smollm2:latest}, not C{localhost:5000/ai/smollm2:latest}), else its
+        first tag, else its short id."""
+        default = (tag for tag in self.tags if not names_registry(tag))
+        return next(default, self.tags[0] if self.tags else self.short_id)

@@ -98,9 +98,21 @@ def normal_name(name: str) -> str:
         return name
 
 
+def names_registry(name: str) -> bool:
+    """Whether the normalised C{name} names its registry (C{localhost:5000/ai/x:latest}); Docker Hub's is
+    never named."""
+    first, slash, _ = name.partition("/")
+    return bool(slash) and _is_host(first)
+
+
+def _is_host(first: str) -> bool:
+    """Whether a name's first component is a registry's host, as Docker tells them apart."""
+    return "." in first or ":" in first or first == "localhost" or first.startswith("[")
+
+
 def _split_registry(name: str) -> tuple[str, str]:
     first, slash, rest = name.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
+    if slash and _is_host(first):
         if not is_registry_host(first):
             raise BadRequest(f"registry {first!r} is not a valid host[:port]")
         return ("" if first.lower() in DOCKER_HUB else first.lower()), rest

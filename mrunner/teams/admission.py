@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mrunner.config import ANONYMOUS
-from mrunner.errors import Forbidden
 from mrunner.teams.key_metrics import KeyMetrics
 from mrunner.teams.lengths import NONE, Length
 from mrunner.teams.limits import Allowance, Grant, Headers, RateLimited
@@ -39,21 +38,16 @@ class Teams:
     def admit(
         self, member: Member | None, model: str, payload: Mapping[str, Any], length: Length = NONE
     ) -> Ticket:
-        """A ticket for a request of C{member} (None: an anonymous key, or no keys) to C{model} (normalised),
-        whose API says in C{payload} how long its answers may be as C{length} reads it.
+        """A ticket for a request of C{member} (None: an anonymous key, or no keys) to C{model} (normalised,
+        and one the key may use: L{mrunner.teams.access.check_usable} said so), whose API says in
+        C{payload} how long its answers may be as C{length} reads it.
 
-        @raise Forbidden: the key may not use C{model}.
         @raise RateLimited: the key is over a limit (its headers and C{Retry-After} say which, and when).
         """
         now = self.now()
         if member is None:
             return Ticket(self, ANONYMOUS, model, now, None, length)
         name = member.name
-        if not member.may_use(model):
-            raise Forbidden(
-                f"key {name!r} may not use model {model}; it may use {', '.join(member.models)}",
-                code="model_not_allowed",
-            )
         if not member.limited:
             return Ticket(self, name, model, now, None, length)
         allowance = self._allowances.get(name)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import attrs
 
 from mrunner.config import PRIORITIES, KeyConfig
+from mrunner.errors import Forbidden
 from mrunner.store.names import normal_name
 
 
@@ -32,8 +33,19 @@ class Member:
     priority: int = 1
 
     def may_use(self, model: str) -> bool:
-        """Whether this key may use C{model} (a normalised name)."""
+        """Whether this key may use a model by the name C{model} (a normalised name, or a digest).
+
+        Only a stored model's own names and digest may be asked (L{mrunner.teams.access}): a
+        name a client sends may say anything.
+        """
         return not self.models or any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+    def refusal(self, model: str) -> Forbidden:
+        """The 403 for a request of this key for C{model}, which it may not use (or which is not stored)."""
+        return Forbidden(
+            f"key {self.name!r} may not use model {model}; it may use {', '.join(self.models)}",
+            code="model_not_allowed",
+        )
 
     @property
     def limited(self) -> bool:

@@ -161,12 +161,14 @@ async function unload(runner, button) {
 }
 
 function showRunners(overview) {
+  // A key that is not an admin reads: what it cannot do (unload, pull, delete, logs, records) is hidden.
+  document.body.classList.toggle("reader", !overview.admin);
   const rows = $("runner-rows");
   rows.replaceChildren();
   let used = 0;
   for (const runner of overview.runners) {
     used += runner.memory;
-    const button = element("button", "Unload");
+    const button = element("button", "Unload", "admin-only");
     button.addEventListener("click", () => unload(runner, button));
     const tr = row([
       runner.model_name,
@@ -250,7 +252,7 @@ async function loadModels() {
   for (const model of models) {
     const config = model.config || {};
     for (const name of model.tags.length ? model.tags : [model.id]) {
-      const button = element("button", "Delete");
+      const button = element("button", "Delete", "admin-only");
       button.addEventListener("click", () => deleteModel(model, name));
       const tr = row([name, config.size || "-", config.quantization || "-", config.parameters || "-",
         config.context_size || "-", button]);

@@ -300,9 +300,6 @@ class KeyTests(GateTestCase):
     def test_admin_keys_alone_reach_the_admin_routes(self) -> None:
         self.make(api_keys=(KEY,), admin_api_keys=(ADMIN_KEY,))
         for path in (
-            "/models",
-            "/models/ai/smollm2",
-            "/%6Dodels/create",
             "/engines/unload",
             "/engines/_configure",
             "/engines/llama.cpp/_configure",
@@ -312,8 +309,19 @@ class KeyTests(GateTestCase):
         ):
             self.assertRefused(self.get(path, x_api_key=KEY), 403, "admin_api_keys")
             self.assertEqual(self.get(path, x_api_key=ADMIN_KEY)[0], 200, path)
+        for method, path in (("POST", "/%6Dodels/create"), ("DELETE", "/models/ai/smollm2")):
+            request = raw_request(method, path, {"x-api-key": KEY, "content-length": "0"})
+            self.assertRefused(self.send(request), 403, "admin_api_keys")
         self.routes.seen.clear()
-        for path in ("/v1/models", "/engines/ps", "/engines/llama.cpp/v1/models"):
+        # Reading is not managing: any key lists the models (the routes show it those it may use).
+        for path in (
+            "/v1/models",
+            "/engines/ps",
+            "/engines/llama.cpp/v1/models",
+            "/models",
+            "/models/ai/smollm2",
+            "/engines/usage",
+        ):
             self.assertEqual(self.get(path, x_api_key=KEY)[0], 200, path)
             self.assertEqual(self.get(path, x_api_key=ADMIN_KEY)[0], 200, path)
 
@@ -321,9 +329,12 @@ class KeyTests(GateTestCase):
         self.make(admin_api_keys=(ADMIN_KEY,))
         self.assertEqual(self.get("/v1/models")[0], 200)
         self.routes.seen.clear()
-        self.assertRefused(self.get("/models"), 401)
+        self.assertRefused(self.get("/logs"), 401)
 
     def test_admin_routes(self) -> None:
+        self.assertFalse(is_admin(b"GET", b"/models/ai/x"))
+        self.assertFalse(is_admin(b"HEAD", b"/models"))
+        self.assertTrue(is_admin(b"DELETE", b"/models/ai/x"))
         for path in (
             b"/models",
             b"/models/x/push",
@@ -335,7 +346,7 @@ class KeyTests(GateTestCase):
             b"/api/pull",
             b"/api/delete",
         ):
-            self.assertTrue(is_admin(path), path)
+            self.assertTrue(is_admin(b"POST", path), path)
         for path in (
             b"/health",
             b"/v1/models",
@@ -343,7 +354,7 @@ class KeyTests(GateTestCase):
             b"/engines/b/v1/chat/completions",
             b"/api/chat",
         ):
-            self.assertFalse(is_admin(path), path)
+            self.assertFalse(is_admin(b"GET", path), path)
 
     def test_environment_adds_a_key(self) -> None:
         loaded = configuration.load(None, environ={"MRUNNER_API_KEY": KEY})

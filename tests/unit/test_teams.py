@@ -207,7 +207,8 @@ class DoorTests(SynchronousTestCase):
         old = trust.check_key(b"POST", b"/v1/chat/completions", headers("old"), None)
         self.assertEqual((old.name, old.member), ("anonymous", None))
         with self.assertRaises(Forbidden):
-            trust.check_key(b"GET", b"/engines/usage", headers("old"), None)
+            trust.check_key(b"GET", b"/engines/requests", headers("old"), None)
+        self.assertFalse(trust.check_key(b"GET", b"/engines/usage", headers("old"), None).admin)
         self.assertTrue(trust.check_key(b"GET", b"/engines/usage", headers("old-admin"), None).admin)
 
 
@@ -221,14 +222,6 @@ class TeamsTests(SynchronousTestCase):
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
-
-    def test_models(self) -> None:
-        alice = Member("alice", models=("ai/smollm2:latest",))
-        self.teams.admit(alice, "ai/smollm2:latest", {})
-        with self.assertRaises(Forbidden) as caught:
-            self.teams.admit(alice, "ai/other:latest", {})
-        self.assertEqual(caught.exception.code, "model_not_allowed")
-        self.assertIn("ai/other:latest", caught.exception.message)
 
     def test_charged_after_from_the_answer(self) -> None:
         dave = Member("dave", tokens_per_day=100)

@@ -27,10 +27,12 @@ from mrunner.teams.members import KeyRing, Member
 
 LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
 # Routes that manage models or control runners: with admin_api_keys set, only those keys reach
-# them. Ollama's model-management names are listed for the compat routes.
+# them. Ollama's model-management names are listed for the compat routes. Reading is not managing:
+# any key may GET /models (the routes show it the models it may use) and /engines/usage (its own).
 ADMIN_FIRST = frozenset({b"models", b"logs"})
-# Records hold prompts; usage names every key.
-ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"_drain", b"requests", b"usage"})
+READING = frozenset({b"GET", b"HEAD"})
+# Records hold prompts.
+ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"_drain", b"requests"})
 ADMIN_OLLAMA = frozenset({b"pull", b"push", b"delete", b"copy", b"create"})
 # A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
 # and the page asks for a key when the API answers 401.
@@ -90,11 +92,11 @@ class Trust:
         preflight = origin is not None and method == b"OPTIONS"
         if member is not None:
             if not preflight:
-                _check_member(route_path(target), member, self._open)
+                _check_member(method, route_path(target), member, self._open)
             return key_caller(presented, member.admin, member)
         path = route_path(target)
         if not preflight:
-            self._check_key(path, presented)
+            self._check_key(method, path, presented)
         found = key_caller(presented, presented is not None and _matches(presented, self._admin_keys))
         if self._open_metrics and path.rstrip(b"/") == METRICS and not self._valid(presented):
             return attrs.evolve(found, load_signals_only=True)
@@ -152,10 +154,10 @@ class Trust:
         host, colon, port = origin.rpartition(b":")
         return bool(colon) and port.isdigit() and host in self._origin_hosts
 
-    def _check_key(self, path: bytes, presented: bytes | None) -> None:
+    def _check_key(self, method: bytes, path: bytes, presented: bytes | None) -> None:
         if path.rstrip(b"/") in self._open:
             return
-        admin = is_admin(path)
+        admin = is_admin(method, path)
         keys = self._admin_keys if admin else self._keys
         if not keys and not self._members:
             return
@@ -172,8 +174,8 @@ class Trust:
             raise Unauthorized("the API key is not valid for this mrunner")
 
 
-def _check_member(path: bytes, member: Member, open_paths: frozenset[bytes]) -> None:
-    if not member.admin and path.rstrip(b"/") not in open_paths and is_admin(path):
+def _check_member(method: bytes, path: bytes, member: Member, open_paths: frozenset[bytes]) -> None:
+    if not member.admin and path.rstrip(b"/") not in open_paths and is_admin(method, path):
         raise Forbidden(
             f"this route manages models or runners: key {member.name!r} is not an admin key"
             " (admin = true in its [keys] table)",
@@ -210,12 +212,13 @@ def route_path(target: bytes) -> bytes:
     return unquote_to_bytes(target.partition(b"?")[0])
 
 
-def is_admin(path: bytes) -> bool:
-    """Whether C{path} manages models or controls runners (C{/models/*}, C{/logs}, unload, configure)."""
+def is_admin(method: bytes, path: bytes) -> bool:
+    """Whether C{method} on C{path} manages models or controls runners (C{/models/*} but its reading,
+    C{/logs}, unload, configure)."""
     segments = path.strip(b"/").split(b"/")
     first = segments[0]
     if first in ADMIN_FIRST:
-        return True
+        return first != b"models" or method not in READING
     if first == b"engines":
         return not ADMIN_ENGINES.isdisjoint(segments[1:3])
     return first == b"api" and len(segments) > 1 and segments[1] in ADMIN_OLLAMA

@@ -13,11 +13,13 @@ from klein import Klein
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
+from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.service.scheduler_json import runner_json
 from mrunner.errors import NotFound
-from mrunner.interfaces import IScheduler
+from mrunner.interfaces import IModelStore, IScheduler
+from mrunner.teams.access import visible_runners
 
 TYPES = {
     "index.html": b"text/html; charset=utf-8",
@@ -47,15 +49,19 @@ class PageAPI:
     app = Klein()
     handle_json_errors(app)
 
-    def __init__(self, scheduler: IScheduler, clock: IReactorTime) -> None:
+    def __init__(self, scheduler: IScheduler, clock: IReactorTime, store: IModelStore) -> None:
         self._scheduler = scheduler
         self._clock = clock
+        self._store = store
         self._files = page_files()
 
     def openapi(self) -> Piece:
         html = {"text/html": {"schema": {"type": "string"}}}
         name = parameter("name", "path", {"type": "string", "enum": sorted(TYPES)}, "one of the page's files")
-        overview = {"type": "object", "required": ["now", "runners", "queue", "memory_budget"]}
+        overview = {
+            "type": "object",
+            "required": ["now", "runners", "queue", "memory_budget", "key", "admin"],
+        }
         return {
             "paths": {
                 "/ui": {"get": operation("The web page", {"200": answer("the page", html)})},
@@ -90,13 +96,21 @@ class PageAPI:
 
     @app.route("/engines/overview", methods=["GET"])
     def overview(self, request: IRequest) -> bytes:
-        """What the page's runners view shows; C{now} is the daemon's clock, for keep-alive countdowns."""
+        """What the page's runners view shows; C{now} is the daemon's clock, for keep-alive countdowns.
+
+        The runners are those of the models the key may use; C{key} and C{admin} say who
+        asked, so that the page offers only what that key can do.
+        """
+        who = caller(request)
+        runners = visible_runners(who.member, self._store, self._scheduler.snapshot())
         return json_body(
             request,
             {
                 "now": self._clock.seconds(),
-                "runners": [runner_json(runner) for runner in self._scheduler.snapshot()],
+                "runners": [runner_json(runner) for runner in runners],
                 "queue": self._scheduler.queued(),
                 "memory_budget": self._scheduler.memory_budget(),
+                "key": who.name,
+                "admin": who.admin,
             },
         )

@@ -1,4 +1,7 @@
-"""``GET /engines/usage[?key=&model=&from=&to=&limit=&after=]`` (admin): usage per UTC day, key and model.
+"""``GET /engines/usage[?key=&model=&from=&to=&limit=&after=]``: usage per UTC day, key name and model.
+
+An admin reads every key's; any other key reads its own name's only (reading is not
+managing: a team member may see what it used, never what others did).
 
 The rows come from the usage book's SQLite file (L{mrunner.teams.usage}),
 read on its own thread: a report never holds up the reactor. A page holds at
@@ -14,10 +17,11 @@ import re
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading.bodies import count, query
 from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
-from mrunner.errors import BadRequest, NotFound
+from mrunner.errors import BadRequest, Forbidden, NotFound
 from mrunner.store.names import normal_name
 from mrunner.teams.usage import FIELDS, Page, Query, UsageBook
 
@@ -74,7 +78,9 @@ class UsageAPI:
         return {
             "paths": {
                 "/engines/usage": {
-                    "get": operation("Usage per day, key and model (admin)", answers, parameters=parameters)
+                    "get": operation(
+                        "Usage per day, key and model (a normal key: its own)", answers, parameters=parameters
+                    )
                 }
             }
         }
@@ -87,7 +93,7 @@ class UsageAPI:
             )
         model = query(request, "model")
         asked = Query(
-            key=query(request, "key") or None,
+            key=_key(request),
             model=normal_name(model) if model else None,
             since=_day(request, "from"),
             until=_day(request, "to"),
@@ -98,6 +104,20 @@ class UsageAPI:
         last = page.rows[-1] if page.more else None
         after = "/".join((last["day"], last["key"], last["model"])) if last else None
         return json_body(request, {"object": "list", "data": page.rows, "has_more": page.more, "next": after})
+
+
+def _key(request: IRequest) -> str | None:
+    """The key name whose usage is asked for: C{?key=}, and for a normal key always its own name."""
+    asked = query(request, "key") or None
+    who = caller(request)
+    if who.admin or asked == who.name:
+        return asked
+    if asked is None:
+        return who.name
+    raise Forbidden(
+        f"key {who.name!r} may read only its own usage: leave out ?key= (or give ?key={who.name})",
+        code="usage_of_another_key",
+    )
 
 
 def _day(request: IRequest, key: str) -> str | None:

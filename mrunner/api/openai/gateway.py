@@ -30,10 +30,12 @@ from mrunner.api.reading.bodies import (
     model_name,
     read_body,
 )
-from mrunner.interfaces import IModelStore, IScheduler
+from mrunner.interfaces import ILease, IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.runners.relay import Observer
-from mrunner.store.names import normal_name
+from mrunner.runners.rename import Renaming, renaming
+from mrunner.store.names import DIGEST, SHORT_ID, normal_name
+from mrunner.teams.access import check_usable
 from mrunner.teams.admission import Teams, Ticket
 from mrunner.teams.lengths import NONE, Length
 from mrunner.teams.meter import Tee
@@ -56,6 +58,19 @@ class Asked(Generic[T]):
     checked: T
     #: The key's admission (L{Teams.admit}); None where no teams are kept.
     ticket: Ticket | None = None
+
+    @property
+    def named(self) -> str | None:
+        """The model's name as the request gave it (normalised), which its answer says; None for a digest
+        or an id, which is no name (the answer then says the runner's)."""
+        if DIGEST.fullmatch(self.model) or SHORT_ID.fullmatch(self.model):
+            return None
+        return normal_name(self.model)
+
+    def renaming(self, lease: ILease) -> Renaming | None:
+        """What makes the answer of the runner C{lease} holds say L{named}, where the runner names it
+        otherwise."""
+        return renaming(lease.model, self.named)
 
     @property
     def observer(self) -> Observer | None:
@@ -119,15 +134,15 @@ class Gateway:
 
         Measure it, refuse an unknown backend, read the body within the limit,
         decode it, read its model (C{named}; the C{model} field by default; an alias
-        becomes the stored model's name here, L{stored_name}) and
-        C{keep_alive}, run the route's C{check} on the payload (what it returns
-        is kept as L{Asked.checked}), refuse images for a model without a
-        projector, admit it by its key's rules (C{length}: how this API's request
-        says how many tokens it may generate, L{Length}), then record it, with
-        the bytes received. C{writes_answer}: the route writes the answer itself
-        (a translation or a relay), so its writes are what the record keeps (the
-        key's meter sees the runner's answer, L{Asked.meter}); the forwarder
-        records what it forwards.
+        becomes the stored model's name here, L{stored_name}), refuse a model the key
+        may not use (L{check_usable}), read C{keep_alive}, run the route's C{check} on
+        the payload (what it returns is kept as L{Asked.checked}), refuse images for a
+        model without a projector, admit it by its key's rules (C{length}: how this
+        API's request says how many tokens it may generate, L{Length}), then record it,
+        with the bytes received. C{writes_answer}: the route writes the answer itself (a
+        translation or a relay), so its writes are what the record keeps (the key's
+        meter sees the runner's answer, L{Asked.meter}); the forwarder records what it
+        forwards.
 
         The decoded payload is dropped here unless C{check} returns it: a stream
         can last minutes, and a forwarded request already holds its body as bytes.
@@ -137,6 +152,7 @@ class Gateway:
         body = read_body(request, self._max_request_bytes)
         payload = json_object(body)
         model = stored_name(named(payload), self.aliases.table, self._store)
+        check_usable(caller(request).member, self._store, model)
         seconds = keep_alive(payload.get("keep_alive"))
         checked = check(payload)
         if has_image_parts(payload):
@@ -151,8 +167,7 @@ class Gateway:
         return asked
 
     def _admit(self, request: Request, model: str, payload: dict[str, Any], length: Length) -> Ticket | None:
-        """The key's check (L{Teams.admit}: its models, its limits), its headers, and its end when the
-        answer ends."""
+        """The key's limits (L{Teams.admit}), its headers, and its end when the answer ends."""
         if self._teams is None:
             return None
         ticket = self._teams.admit(caller(request).member, normal_name(model), payload, length)

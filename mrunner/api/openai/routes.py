@@ -10,6 +10,7 @@ from twisted.web.resource import IResource
 from twisted.web.server import Request
 
 from mrunner.api.aliases import stored_name
+from mrunner.api.door.callers import caller
 from mrunner.api.door.direct import Direct
 from mrunner.api.errors import handle_json_errors, json_body, openai_shape
 from mrunner.api.openai.gateway import Gateway
@@ -29,6 +30,7 @@ from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.interfaces import IModelStore
 from mrunner.runners.forwarder import Forwarder
 from mrunner.store.model import Model
+from mrunner.teams.access import check_usable, may_use, visible, visible_name
 from mrunner.teams.lengths import NONE, OPENAI, Length
 
 Check = Callable[[Mapping[str, Any]], None]
@@ -144,8 +146,10 @@ class InferenceAPI:
         body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
             if preload:
-                return json_body(request, {"status": "loaded", "model": lease.model})
-            await self._forwarder.forward(request, lease.socket, path, body, asked.observer)
+                return json_body(request, {"status": "loaded", "model": asked.named or lease.model})
+            await self._forwarder.forward(
+                request, lease.socket, path, body, asked.observer, asked.renaming(lease)
+            )
         return None
 
     def openapi(self) -> Piece:
@@ -209,23 +213,29 @@ class InferenceAPI:
 
     @route_every(app, MODELS, methods=["GET"])
     def models(self, request: Request, backend: str | None = None) -> bytes:
+        """The models the key may use (L{visible}), and the aliases of those."""
         self._scheduler.backend_name(backend)
-        data = [entry for model in self._store.list() for entry in openai_models(model)]
+        member = caller(request).member
+        data = [entry for model in visible(member, self._store.list()) for entry in openai_models(model)]
         for alias, model in self._gateway.aliases.listed():
-            data.append(openai_models(model)[0] | {"id": alias, "alias_of": model.name})
+            if may_use(member, model):
+                data.append(openai_models(model)[0] | {"id": alias, "alias_of": model.name})
         return json_body(request, {"object": "list", "data": data})
 
     @route_every(app, MODEL_PATHS, methods=["GET"])
     def model(self, request: Request, name: str, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         stored = stored_name(name, self._gateway.aliases.table, self._store)
+        check_usable(caller(request).member, self._store, stored)
         entry = openai_models(self._store.resolve(stored))[0]
         return json_body(request, entry if stored == name else entry | {"id": name, "alias_of": stored})
 
     @app.route("/engines/status", methods=["GET"])
     def status(self, request: Request) -> bytes:
         statuses = {name: install_text(status) for name, status in self._scheduler.backend_statuses().items()}
-        return json_body(request, statuses | failed_preload_statuses(self._scheduler.preloads()))
+        member = caller(request).member
+        preloads = [p for p in self._scheduler.preloads() if visible_name(member, p.model)]
+        return json_body(request, statuses | failed_preload_statuses(preloads))
 
 
 def openai_models(model: Model) -> list[dict[str, Any]]:

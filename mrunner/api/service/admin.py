@@ -8,6 +8,7 @@ from typing import Any
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading import validate
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
@@ -17,6 +18,7 @@ from mrunner.api.service.scheduler_json import failed_preload_json, failed_prelo
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.store.names import parse
+from mrunner.teams.access import visible_name, visible_runners
 from mrunner.values import ModelSettings
 
 SIZE = validate.integer(1, MAX_CONTEXT_SIZE)
@@ -201,10 +203,16 @@ class AdminAPI:
 
     @app.route("/engines/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:
-        runners = [runner_json(runner) for runner in self._scheduler.snapshot()]
+        """The runners, and the preloads that failed, of the models the key may use."""
+        member = caller(request).member
+        runners = visible_runners(member, self._store, self._scheduler.snapshot())
         backend = self._scheduler.backend_name(None)
-        failed = [failed_preload_json(p, backend) for p in failed_preloads(self._scheduler.preloads())]
-        return json_body(request, runners + failed)
+        failed = [
+            failed_preload_json(preload, backend)
+            for preload in failed_preloads(self._scheduler.preloads())
+            if visible_name(member, preload.model)
+        ]
+        return json_body(request, [runner_json(runner) for runner in runners] + failed)
 
     @app.route("/engines/df", methods=["GET"])
     def df(self, request: IRequest) -> bytes:

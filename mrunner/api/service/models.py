@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
+from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.api.service.model_operations import ModelOperations
@@ -29,6 +30,7 @@ from mrunner.store.names import parse
 from mrunner.store.package import TAR
 from mrunner.store.progress import Progress
 from mrunner.store.upload import Upload
+from mrunner.teams.access import check_usable, visible
 
 MAX_CREATE_BODY = 64 * 1024
 
@@ -201,7 +203,9 @@ class ModelsAPI:
     # Mounted at /models, this route sees an empty path; without strict slashes it matches.
     @app.route("/", methods=["GET"], strict_slashes=False)
     def list_models(self, request: IRequest) -> bytes:
-        return json_body(request, [model_json(model) for model in self._store.list()])
+        """The models the key may use: any key may read them (L{visible}), an admin's manages them."""
+        models = visible(caller(request).member, self._store.list())
+        return json_body(request, [model_json(model) for model in models])
 
     @app.route("/create", methods=["POST"])
     async def create(self, request: Request) -> bytes:
@@ -250,6 +254,7 @@ class ModelsAPI:
 
     @app.route("/<path:name>", methods=["GET"])
     def inspect(self, request: IRequest, name: str) -> bytes:
+        check_usable(caller(request).member, self._store, name)
         return json_body(request, model_json(self._store.resolve(name)))
 
     @app.route("/<path:name>", methods=["DELETE"])

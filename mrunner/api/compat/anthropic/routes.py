@@ -78,7 +78,7 @@ class AnthropicAPI:
         body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
             answer = await self._runners.post(lease.socket, path, body, asked.meter)
-            await answer.relay(request, anthropic_stream_error)
+            await answer.relay(request, anthropic_stream_error, asked.renaming(lease))
         return b""
 
     def openapi(self) -> Piece:

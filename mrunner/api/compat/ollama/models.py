@@ -22,6 +22,7 @@ from mrunner.api.aliases import Aliases
 from mrunner.api.compat.ollama import shapes as shapes
 from mrunner.api.compat.ollama.routes import GENERATION
 from mrunner.api.compat.openapi import OLLAMA_ERROR, describe
+from mrunner.api.door.callers import caller
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.reading.bodies import json_object, read_body
 from mrunner.api.service.model_operations import ModelOperations
@@ -32,6 +33,7 @@ from mrunner.interfaces import IModelStoreAdmin, IScheduler
 from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
+from mrunner.teams.access import check_usable, may_use, visible
 
 #: The Ollama API version these routes follow; clients check it to enable features.
 OLLAMA_VERSION = "0.12.0"
@@ -98,23 +100,31 @@ class OllamaModelsAPI:
 
     @app.route("/api/tags", methods=["GET"])
     def tags(self, request: IRequest) -> bytes:
-        models = [entry for model in self._store.list() for entry in _entries(model)]
+        """The models the key may use (L{visible}), and the aliases of those."""
+        member = caller(request).member
+        models = [entry for model in visible(member, self._store.list()) for entry in _entries(model)]
         for alias, model in self._aliases.listed():
-            models.append(_entries(model)[0] | {"name": alias, "model": alias, "alias_of": model.name})
+            if may_use(member, model):
+                models.append(_entries(model)[0] | {"name": alias, "model": alias, "alias_of": model.name})
         return json_body(request, {"models": models})
 
     @app.route("/api/ps", methods=["GET"])
     def ps(self, request: IRequest) -> bytes:
         models = []
+        member = caller(request).member
         for runner in self._scheduler.snapshot():
             try:
                 model = self._store.resolve(runner.model_id)
             except NotFound:  # deleted while its runner stops
                 continue
+            if not may_use(member, model):
+                continue
             expires = None if runner.expires_at is None else shapes.timestamp(runner.expires_at)
             models.append(
                 {
                     **_entries(model)[0],
+                    "name": model.name,  # the one name that stands for a runner's model (Model.name)
+                    "model": model.name,
                     "expires_at": expires or EXPIRES_NEVER,
                     "size": runner.memory or _size(model),
                     "size_vram": 0,
@@ -125,7 +135,9 @@ class OllamaModelsAPI:
 
     @app.route("/api/show", methods=["POST"])
     def show(self, request: IRequest) -> bytes:
-        model = self._store.resolve(shapes.named_model(_payload(request)))
+        name = shapes.named_model(_payload(request))
+        check_usable(caller(request).member, self._store, name)
+        model = self._store.resolve(name)
         capabilities = ["completion", *(["vision"] if "mmproj" in model.files else [])]
         return json_body(
             request,
