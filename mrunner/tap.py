@@ -46,7 +46,6 @@ from mrunner.metrics import Metrics
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.router_metrics import RouterSignals
 from mrunner.runner_metrics import RunnerScraper
-from mrunner.runners.answer import RunnerClient
 from mrunner.runners.checks import RunnerChecks
 from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.pool import RunnerPool, unix_connect
@@ -219,7 +218,6 @@ def make_parts(
         gateway=gateway,
         store=store,
         forwarder=Forwarder(runner_pool, openai_stream_error),
-        runners=RunnerClient(runner_pool),
         responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
         models=models,
         operations=operations,

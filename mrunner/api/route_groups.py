@@ -27,7 +27,6 @@ from mrunner.api.service.openapi import OpenAPI
 from mrunner.api.service.status import StatusAPI
 from mrunner.interfaces import IBackend, IDevices, IModelStoreAdmin
 from mrunner.runner_metrics import RunnerScraper
-from mrunner.runners.answer import RunnerClient
 from mrunner.runners.forwarder import Forwarder
 from mrunner.teams.usage import UsageBook
 
@@ -37,7 +36,6 @@ def route_groups(
     gateway: Gateway,
     store: IModelStoreAdmin,
     forwarder: Forwarder,
-    runners: RunnerClient,
     responses: ResponseStore,
     models: ModelsAPI,
     operations: ModelOperations,
@@ -61,9 +59,9 @@ def route_groups(
     scheduler, clock = gateway.scheduler, gateway.clock
     groups: list[RouteGroup] = [
         InferenceAPI(gateway, store, forwarder),
-        AnthropicAPI(gateway, runners),
-        ResponsesAPI(gateway, runners, responses, store),
-        OllamaAPI(gateway, runners, store),
+        AnthropicAPI(gateway, forwarder),
+        ResponsesAPI(gateway, forwarder, responses, store),
+        OllamaAPI(gateway, forwarder, store),
         OllamaModelsAPI(store, operations, scheduler, gateway.aliases),
         StatusAPI(models, metrics, scheduler, scraper, docker_config),
         logs,

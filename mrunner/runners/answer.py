@@ -1,12 +1,10 @@
 """A runner's answer once its head is in, and its body taken once: read whole, as events, or relayed.
 
-The OpenAI routes relay a runner's bytes as they came (L{forwarder}).
-Ollama's and the Responses API's answers are translated, and Anthropic's
-errors reshaped, so these routes read the runner's answer here: a whole JSON
-body, server-sent events one by one, or (Anthropic) the body relayed once the
-status is known to be a success. Cancelling whatever awaits the runner (Klein
-does when the client goes away) aborts the runner connection, and
-llama-server stops generating.
+The forwarder (L{mrunner.runners.forwarder}) relays it; Ollama's and the
+Responses API's transforms read it here: a whole JSON body, or server-sent
+events one by one. Cancelling whatever awaits the runner (Klein does when the
+client goes away) aborts the runner connection, and llama-server stops
+generating.
 
 An answer's body waits in its connection until it is taken: take it at once.
 """
@@ -16,29 +14,14 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.web.http_headers import Headers
-from twisted.web.server import Request
 
 from mrunner.errors import ContextExceeded, MrunnerError
 from mrunner.runners.connection import BodyReceiver, RunnerConnection
-from mrunner.runners.relay import (
-    ErrorEvent,
-    Observer,
-    Relay,
-    is_event_stream,
-    start_event_stream,
-    stopped_midway,
-)
-from mrunner.runners.rename import Renaming
+from mrunner.runners.relay import Observer, stopped_midway
 from mrunner.runners.wire import Head
-
-if TYPE_CHECKING:
-    from mrunner.runners.pool import RunnerPool
-
-_JSON = Headers({b"content-type": [b"application/json"]})
 
 
 class RunnerRefused(MrunnerError):
@@ -55,7 +38,8 @@ class RunnerRefused(MrunnerError):
 
 
 def refusal(status: int, body: bytes) -> MrunnerError:
-    """The runner's error body (OpenAI-shaped from llama-server) as an error mrunner renders."""
+    """The runner's error body (OpenAI-shaped from llama-server) as an error mrunner renders: the one
+    reading of a refusal, L{ContextExceeded} included."""
     exceeded = ContextExceeded.from_runner(body)
     if exceeded is not None:
         return exceeded
@@ -121,7 +105,7 @@ class _Pieces(BodyReceiver):
 class Answer:
     """A runner's answer, once its head is in (L{RunnerPool.request}); its body is taken once.
 
-    C{observer} (a key's meter) sees the body as it comes, however it is taken.
+    C{observer} (a key's meter) sees the body as it comes, however it is taken (L{Forwarder.forward}).
     """
 
     def __init__(self, connection: RunnerConnection, head: Head):
@@ -172,52 +156,3 @@ class Answer:
                 if isinstance(value, dict) and "error" in value:
                     raise refusal(500, data)
                 yield value
-
-    def pass_on(
-        self,
-        request: Request,
-        framed: bool,
-        error_event: ErrorEvent | None,
-        observer: Observer | None = None,
-        renaming: Renaming | None = None,
-    ) -> Deferred[None]:
-        """Relay the body to C{request} as it comes (L{Relay}); fires at its end. The head is the caller's.
-
-        With a C{renaming} (never C{framed}: the lengths change), the model's name is the one asked.
-        """
-        relay = Relay(request, self.connection, framed, error_event, observer)
-        self.connection.relay(relay if renaming is None else renaming.around(relay), framed)
-        return relay.done
-
-    def relay(
-        self, request: Request, error_event: ErrorEvent, renaming: Renaming | None = None
-    ) -> Deferred[None]:
-        """Send the runner's status, content type and body to the client as they come.
-
-        A runner that stops mid-answer is told with C{error_event}, whatever the content type.
-        """
-        request.setResponseCode(self.code)
-        content_type = self.content_type
-        if content_type:
-            request.setHeader(b"content-type", content_type)
-        if is_event_stream(content_type):
-            start_event_stream(request)
-        return self.pass_on(request, False, error_event, self.observer, renaming)
-
-
-class RunnerClient:
-    """Posts JSON to runners over their UNIX sockets, through the pool of connections."""
-
-    def __init__(self, pool: RunnerPool):
-        self._pool = pool
-
-    async def post(self, socket: str, path: bytes, body: bytes, observer: Observer | None = None) -> Answer:
-        """POST the JSON C{body} to C{path} on the runner at C{socket}; L{RunnerRefused} for an error.
-
-        C{observer} sees the body of a successful answer as it comes (L{Answer.observer}).
-        """
-        answer: Answer = await self._pool.request(b"POST", socket, path, _JSON.copy(), body)
-        if answer.code >= 400:
-            raise refusal(answer.code, await answer.read())
-        answer.observer = observer
-        return answer

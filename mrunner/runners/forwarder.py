@@ -1,4 +1,4 @@
-"""Forwards a request to a runner over its UNIX socket and streams the answer back.
+"""The one way every API's request goes to a runner over its UNIX socket, and its answer back.
 
 This plays the role of twisted.web's C{ReverseProxyResource}, which speaks
 HTTP/1.0 over TCP, buffers nothing but has no backpressure, and ignores client
@@ -7,22 +7,35 @@ producer (L{relay}), a client that goes away aborts the upstream connection (so
 llama-server stops generating), and nothing is buffered. The runner side is
 mrunner's own HTTP/1.1 client (L{pool}): a chunked answer goes to an HTTP/1.1
 client with its framing as the runner wrote it.
+
+OpenAI's answers pass through as the runner wrote them. The other APIs give a
+L{Transform}: what they make of the runner's answer (Anthropic's relays it with
+its own errors, Ollama's and the Responses API's translate it), after a
+refusal has been raised in the API's own shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar, overload
 
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
 from mrunner.errors import ContextExceeded
-from mrunner.runners.answer import Answer
+from mrunner.runners.answer import Answer, refusal
 from mrunner.runners.pool import RunnerPool
-from mrunner.runners.relay import ErrorEvent, Observer, is_event_stream, start_event_stream
+from mrunner.runners.relay import ErrorEvent, Observer, Relay, is_event_stream, start_event_stream
 from mrunner.runners.rename import Renaming
 from mrunner.runners.wire import CHUNKED, Head
+
+T = TypeVar("T")
+
+#: What an API makes of a runner's successful answer (its body is the transform's to take, at once).
+Transform = Callable[[Answer], Awaitable[T]]
+
+_JSON = Headers({b"content-type": [b"application/json"]})
 
 # RFC 9110 §7.6.1 hop-by-hop fields, those twisted.web sets itself, and Expect (the body is here already).
 HOP_BY_HOP = frozenset(
@@ -84,12 +97,35 @@ def answer_fields(head: Head) -> Iterator[tuple[bytes, bytes]]:
 class Forwarder:
     """Sends requests to runners through one pool of keep-alive connections (L{RunnerPool}).
 
-    C{error_event} is the API's error in a server-sent event, for a stream the runner stops.
+    C{error_event} is OpenAI's error in a server-sent event, for a stream the runner stops.
     """
 
     def __init__(self, pool: RunnerPool, error_event: ErrorEvent):
         self._pool = pool
         self._error_event = error_event
+
+    @overload
+    async def forward(
+        self,
+        request: Request,
+        socket: str,
+        path: bytes,
+        body: bytes,
+        observer: Observer | None = None,
+        renaming: Renaming | None = None,
+    ) -> None: ...
+
+    @overload
+    async def forward(
+        self,
+        request: Request,
+        socket: str,
+        path: bytes,
+        body: bytes,
+        observer: Observer | None,
+        renaming: Renaming | None,
+        transform: Transform[T],
+    ) -> T: ...
 
     async def forward(
         self,
@@ -99,20 +135,47 @@ class Forwarder:
         body: bytes,
         observer: Observer | None = None,
         renaming: Renaming | None = None,
-    ) -> None:
-        """Relay C{request} (whose body is C{body}) to the runner; returns when the answer is sent.
+        transform: Transform[T] | None = None,
+    ) -> T | None:
+        """Send C{body} for C{path} to the runner at C{socket}; returns when the answer is sent.
 
-        A 400 is read whole first: llama-server's refusal of a conversation longer
-        than its context becomes L{ContextExceeded}, which says so plainly.
+        Without a C{transform} (OpenAI's), the request goes with its client's
+        headers and the answer passes through: its status, fields and body as
+        the runner sent them, but for a refusal of a conversation longer than the
+        runner's context, raised as L{ContextExceeded}, which says so plainly. An
+        C{observer} sees the body as it goes to the client; a C{renaming} gives it
+        the model name the request asked for (L{Renamed}): its length is then
+        unknown, and the runner's framing is not kept.
+
+        With a C{transform}, the request goes as JSON, a refusal is raised
+        (L{refusal}) for the API to render in its shape, and the transform's
+        result is returned; C{observer} sees the body as the transform takes it
+        (L{Answer.observer}), and C{renaming} is the transform's (L{relayed}).
 
         Cancelling the Deferred that awaits it (Klein does, when the client
-        disconnects) aborts the upstream connection. An C{observer} sees the
-        answer's body as it goes to the client. A C{renaming} gives the answer the
-        model name the request asked for (L{Renamed}): its length is then unknown,
-        and the runner's framing is not kept.
+        disconnects) aborts the upstream connection.
         """
-        answer = await self._send(request, socket, path, body)
-        refusal = await _refusal(answer) if answer.code == 400 else None
+        if transform is None:
+            await self._pass_through(request, socket, path, body, observer, renaming)
+            return None
+        answer = await self._send(request, socket, path, _JSON.copy(), body)
+        if answer.code >= 400:
+            raise refusal(answer.code, await answer.read())
+        answer.observer = observer
+        return await transform(answer)
+
+    async def _pass_through(
+        self,
+        request: Request,
+        socket: str,
+        path: bytes,
+        body: bytes,
+        observer: Observer | None,
+        renaming: Renaming | None,
+    ) -> None:
+        """OpenAI's forwarding: the answer as the runner sent it (L{forward})."""
+        answer = await self._send(request, socket, path, forwarded_headers(request.requestHeaders), body)
+        refused = await _refused(answer) if answer.code == 400 else None
         head = answer.head
         request.setResponseCode(head.code, head.phrase)
         headers = request.responseHeaders
@@ -120,11 +183,11 @@ class Forwarder:
             headers.addRawHeader(name, value)
         if head.length >= 0 and renaming is None:
             headers.setRawHeaders(b"content-length", [b"%d" % head.length])
-        if refusal is not None:
+        if refused is not None:
             if observer is not None:
                 observer.start(False)
-                observer.write(refusal)
-            request.write(refusal)
+                observer.write(refused)
+            request.write(refused)
             return
         events = is_event_stream(head.value(b"content-type") or b"")
         if events:
@@ -137,11 +200,13 @@ class Forwarder:
             request.chunked = False
         if observer is not None:
             observer.start(framed)
-        relayed = answer.pass_on(request, framed, self._error_event if events else None, observer, renaming)
+        relayed = _relay(request, answer, framed, self._error_event if events else None, observer, renaming)
         del answer, head  # not kept for the minutes a stream may last (1,000 streams: 0.5 MB)
         await relayed
 
-    async def _send(self, request: Request, socket: str, path: bytes, body: bytes) -> Answer:
+    async def _send(
+        self, request: Request, socket: str, path: bytes, headers: Headers, body: bytes
+    ) -> Answer:
         """The runner's answer, once its head is in (the pool resends after a race).
 
         A client that went away meanwhile cancelled it, and that stays a
@@ -150,9 +215,7 @@ class Forwarder:
         connect, say, when the cancel stopped the connecting).
         """
         try:
-            answer: Answer = await self._pool.request(
-                request.method, socket, path, forwarded_headers(request.requestHeaders), body
-            )
+            answer: Answer = await self._pool.request(request.method, socket, path, headers, body)
         except Exception:
             if request.channel is None:
                 raise CancelledError() from None
@@ -160,10 +223,45 @@ class Forwarder:
         return answer
 
 
-async def _refusal(answer: Answer) -> bytes:
-    """A runner's 400, a few hundred bytes, read whole: L{ContextExceeded} when it is the context."""
+def relayed(request: Request, error_event: ErrorEvent, renaming: Renaming | None = None) -> Transform[None]:
+    """Anthropic's transform: the runner's status, content type and body to C{request} as they come.
+
+    A runner that stops mid-answer is told with C{error_event}, whatever the content type.
+    """
+
+    def relay(answer: Answer) -> Deferred[None]:
+        request.setResponseCode(answer.code)
+        content_type = answer.content_type
+        if content_type:
+            request.setHeader(b"content-type", content_type)
+        if is_event_stream(content_type):
+            start_event_stream(request)
+        return _relay(request, answer, False, error_event, answer.observer, renaming)
+
+    return relay
+
+
+def _relay(
+    request: Request,
+    answer: Answer,
+    framed: bool,
+    error_event: ErrorEvent | None,
+    observer: Observer | None,
+    renaming: Renaming | None,
+) -> Deferred[None]:
+    """Relay the answer's body to C{request} as it comes (L{Relay}); fires at its end. The head is sent.
+
+    With a C{renaming} (never C{framed}: the lengths change), the model's name is the one asked.
+    """
+    relay = Relay(request, answer.connection, framed, error_event, observer)
+    answer.connection.relay(relay if renaming is None else renaming.around(relay), framed)
+    return relay.done
+
+
+async def _refused(answer: Answer) -> bytes:
+    """A runner's 400, a few hundred bytes, read whole; raised when it is L{ContextExceeded} (L{refusal})."""
     body = await answer.read()
-    exceeded = ContextExceeded.from_runner(body)
-    if exceeded is not None:
-        raise exceeded
+    error = refusal(answer.code, body)
+    if isinstance(error, ContextExceeded):
+        raise error
     return body

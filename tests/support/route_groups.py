@@ -28,7 +28,6 @@ from mrunner.devices.listing import Listed
 from mrunner.interfaces import IBackend
 from mrunner.metrics import Metrics
 from mrunner.runner_metrics import RunnerScraper
-from mrunner.runners.answer import RunnerClient
 from mrunner.runners.forwarder import Forwarder
 from tests.support.fakes import unreachable_runners
 
@@ -64,7 +63,6 @@ def daemon_groups(
         gateway=gateway,
         store=store,
         forwarder=Forwarder(None, openai_stream_error),  # type: ignore[arg-type]
-        runners=RunnerClient(None),  # type: ignore[arg-type]
         responses=ResponseStore(clock, responses.ttl, responses.max_count, responses.max_bytes),
         models=ModelsAPI(store, operations),
         operations=operations,

@@ -14,12 +14,13 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.door.routing import Routes
+from mrunner.api.errors import openai_stream_error
 from mrunner.api.observe.records import Records
 from mrunner.api.openai.gateway import Gateway
 from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
-from mrunner.runners.answer import RunnerClient
+from mrunner.runners.forwarder import Forwarder
 from mrunner.scheduling.scheduler import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups
@@ -179,7 +180,9 @@ class FallbackTests(SynchronousTestCase):
         scheduler = Scheduler(
             clock, Config(), {"llama.cpp": FakeBackend()}, store, FakeSpawner().start_runner
         )
-        ollama = OllamaAPI(Gateway(scheduler, store, Metrics(), clock, 1000), RunnerClient(None), store)  # type: ignore[arg-type]
+        ollama = OllamaAPI(
+            Gateway(scheduler, store, Metrics(), clock, 1000), Forwarder(None, openai_stream_error), store
+        )  # type: ignore[arg-type]
         http = StubTreq(Routes([ollama]))
         response = self.successResultOf(http.get("http://mrunner/nope"))
         body = json.loads(self.successResultOf(response.content()))

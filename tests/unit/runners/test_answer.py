@@ -1,4 +1,5 @@
-"""A runner's answer read by mrunner (whole, as events) or relayed with status and content type alone."""
+"""A runner's answer through a transform (L{Forwarder.forward}): read whole, as events, or relayed with
+status and content type alone."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import BadGateway, ContextExceeded, MrunnerError
-from mrunner.runners.answer import Answer, RunnerClient, RunnerRefused
+from mrunner.runners.answer import Answer, RunnerRefused
+from mrunner.runners.forwarder import Forwarder, relayed
 from mrunner.runners.pool import RunnerPool
 from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, Connections, client_request, lost, runner_sends
 
@@ -36,6 +38,11 @@ def error_event(error: MrunnerError) -> bytes:
 CUT = "the runner stopped in the middle of the answer: its connection closed"
 
 
+async def taken(answer: Answer) -> Answer:
+    """The transform that hands the answer itself back, for the test to read."""
+    return answer
+
+
 async def collect(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
     return [event async for event in events]
 
@@ -43,10 +50,13 @@ async def collect(events: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]
 class AnswerTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.connections = Connections()
-        self.client = RunnerClient(RunnerPool(Clock(), self.connections, per_socket=2))
+        self.forwarder = Forwarder(RunnerPool(Clock(), self.connections, per_socket=2), error_event)
 
     def post(self, *answer: bytes) -> Deferred[Answer]:
-        posting = Deferred.fromCoroutine(self.client.post("/run/r.sock", b"/v1/chat/completions", b"{}"))
+        request, _ = client_request()
+        posting = Deferred.fromCoroutine(
+            self.forwarder.forward(request, "/run/r.sock", b"/v1/chat/completions", b"{}", None, None, taken)
+        )
         runner, transport = self.connections.made[-1]
         self.assertIn(b"Content-Type: application/json\r\n", transport.value())
         for data in answer:
@@ -97,18 +107,17 @@ class AnswerTests(SynchronousTestCase):
 
 
 class RelayTests(SynchronousTestCase):
-    """C{Answer.relay} (Anthropic's): the runner's status, content type and body; its error event on a cut."""
+    """L{relayed} (Anthropic's transform): the runner's status, content type and body; its error event on
+    a cut."""
 
     def relay(self, *data: bytes, cut: bool = False) -> tuple[bytes, StringTransport]:
         connections = Connections()
-        client = RunnerClient(RunnerPool(Clock(), connections, per_socket=2))
+        forwarder = Forwarder(RunnerPool(Clock(), connections, per_socket=2), error_event)
         request, transport = client_request()
-
-        async def relay() -> None:
-            answer = await client.post("/run/r.sock", b"/v1/messages", b"{}")
-            await answer.relay(request, error_event)
-
-        relaying = Deferred.fromCoroutine(relay())
+        relay = relayed(request, error_event)
+        relaying = Deferred.fromCoroutine(
+            forwarder.forward(request, "/run/r.sock", b"/v1/messages", b"{}", None, None, relay)
+        )
         runner_sends(connections.made[0][0], data, cut)
         self.successResultOf(relaying)
         request.finish()

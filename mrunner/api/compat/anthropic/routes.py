@@ -23,7 +23,7 @@ from mrunner.api.reading import validate
 from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
 from mrunner.errors import NotFound
-from mrunner.runners.answer import RunnerClient
+from mrunner.runners.forwarder import Forwarder, relayed
 from mrunner.teams.lengths import ANTHROPIC, NONE, Length
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
@@ -69,16 +69,16 @@ class AnthropicAPI:
     app = Klein()
     handle_json_errors(app, anthropic_shape)
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient):
+    def __init__(self, gateway: Gateway, forwarder: Forwarder):
         self._gateway = gateway
-        self._runners = runners
+        self._forwarder = forwarder
 
     async def _forward(self, request: Request, backend: str | None, path: bytes, length: Length) -> bytes:
         asked = self._gateway.begin(request, COMPLETION, backend, MESSAGES, writes_answer=True, length=length)
         body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
-            answer = await self._runners.post(lease.socket, path, body, asked.meter)
-            await answer.relay(request, anthropic_stream_error, asked.renaming(lease))
+            relay = relayed(request, anthropic_stream_error, asked.renaming(lease))
+            await self._forwarder.forward(request, lease.socket, path, body, asked.meter, None, relay)
         return b""
 
     def openapi(self) -> Piece:

@@ -10,6 +10,7 @@ is answered by the service routes.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 from klein import Klein
@@ -30,7 +31,8 @@ from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION, EMBEDDING
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
-from mrunner.runners.answer import RunnerClient
+from mrunner.runners.answer import Answer
+from mrunner.runners.forwarder import Forwarder
 from mrunner.store.model import Model
 from mrunner.teams.lengths import NONE, OLLAMA
 from mrunner.values import ModelSettings
@@ -47,9 +49,9 @@ class OllamaAPI:
     handle_json_errors(app, ollama_shape)
     log = Logger()
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient, store: IModelStore):
+    def __init__(self, gateway: Gateway, forwarder: Forwarder, store: IModelStore):
         self._gateway = gateway
-        self._runners = runners
+        self._forwarder = forwarder
         self._store = store
 
     def openapi(self) -> Piece:
@@ -109,29 +111,42 @@ class OllamaAPI:
         body.update(model=name, stream=stream)
         async with self._gateway.lease(request, asked) as lease:
             loaded = self._gateway.clock.seconds()
-            answer = await self._runners.post(
-                lease.socket, path, json.dumps(asked.runner_body(body)).encode(), asked.meter
+            upstream = (
+                request,
+                lease.socket,
+                path,
+                json.dumps(asked.runner_body(body)).encode(),
+                asked.meter,
+                None,
             )
             if not stream:
-                tally = Tally().whole(await answer.json())
+                tally = Tally().whole(await self._forwarder.forward(*upstream, Answer.json))
                 line = self._line(
                     kind, name, tally.text, tally.reasoning, shapes.tool_calls(tally.tool_calls)
                 )
                 return json_body(request, {**line, **self._done(tally, started, loaded)})
-            lines = NDJSONStream(request)
-            tally = Tally()
-            try:
-                async for chunk in answer.events():
-                    text, reasoning = tally.add(chunk)
-                    if text or reasoning:
-                        lines.emit(self._line(kind, name, text, reasoning))
-            except MrunnerError as e:
-                self.log.warn("runner stopped mid-answer: {message}", message=e.message)
-                lines.emit({"error": e.message})
-                return b""
-            if tally.tool_calls:
-                lines.emit(self._line(kind, name, "", "", shapes.tool_calls(tally.tool_calls)))
-            lines.emit({**self._line(kind, name, "", ""), **self._done(tally, started, loaded)})
+            return await self._forwarder.forward(
+                *upstream, partial(self._lines, request, kind, name, started, loaded)
+            )
+
+    async def _lines(
+        self, request: Request, kind: str, name: str, started: float, loaded: float, answer: Answer
+    ) -> bytes:
+        """The runner's streamed answer as Ollama's NDJSON lines, the last one C{done}."""
+        lines = NDJSONStream(request)
+        tally = Tally()
+        try:
+            async for chunk in answer.events():
+                text, reasoning = tally.add(chunk)
+                if text or reasoning:
+                    lines.emit(self._line(kind, name, text, reasoning))
+        except MrunnerError as e:
+            self.log.warn("runner stopped mid-answer: {message}", message=e.message)
+            lines.emit({"error": e.message})
+            return b""
+        if tally.tool_calls:
+            lines.emit(self._line(kind, name, "", "", shapes.tool_calls(tally.tool_calls)))
+        lines.emit({**self._line(kind, name, "", ""), **self._done(tally, started, loaded)})
         return b""
 
     def _upstream(self, kind: str, payload: dict[str, Any], model: Model) -> tuple[bytes, dict[str, Any]]:
@@ -223,8 +238,9 @@ class OllamaAPI:
             prompt_tokens = 0
             if texts:
                 body = json.dumps({"model": name, "input": texts}).encode()
-                answer = await self._runners.post(lease.socket, b"/v1/embeddings", body, asked.meter)
-                result = await answer.json()
+                result = await self._forwarder.forward(
+                    request, lease.socket, b"/v1/embeddings", body, asked.meter, None, Answer.json
+                )
                 vectors = [
                     item["embedding"] for item in sorted(result["data"], key=lambda item: item["index"])
                 ]

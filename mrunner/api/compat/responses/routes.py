@@ -35,7 +35,8 @@ from mrunner.api.service.openapi import Piece
 from mrunner.backends.base import COMPLETION
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
-from mrunner.runners.answer import RunnerClient
+from mrunner.runners.answer import Answer
+from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.relay import start_event_stream
 from mrunner.teams.lengths import RESPONSES
 
@@ -79,9 +80,9 @@ class ResponsesAPI:
     handle_json_errors(app)
     log = Logger()
 
-    def __init__(self, gateway: Gateway, runners: RunnerClient, responses: ResponseStore, store: IModelStore):
+    def __init__(self, gateway: Gateway, forwarder: Forwarder, responses: ResponseStore, store: IModelStore):
         self._gateway = gateway
-        self._runners = runners
+        self._forwarder = forwarder
         self._responses = responses
         self._store = store
 
@@ -167,16 +168,13 @@ class ResponsesAPI:
         response_id = shapes.new_id("resp")
         created = int(self._gateway.clock.seconds())
         async with self._gateway.lease(request, asked) as lease:
-            answer = await self._runners.post(
-                lease.socket,
-                b"/v1/chat/completions",
-                json.dumps(asked.runner_body(body)).encode(),
-                asked.meter,
-            )
+            chat = json.dumps(asked.runner_body(body)).encode()
+            upstream = (request, lease.socket, b"/v1/chat/completions", chat, asked.meter, None)
             if stream:
-                response = await self._stream(request, answer, response_id, created, payload)
+                transform = partial(self._stream, request, response_id, created, payload)
+                response = await self._forwarder.forward(*upstream, transform)
             else:
-                tally = Tally().whole(await answer.json())
+                tally = Tally().whole(await self._forwarder.forward(*upstream, Answer.json))
                 output = shapes.output_items(tally)
                 response = shapes.response_object(
                     response_id, created, payload, shapes.final_status(tally), output, tally
@@ -187,7 +185,7 @@ class ResponsesAPI:
         return b"" if stream else json_body(request, response)
 
     async def _stream(
-        self, request: Request, answer: Any, response_id: str, created: int, payload: dict[str, Any]
+        self, request: Request, response_id: str, created: int, payload: dict[str, Any], answer: Answer
     ) -> dict[str, Any]:
         """Relay the answer as Responses events; the final Response object is returned to be stored."""
         events = EventStream(request)
