@@ -142,26 +142,25 @@ class Forwarder:
         Without a C{transform} (OpenAI's), the request goes with its client's
         headers and the answer passes through: its status, fields and body as
         the runner sent them, but for a refusal of a conversation longer than the
-        runner's context, raised as L{ContextExceeded}, which says so plainly. An
-        C{observer} sees the body as it goes to the client; a C{renaming} gives it
-        the model name the request asked for (L{Renamed}): its length is then
-        unknown, and the runner's framing is not kept.
+        runner's context, raised as L{ContextExceeded}, which says so plainly. A
+        C{renaming} gives it the model name the request asked for (L{Renamed}): its
+        length is then unknown, and the runner's framing is not kept.
 
         With a C{transform}, the request goes as JSON, a refusal is raised
         (L{refusal}) for the API to render in its shape, and the transform's
-        result is returned; C{observer} sees the body as the transform takes it
-        (L{Answer.observer}), and C{renaming} is the transform's (L{relayed}).
+        result is returned; a renaming is the transform's (L{relayed}).
 
-        Cancelling the Deferred that awaits it (Klein does, when the client
-        disconnects) aborts the upstream connection.
+        C{observer} (the key's meter) sees the runner's answer body however it is
+        taken (L{Answer.observer}); the request's record sees what its client is
+        sent (L{record_writes}). Cancelling the Deferred that awaits it (Klein
+        does, when the client disconnects) aborts the upstream connection.
         """
         if transform is None:
             await self._pass_through(request, socket, path, body, observer, renaming)
             return None
-        answer = await self._send(request, socket, path, _JSON.copy(), body)
+        answer = await self._send(request, socket, path, _JSON.copy(), body, observer)
         if answer.code >= 400:
             raise refusal(answer.code, await answer.read())
-        answer.observer = observer
         return await transform(answer)
 
     async def _pass_through(
@@ -174,7 +173,8 @@ class Forwarder:
         renaming: Renaming | None,
     ) -> None:
         """OpenAI's forwarding: the answer as the runner sent it (L{forward})."""
-        answer = await self._send(request, socket, path, forwarded_headers(request.requestHeaders), body)
+        forwarded = forwarded_headers(request.requestHeaders)
+        answer = await self._send(request, socket, path, forwarded, body, observer)
         refused = await _refused(answer) if answer.code == 400 else None
         head = answer.head
         request.setResponseCode(head.code, head.phrase)
@@ -184,9 +184,6 @@ class Forwarder:
         if head.length >= 0 and renaming is None:
             headers.setRawHeaders(b"content-length", [b"%d" % head.length])
         if refused is not None:
-            if observer is not None:
-                observer.start(False)
-                observer.write(refused)
             request.write(refused)
             return
         events = is_event_stream(head.value(b"content-type") or b"")
@@ -198,16 +195,20 @@ class Forwarder:
         if framed:
             request.write(b"")
             request.chunked = False
-        if observer is not None:
-            observer.start(framed)
-        relayed = _relay(request, answer, framed, self._error_event if events else None, observer, renaming)
+        relayed = _relay(request, answer, framed, self._error_event if events else None, renaming)
         del answer, head  # not kept for the minutes a stream may last (1,000 streams: 0.5 MB)
         await relayed
 
     async def _send(
-        self, request: Request, socket: str, path: bytes, headers: Headers, body: bytes
+        self,
+        request: Request,
+        socket: str,
+        path: bytes,
+        headers: Headers,
+        body: bytes,
+        observer: Observer | None,
     ) -> Answer:
-        """The runner's answer, once its head is in (the pool resends after a race).
+        """The runner's answer, once its head is in (the pool resends after a race), shown to C{observer}.
 
         A client that went away meanwhile cancelled it, and that stays a
         cancellation, which Klein expects, rather than an error logged with
@@ -220,6 +221,7 @@ class Forwarder:
             if request.channel is None:
                 raise CancelledError() from None
             raise
+        answer.observer = observer
         return answer
 
 
@@ -236,24 +238,20 @@ def relayed(request: Request, error_event: ErrorEvent, renaming: Renaming | None
             request.setHeader(b"content-type", content_type)
         if is_event_stream(content_type):
             start_event_stream(request)
-        return _relay(request, answer, False, error_event, answer.observer, renaming)
+        return _relay(request, answer, False, error_event, renaming)
 
     return relay
 
 
 def _relay(
-    request: Request,
-    answer: Answer,
-    framed: bool,
-    error_event: ErrorEvent | None,
-    observer: Observer | None,
-    renaming: Renaming | None,
+    request: Request, answer: Answer, framed: bool, error_event: ErrorEvent | None, renaming: Renaming | None
 ) -> Deferred[None]:
-    """Relay the answer's body to C{request} as it comes (L{Relay}); fires at its end. The head is sent.
+    """Relay the answer's body to C{request} as it comes (L{Relay}), shown to its observer; fires at
+    its end. The head is sent.
 
     With a C{renaming} (never C{framed}: the lengths change), the model's name is the one asked.
     """
-    relay = Relay(request, answer.connection, framed, error_event, observer)
+    relay = Relay(request, answer.connection, framed, error_event, answer.observer)
     answer.connection.relay(relay if renaming is None else renaming.around(relay), framed)
     return relay.done
 

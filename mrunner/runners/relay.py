@@ -6,6 +6,10 @@ buffered. A runner that stops mid-answer is told to the client in the API's
 own words (an L{ErrorEvent}, given by the API) where the body can carry it,
 else by cutting the client's connection, so that the client sees a truncated
 answer rather than a complete-looking one.
+
+A request's record sees what its client is sent, one way for every API: it
+watches the request's writes (L{record_writes}), and the relay, which sends
+past C{request.write} once the head is out, tells it those bytes too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,29 @@ class Observer(Protocol):
         """C{data} went to the client."""
 
 
+class Recorded:
+    """A request's C{write}, which shows C{observer} (its record) each piece first (L{record_writes})."""
+
+    def __init__(self, write: Callable[[bytes], None], observer: Observer):
+        self._write = write
+        self.observer = observer
+
+    def __call__(self, data: bytes) -> None:
+        self.observer.write(data)
+        self._write(data)
+
+
+def record_writes(request: Request, observer: Observer) -> None:
+    """Show C{observer} every byte of the answer C{request}'s client is sent, however it is written."""
+    request.write = Recorded(request.write, observer)  # type: ignore[method-assign]
+
+
+def recorder(request: Request) -> Observer | None:
+    """What sees C{request}'s writes (L{record_writes}), if anything does."""
+    write = request.write
+    return write.observer if isinstance(write, Recorded) else None
+
+
 def stopped_midway(why: str) -> BadGateway:
     """The error a client is told when its runner stopped before the end of the answer."""
     return BadGateway(f"the runner stopped in the middle of the answer: {why}")
@@ -64,7 +91,9 @@ class Relay(BodyReceiver):
     C{framed}: the body keeps the runner's chunk framing (Twisted was told not
     to frame it again). C{error_event}: how this API tells a client in the
     body that the runner stopped; C{None} where the body cannot carry it.
-    Cancelling C{done} (the client went away) aborts the runner's connection.
+    C{observer} (the key's meter) sees the body relayed; the
+    request's record (L{recorder}) what the client was sent. Cancelling
+    C{done} (the client went away) aborts the runner's connection.
     """
 
     log = Logger()
@@ -81,6 +110,10 @@ class Relay(BodyReceiver):
         self._framed = framed
         self._error_event = error_event
         self._observer = observer
+        self._recorder = recorder(request)
+        for watching in (observer, self._recorder):
+            if watching is not None:
+                watching.start(framed)
         self.done: Deferred[None] = Deferred(lambda d: connection.abort())
         producer: IPushProducer = connection.transport  # type: ignore[assignment]
         request.registerProducer(producer, True)
@@ -89,6 +122,8 @@ class Relay(BodyReceiver):
         request = self._request
         if request.startedWriting and not request.chunked and request.channel is not None:
             send_now(request.channel.transport, data)
+            if self._recorder is not None:
+                self._recorder.write(data)
         else:
             request.write(data)
         if self._observer is not None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 HEAD = 2048
 TAIL = 4096
@@ -89,18 +88,3 @@ class Meter:
         found = {name.decode(): int(value) for name, value in _FIELD.findall(self._head + b"\n" + self._tail)}
         prompt, completion, _ = counts(found, self._events)
         return prompt, completion
-
-
-class Tee:
-    """Two observers as one: a request's record and its meter."""
-
-    def __init__(self, *observers: Any):
-        self._observers = [observer for observer in observers if observer is not None]
-
-    def start(self, chunked: bool) -> None:
-        for observer in self._observers:
-            observer.start(chunked)
-
-    def write(self, data: bytes) -> None:
-        for observer in self._observers:
-            observer.write(data)

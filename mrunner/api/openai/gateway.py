@@ -32,13 +32,12 @@ from mrunner.api.reading.bodies import (
 )
 from mrunner.interfaces import ILease, IModelStore, IScheduler
 from mrunner.metrics import Metrics
-from mrunner.runners.relay import Observer
+from mrunner.runners.relay import Observer, record_writes
 from mrunner.runners.rename import Renaming, renaming
 from mrunner.store.names import DIGEST, SHORT_ID, normal_name
 from mrunner.teams.access import check_usable
 from mrunner.teams.admission import Teams, Ticket
 from mrunner.teams.lengths import NONE, Length
-from mrunner.teams.meter import Tee
 
 T = TypeVar("T")
 
@@ -73,15 +72,8 @@ class Asked(Generic[T]):
         return renaming(lease.model, self.named)
 
     @property
-    def observer(self) -> Observer | None:
-        """What sees a forwarded answer as it goes out: the record, and the meter of the key's tokens."""
-        if self.ticket is None:
-            return self.record
-        return Tee(self.record, self.ticket.meter)
-
-    @property
     def meter(self) -> Observer | None:
-        """What counts the key's tokens: it sees the runner's answer (L{RunnerClient.post}'s C{observer})."""
+        """What counts the key's tokens: it sees the runner's answer (L{Forwarder.forward}'s C{observer})."""
         return None if self.ticket is None else self.ticket.meter
 
     def runner_body(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +118,6 @@ class Gateway:
         backend: str | None,
         check: Callable[[dict[str, Any]], T],
         *,
-        writes_answer: bool,
         named: Callable[[dict[str, Any]], str] = model_name,
         length: Length = NONE,
     ) -> Asked[T]:
@@ -139,10 +130,8 @@ class Gateway:
         the payload (what it returns is kept as L{Asked.checked}), refuse images for a
         model without a projector, admit it by its key's rules (C{length}: how this
         API's request says how many tokens it may generate, L{Length}), then record it,
-        with the bytes received. C{writes_answer}: the route writes the answer itself (a
-        translation or a relay), so its writes are what the record keeps (the key's
-        meter sees the runner's answer, L{Asked.meter}); the forwarder records what it
-        forwards.
+        with the bytes received, and the answer its client is sent, whatever writes it
+        (L{record_writes}; the key's meter sees the runner's answer, L{Asked.meter}).
 
         The decoded payload is dropped here unless C{check} returns it: a stream
         can last minutes, and a forwarded request already holds its body as bytes.
@@ -161,10 +150,7 @@ class Gateway:
         record = self._record(request, model, mode, body)
         if record is not None and ticket is not None:
             record.key = ticket.key
-        asked = Asked(backend, mode, model, seconds, body, record, checked, ticket)
-        if record is not None and writes_answer:
-            _record_writes(request, record)
-        return asked
+        return Asked(backend, mode, model, seconds, body, record, checked, ticket)
 
     def _admit(self, request: Request, model: str, payload: dict[str, Any], length: Length) -> Ticket | None:
         """The key's limits (L{Teams.admit}), its headers, and its end when the answer ends."""
@@ -194,6 +180,7 @@ class Gateway:
             record_key(model), mode, request.method, request.path, request.requestHeaders, body
         )
         request.notifyFinish().addBoth(lambda result: records.end(record, request.code, result is None))
+        record_writes(request, record)
         return record
 
     @asynccontextmanager
@@ -218,14 +205,3 @@ class Gateway:
             yield lease
         finally:
             lease.release()
-
-
-def _record_writes(request: Request, record: Observer) -> None:
-    """For a route that writes its own answer: what the client receives is what the record sees."""
-    write = request.write
-
-    def recorded(data: bytes) -> None:
-        record.write(data)
-        write(data)
-
-    request.write = recorded  # type: ignore[method-assign]

@@ -140,7 +140,6 @@ class InferenceAPI:
             mode,
             backend,
             _unchecked if preload else check,
-            writes_answer=False,
             length=NONE if preload else length,
         )
         body = asked.forwarded()
@@ -148,7 +147,7 @@ class InferenceAPI:
             if preload:
                 return json_body(request, {"status": "loaded", "model": asked.named or lease.model})
             await self._forwarder.forward(
-                request, lease.socket, path, body, asked.observer, asked.renaming(lease)
+                request, lease.socket, path, body, asked.meter, asked.renaming(lease)
             )
         return None
 

@@ -76,7 +76,6 @@ class OllamaAPI:
             mode,
             None,
             _whole_payload,
-            writes_answer=True,
             named=shapes.named_model,
             length=OLLAMA if mode == COMPLETION else NONE,
         )

@@ -161,7 +161,7 @@ class ResponsesAPI:
 
     async def _create(self, request: Request, backend: str | None) -> bytes:
         asked = self._gateway.begin(
-            request, COMPLETION, backend, partial(self._read, request), writes_answer=True, length=RESPONSES
+            request, COMPLETION, backend, partial(self._read, request), length=RESPONSES
         )
         payload, items, conversation, body = asked.checked
         stream = body["stream"]
