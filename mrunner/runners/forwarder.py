@@ -122,8 +122,9 @@ class Forwarder:
         socket: str,
         path: bytes,
         body: bytes,
-        observer: Observer | None,
-        renaming: Renaming | None,
+        observer: Observer | None = None,
+        renaming: Renaming | None = None,
+        *,
         transform: Transform[T],
     ) -> T: ...
 
@@ -135,6 +136,7 @@ class Forwarder:
         body: bytes,
         observer: Observer | None = None,
         renaming: Renaming | None = None,
+        *,
         transform: Transform[T] | None = None,
     ) -> T | None:
         """Send C{body} for C{path} to the runner at C{socket}; returns when the answer is sent.

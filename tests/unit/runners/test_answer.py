@@ -55,7 +55,7 @@ class AnswerTests(SynchronousTestCase):
     def post(self, *answer: bytes) -> Deferred[Answer]:
         request, _ = client_request()
         posting = Deferred.fromCoroutine(
-            self.forwarder.forward(request, "/run/r.sock", b"/v1/chat/completions", b"{}", None, None, taken)
+            self.forwarder.forward(request, "/run/r.sock", b"/v1/chat/completions", b"{}", transform=taken)
         )
         runner, transport = self.connections.made[-1]
         self.assertIn(b"Content-Type: application/json\r\n", transport.value())
@@ -116,7 +116,7 @@ class RelayTests(SynchronousTestCase):
         request, transport = client_request()
         relay = relayed(request, error_event)
         relaying = Deferred.fromCoroutine(
-            forwarder.forward(request, "/run/r.sock", b"/v1/messages", b"{}", None, None, relay)
+            forwarder.forward(request, "/run/r.sock", b"/v1/messages", b"{}", transform=relay)
         )
         runner_sends(connections.made[0][0], data, cut)
         self.successResultOf(relaying)

@@ -66,9 +66,8 @@ class RecordingTests(SynchronousTestCase):
         if transform is None:
             forwarding = forwarder.forward(request, "/run/r.sock", b"/v1/x", b"{}", meter, renaming)
         else:
-            forwarding = forwarder.forward(
-                request, "/run/r.sock", b"/v1/x", b"{}", meter, None, transform(request)
-            )
+            made = transform(request)
+            forwarding = forwarder.forward(request, "/run/r.sock", b"/v1/x", b"{}", meter, transform=made)
         done = Deferred.fromCoroutine(forwarding)
         runner_sends(connections.made[0][0], data, cut)
         self.successResultOf(done)

@@ -78,7 +78,7 @@ class AnthropicAPI:
         body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
             relay = relayed(request, anthropic_stream_error, asked.renaming(lease))
-            await self._forwarder.forward(request, lease.socket, path, body, asked.meter, None, relay)
+            await self._forwarder.forward(request, lease.socket, path, body, asked.meter, transform=relay)
         return b""
 
     def openapi(self) -> Piece:

@@ -110,23 +110,16 @@ class OllamaAPI:
         body.update(model=name, stream=stream)
         async with self._gateway.lease(request, asked) as lease:
             loaded = self._gateway.clock.seconds()
-            upstream = (
-                request,
-                lease.socket,
-                path,
-                json.dumps(asked.runner_body(body)).encode(),
-                asked.meter,
-                None,
-            )
+            sent = json.dumps(asked.runner_body(body)).encode()
+            upstream = (request, lease.socket, path, sent, asked.meter)
             if not stream:
-                tally = Tally().whole(await self._forwarder.forward(*upstream, Answer.json))
+                tally = Tally().whole(await self._forwarder.forward(*upstream, transform=Answer.json))
                 line = self._line(
                     kind, name, tally.text, tally.reasoning, shapes.tool_calls(tally.tool_calls)
                 )
                 return json_body(request, {**line, **self._done(tally, started, loaded)})
-            return await self._forwarder.forward(
-                *upstream, partial(self._lines, request, kind, name, started, loaded)
-            )
+            lines = partial(self._lines, request, kind, name, started, loaded)
+            return await self._forwarder.forward(*upstream, transform=lines)
 
     async def _lines(
         self, request: Request, kind: str, name: str, started: float, loaded: float, answer: Answer
@@ -238,7 +231,7 @@ class OllamaAPI:
             if texts:
                 body = json.dumps({"model": name, "input": texts}).encode()
                 result = await self._forwarder.forward(
-                    request, lease.socket, b"/v1/embeddings", body, asked.meter, None, Answer.json
+                    request, lease.socket, b"/v1/embeddings", body, asked.meter, transform=Answer.json
                 )
                 vectors = [
                     item["embedding"] for item in sorted(result["data"], key=lambda item: item["index"])

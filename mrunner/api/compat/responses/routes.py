@@ -169,12 +169,12 @@ class ResponsesAPI:
         created = int(self._gateway.clock.seconds())
         async with self._gateway.lease(request, asked) as lease:
             chat = json.dumps(asked.runner_body(body)).encode()
-            upstream = (request, lease.socket, b"/v1/chat/completions", chat, asked.meter, None)
+            upstream = (request, lease.socket, b"/v1/chat/completions", chat, asked.meter)
             if stream:
                 transform = partial(self._stream, request, response_id, created, payload)
-                response = await self._forwarder.forward(*upstream, transform)
+                response = await self._forwarder.forward(*upstream, transform=transform)
             else:
-                tally = Tally().whole(await self._forwarder.forward(*upstream, Answer.json))
+                tally = Tally().whole(await self._forwarder.forward(*upstream, transform=Answer.json))
                 output = shapes.output_items(tally)
                 response = shapes.response_object(
                     response_id, created, payload, shapes.final_status(tally), output, tally
