@@ -38,13 +38,17 @@ class Seen:
 
     def __init__(self) -> None:
         self.chunked: bool | None = None
-        self.data = b""
+        self.pieces: list[bytes] = []
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.pieces)
 
     def start(self, chunked: bool) -> None:
         self.chunked = chunked
 
     def write(self, data: bytes) -> None:
-        self.data += data
+        self.pieces.append(data)
 
 
 class RecordingTests(SynchronousTestCase):
@@ -125,6 +129,17 @@ class RecordingTests(SynchronousTestCase):
         record, _, body, _ = self.forward(b"HTTP/1.0", CHUNKED_HEAD + CHUNKS[:20], cut=True)
         self.assertTrue(body.startswith(EVENTS[0]))
         self.assertEqual(record.data, body)
+
+    def test_the_head_sent_alone_is_not_the_answers_first_byte(self) -> None:
+        """A stream's head goes out at once (an empty write): the record's first byte (its C{ttfb}) is the
+        first event's, whichever API relays it."""
+        record, _, _, _ = self.forward(b"HTTP/1.1", CHUNKED_HEAD, CHUNKS)
+        self.assertNotIn(b"", record.pieces)
+        request, _ = client_request()
+        record = Seen()
+        record_writes(request, record)
+        request.write(b"")
+        self.assertEqual(record.pieces, [])
 
     def test_a_request_without_a_record_has_no_recorder(self) -> None:
         request, _ = client_request()
