@@ -172,6 +172,19 @@ class GatewayTests(SynchronousTestCase):
         kept = {record.route: record.body for record in self.records.recent(None, 10)}
         self.assertEqual(kept, sent)
 
+    def test_the_record_keeps_the_answer_its_client_got_in_every_api(self) -> None:
+        """One way for every API (L{record_writes}): OpenAI's refusal is kept as the others' are."""
+        self.scheduler.start()  # the backend installs and never finishes: each request is busy
+        got = {}
+        for path, body in [
+            ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"hi"}],"model":"smollm2"}'),
+            ("/anthropic/v1/messages", b'{"max_tokens":5,"messages":[],"model":"smollm2"}'),
+            ("/api/embed", b'{"input":"hi","model":"smollm2"}'),
+        ]:
+            got[path] = self.post(path, body)[1]
+        kept = {record.route: json.loads(record.answer) for record in self.records.recent(None, 10)}
+        self.assertEqual(kept, got)
+
 
 class FallbackTests(SynchronousTestCase):
     def test_a_path_no_group_knows_gets_openais_404_whatever_the_last_group(self) -> None:
