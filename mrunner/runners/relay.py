@@ -31,13 +31,14 @@ ErrorEvent = Callable[[MrunnerError], bytes]
 
 
 class Observer(Protocol):
-    """Sees an answer as it is relayed (a request record): it must be cheap, it runs for every chunk."""
+    """Sees an answer as it goes (a request's record, a key's meter): it must be cheap, it runs for every
+    chunk."""
 
     def start(self, chunked: bool) -> None:
         """The answer's head is in; C{chunked} when C{write} will see the chunks' framing too."""
 
     def write(self, data: bytes) -> None:
-        """C{data} went to the client."""
+        """C{data} of the answer came by."""
 
 
 class Recorded:
