@@ -47,7 +47,6 @@ PLACES = {
         "_path",
         "_rawHeaders",
         "_receivedHeaderCount",
-        "_receivedHeaderSize",
         "_respondToBadRequestAndDisconnect",
         "_transferDecoder",
         "_version",

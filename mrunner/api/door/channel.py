@@ -124,6 +124,7 @@ class GatedChannel(PrivateChannel):
         self._via_socket = False
         self._read_size: int | None = None  # the transport's own, while it reads for a sink
         self._head_lines = 0  # lines of the pending request's head read so far
+        self._head_bytes = 0  # and their bytes, as twisted.web counts them against totalHeadersSize
         self._stalled_since: float | None = None  # since when the client reads nothing of its answer
 
     def connectionMade(self) -> None:
@@ -159,9 +160,11 @@ class GatedChannel(PrivateChannel):
         if b"\n" in line:
             self._answer_and_close(bare_lf())
             return
-        if self.header_bytes + len(line) > self.totalHeadersSize:
+        size = self._head_bytes + len(line)
+        if size > self.totalHeadersSize:
             self._head_too_large()
             return
+        self._head_bytes = size
         self._head_lines += 1
         super().lineReceived(line)
 
@@ -176,14 +179,11 @@ class GatedChannel(PrivateChannel):
                 HeadersTooLarge(f"the request's headers are over {self.totalHeadersSize} bytes")
             )
 
-    def headerReceived(self, line: bytes) -> bool:
-        if self.header_count >= self.maxHeaders:
-            self._answer_and_close(HeadersTooLarge(f"the request has over {self.maxHeaders} headers"))
-            return False
-        return bool(super().headerReceived(line))
+    def too_many_headers(self) -> None:
+        self._answer_and_close(HeadersTooLarge(f"the request has over {self.maxHeaders} headers"))
 
-    def body_header(self, header: bytes, data: bytes) -> bool:
-        if header == b"Content-Length" and len(data) > MAX_LENGTH_DIGITS:
+    def content_length(self, data: bytes) -> bool:
+        if len(data) > MAX_LENGTH_DIGITS:
             # twisted.web would raise from int() past 4,300 digits and drop the connection unanswered.
             self._answer_and_close(
                 BadRequest(
@@ -243,7 +243,7 @@ class GatedChannel(PrivateChannel):
     def allHeadersReceived(self) -> None:
         self._awaiting = False
         self._since = None
-        self._head_lines = 0
+        self._head_lines = self._head_bytes = 0
         request: GatedRequest = self.requests[-1]
         trust: Trust = self.site.trust
         command, target = self.command, self.target

@@ -41,8 +41,9 @@ class SizedChunks(_ChunkedTransferDecoder):
 class PrivateChannel(HTTPChannel):
     """L{HTTPChannel} with the private state the front door reads and writes under public names.
 
-    Hooks a subclass overrides: L{body_header} (a framing header before twisted.web
-    reads it), L{malformed} (a head or chunked body twisted.web cannot parse).
+    Hooks a subclass overrides: L{too_many_headers}, L{content_length} (a
+    C{Content-Length} before twisted.web reads it), L{malformed} (a head or chunked
+    body twisted.web cannot parse).
     """
 
     @property
@@ -56,16 +57,6 @@ class PrivateChannel(HTTPChannel):
         """The pending request's target, as its request line gave it."""
         target: bytes = self._path
         return target
-
-    @property
-    def header_bytes(self) -> int:
-        """How many bytes of the pending request's headers were read."""
-        return self._receivedHeaderSize
-
-    @property
-    def header_count(self) -> int:
-        """How many headers of the pending request were read."""
-        return self._receivedHeaderCount
 
     def unended_line(self) -> bool:
         """Whether a whole read ended holding, in line mode and not paused, a line with an LF and no CRLF."""
@@ -91,16 +82,26 @@ class PrivateChannel(HTTPChannel):
         self._receivedHeaderCount = count
         return True
 
-    def body_header(self, header: bytes, data: bytes) -> bool:
-        """Whether twisted.web may read the framing header C{header}; a refusal answers the request."""
+    def too_many_headers(self) -> None:
+        """A header past C{maxHeaders}; by default twisted.web's answer."""
+        super()._respondToBadRequestAndDisconnect()
+
+    def content_length(self, data: bytes) -> bool:
+        """Whether twisted.web may read the C{Content-Length} C{data}; a refusal answers the request."""
         return True
 
     def malformed(self, why: str | None) -> None:
         """A head (C{why} None) or chunked body twisted.web cannot parse; by default twisted.web's answer."""
         super()._respondToBadRequestAndDisconnect()
 
+    def headerReceived(self, line: bytes) -> bool:
+        if self._receivedHeaderCount >= self.maxHeaders:
+            self.too_many_headers()
+            return False
+        return bool(super().headerReceived(line))
+
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
-        if not self.body_header(header, data):
+        if header == b"Content-Length" and not self.content_length(data):
             return False
         chosen = bool(super()._maybeChooseTransferDecoder(header, data))
         if chosen and type(self._transferDecoder) is _ChunkedTransferDecoder:
