@@ -113,7 +113,7 @@ class BatchedLogSite(Site):
 
     def startFactory(self) -> None:
         super().startFactory()
-        self._logFile = AccessLog(self.reactor)
+        self.logFile = AccessLog(self.reactor)
 
 
 class LogTail:

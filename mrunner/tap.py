@@ -21,6 +21,7 @@ from twisted.web.client import Agent
 from mrunner import config as configuration
 from mrunner.api.aliases import Aliases
 from mrunner.api.compat.responses.response_store import ResponseStore
+from mrunner.api.door import declared
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.errors import openai_stream_error
@@ -232,7 +233,7 @@ def make_parts(
         usage=teams.book,
         docker_config=credentials.config_file,
     )
-    site = GatedSite(Routes(groups), config, reactor, sinks={b"/models/load": models.upload})
+    site = GatedSite(Routes(groups), config, reactor, sinks=declared.sinks({"upload": models.upload}))
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
     return Parts(site, scheduler, logs, history, closers, reloader, teams)

@@ -4,9 +4,9 @@ OpenAI's routes (and mrunner's own) answer C{{"error": {"message", "type", "code
 Anthropic's C{{"type": "error", "error": {"type", "message"}}} with its status codes;
 Ollama's C{{"error": "message"}}. A route group picks its shape when it registers
 the handlers; the front door, which answers before any route runs, picks it from
-the path with L{shape_for}. A route never renders an error by hand. An exception
-no one foresaw is a 500 in the same shape (L{internal_error}), never twisted.web's
-HTML page.
+the path with L{shape_for}, as the routes declare it (L{mrunner.api.door.declared}).
+A route never renders an error by hand. An exception no one foresaw is a 500 in
+the same shape (L{internal_error}), never twisted.web's HTML page.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException
 
+from mrunner.api.door.declared import Reach, shaped
 from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
 
 PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
@@ -74,15 +75,24 @@ def stream_error(shape: ErrorShape, event: bytes = b"") -> Callable[[MrunnerErro
 openai_stream_error = stream_error(openai_shape)
 anthropic_stream_error = stream_error(anthropic_shape, b"error")
 
-ANTHROPIC_ENDS = (b"/v1/messages", b"/v1/messages/count_tokens")
+#: Each API's shape by the name its routes declare (L{mrunner.api.door.declared}).
+SHAPES: dict[str, ErrorShape] = {"openai": openai_shape, "anthropic": anthropic_shape, "ollama": ollama_shape}
+_SHAPED = tuple((reach, path, SHAPES[name]) for reach, path, name in shaped())
 
 
 def shape_for(path: bytes) -> ErrorShape:
-    """The shape of the API that C{path} belongs to: Anthropic's, Ollama's, else OpenAI's."""
-    if path.startswith(b"/anthropic/") or path.rstrip(b"/").endswith(ANTHROPIC_ENDS):
-        return anthropic_shape
-    if path.startswith(b"/api/"):
-        return ollama_shape
+    """The shape of the API that C{path} belongs to, as its routes declare it: Anthropic's, Ollama's,
+    else OpenAI's."""
+    bare = path.rstrip(b"/")
+    for reach, declared, shape in _SHAPED:
+        below = path.startswith(declared + b"/")
+        if (
+            (reach is Reach.ENDING and bare.endswith(declared))
+            or (reach is Reach.BELOW and below)
+            or (reach is Reach.UNDER and (below or bare == declared))
+            or (reach is Reach.EXACT and bare == declared)
+        ):
+            return shape
     return openai_shape
 
 

@@ -26,12 +26,12 @@ class KeyMetrics:
         self._limited = Counter(
             "mrunner_key_rate_limited", "Requests refused with a 429 by key name.", ["key"], registry=registry
         )
-        self._children: dict[tuple[str, ...], Any] = {}
+        self._children: dict[tuple[object, ...], Any] = {}
 
     def _child(self, counter: Counter, *labels: str) -> Any:
-        child = self._children.get((counter._name, *labels))
+        child = self._children.get((counter, *labels))
         if child is None:
-            child = self._children[(counter._name, *labels)] = counter.labels(*labels)
+            child = self._children[(counter, *labels)] = counter.labels(*labels)
         return child
 
     def ended(self, key: str, status: int, prompt: int, completion: int) -> None:

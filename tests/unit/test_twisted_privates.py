@@ -1,10 +1,13 @@
 """Twisted's private names mrunner relies on, pinned: a Twisted release that changes one fails here.
 
+They are reached in one module per layer, and only there (L{PLACES}):
 mrunner/runners/fastio.py writes to and connects sockets past Twisted's public
-API for speed, mrunner/api/door/channel.py reads request bodies through
-twisted.web's private decoder, and mrunner/clientpool.py swaps the pool's
-private factory. pyproject.toml bounds Twisted to the releases these tests
-passed on; raise the bound only with them passing on the new release.
+API for speed, mrunner/api/door/webprivate.py gives the front door twisted.web's
+parser state and body decoder under public names, mrunner/clientpool.py swaps
+the pool's private factory, mrunner/startup.py makes a failed listen raise,
+and mrunner/lazytls.py names Twisted's private SNI module (pinned by
+tests/real/test_lazytls.py). pyproject.toml bounds Twisted to the releases these
+tests passed on; raise the bound only with them passing on the new release.
 """
 
 from __future__ import annotations
@@ -15,15 +18,52 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import reactor, tcp, unix
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.protocol import ClientFactory, Factory, Protocol
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.trial.unittest import SynchronousTestCase, TestCase
-from twisted.web import client, http
+from twisted.web import client, http, http_headers
 
+import mrunner
 from mrunner.runners.fastio import RecvClient, RecvConnector, send_now
+from tests.support.private_names import private_reaches
+
+#: Every module that reaches a Twisted private name, and the names it reaches.
+PLACES = {
+    "mrunner.api.door.webprivate": {
+        "_ChunkedTransferDecoder",
+        "_MalformedChunkedDataError",
+        "_buffer",
+        "_busyReceiving",
+        "_command",
+        "_dataReceived_CHUNK_LENGTH",
+        "_finishRequestBody",
+        "_handlingRequest",
+        "_maybeChooseTransferDecoder",
+        "_nameEncoder",
+        "_path",
+        "_rawHeaders",
+        "_receivedHeaderCount",
+        "_respondToBadRequestAndDisconnect",
+        "_transferDecoder",
+        "_version",
+    },
+    "mrunner.runners.fastio": {"_makeTransport", "_tempDataBuffer"},
+    "mrunner.clientpool": {"_HTTP11ClientFactory", "_factory"},
+    "mrunner.startup": {"_raiseSynchronously", "_waitingForPort"},
+    "mrunner.lazytls": {"twisted.protocols._sni"},
+}
+
+
+class PlacesTests(SynchronousTestCase):
+    """Twisted's private names are reached only in L{PLACES}' modules."""
+
+    def test_only_these_modules_reach_twisted_privates(self) -> None:
+        """A new reach fails here: put it behind its layer's module and pin it below, or use a public name."""
+        self.assertEqual(private_reaches(Path(mrunner.__file__).parent), PLACES)
 
 
 def parameters(function: Any) -> list[str]:
@@ -119,7 +159,7 @@ class Recording(http.HTTPChannel):
 
 
 class Sizes(http._ChunkedTransferDecoder):
-    """Records the chunk sizes read, as the front door's C{SizedChunks} reads them."""
+    """Records the chunk sizes read, as the front door's C{SizedChunks} (in api/door/webprivate.py) does."""
 
     def __init__(self, *callbacks: Any) -> None:
         super().__init__(*callbacks)
@@ -133,7 +173,7 @@ class Sizes(http._ChunkedTransferDecoder):
 
 
 class WebTests(SynchronousTestCase):
-    """twisted.web's private names that the front door (api/door/channel.py) and clientpool.py use."""
+    """twisted.web's private names that the front door (api/door/webprivate.py) and clientpool.py use."""
 
     def channel(self, head: bytes) -> Recording:
         channel = Recording()
@@ -145,6 +185,9 @@ class WebTests(SynchronousTestCase):
         channel = self.channel(b"POST /v1/x HTTP/1.1\r\ncontent-length: 5\r\nx-a: 1\r\n\r\n")
         self.assertEqual(channel.chosen, [(b"Content-Length", b"5"), (b"X-A", b"1")])
         self.assertEqual((channel._command, channel._path, channel.length), (b"POST", b"/v1/x", 5))
+        self.assertEqual(channel._version, b"HTTP/1.1")
+        self.assertEqual(channel.requests[0].requestHeaders._rawHeaders[b"X-A"], [b"1"])
+        self.assertEqual(http_headers._nameEncoder.encode(b"x-a"), b"X-A")
         self.assertEqual(channel._receivedHeaderCount, 2)
         self.assertIsInstance(channel._receivedHeaderSize, int)
         self.assertIsInstance(channel._handlingRequest, bool)
@@ -173,3 +216,14 @@ class WebTests(SynchronousTestCase):
     def test_the_connection_pool_builds_its_connections_with_its_factory(self) -> None:
         self.assertIs(client.HTTPConnectionPool._factory, client._HTTP11ClientFactory)
         self.assertIn("self._factory(", inspect.getsource(client.HTTPConnectionPool._newConnection))
+
+
+class ApplicationTests(SynchronousTestCase):
+    """twisted.application's private names that startup.py's L{Listener} uses to raise a failed listen."""
+
+    def test_the_endpoint_service_raises_and_keeps_the_listen(self) -> None:
+        self.assertIs(StreamServerEndpointService._raiseSynchronously, False)
+        service = StreamServerEndpointService(UNIXServerEndpoint(MemoryReactor(), "/nowhere"), Factory())
+        self.assertIsNone(service._waitingForPort)
+        service.privilegedStartService()
+        self.assertIsInstance(service._waitingForPort, Deferred)

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from twisted.internet.address import UNIXAddress
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel, _ChunkedTransferDecoder, _MalformedChunkedDataError
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.door.callers import OPEN, Caller
+from mrunner.api.door.declared import past_cap
 from mrunner.api.door.trust import Trust, route_path
+from mrunner.api.door.webprivate import PrivateChannel
 from mrunner.api.errors import PHRASES
 from mrunner.errors import (
     BadRequest,
@@ -53,9 +54,10 @@ if TYPE_CHECKING:
 # Methods any route takes (PUT reaches the compat APIs' catch-alls, which name what they serve).
 # Methods are case-sensitive: ``post`` is no method of mrunner's, and is never forwarded.
 SERVED_METHODS = frozenset((b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS"))
-# A body of 2**63 bytes is past any limit: a Content-Length or chunk size beyond it is malformed.
+# A body of 2**63 bytes is past any limit: a Content-Length beyond it is malformed.
 MAX_LENGTH_DIGITS = len(str(2**63 - 1))
-MAX_CHUNK_SIZE = 2**63 - 1
+# What the routes declare is still answered at the connection cap (the health probe), then closed.
+PAST_CAP = past_cap()
 # How much a socket read takes while a sink takes the body, instead of twisted's 64 KiB: each read
 # costs the reactor the same Python (HTTP framing, the sink's call) whatever its size, and at
 # 64 KiB that was an eighth of a 112 MB import's time.
@@ -103,7 +105,7 @@ class GatedRequest(Request):
             super().handleContentChunk(data)
 
 
-class GatedChannel(HTTPChannel):
+class GatedChannel(PrivateChannel):
     """An HTTP/1.1 connection that checks each request's headers before reading its body."""
 
     log = Logger()
@@ -122,6 +124,7 @@ class GatedChannel(HTTPChannel):
         self._via_socket = False
         self._read_size: int | None = None  # the transport's own, while it reads for a sink
         self._head_lines = 0  # lines of the pending request's head read so far
+        self._head_bytes = 0  # and their bytes, as twisted.web counts them against totalHeadersSize
         self._stalled_since: float | None = None  # since when the client reads nothing of its answer
 
     def connectionMade(self) -> None:
@@ -148,13 +151,7 @@ class GatedChannel(HTTPChannel):
         Read through a whole read, in line mode and not paused, the parser holds only a line
         without its CRLF: an LF in it is a bare one.
         """
-        if (
-            self.line_mode
-            and not self.paused
-            and not self._busyReceiving
-            and b"\n" in self._buffer
-            and not self.transport.disconnecting
-        ):
+        if self.unended_line() and not self.transport.disconnecting:
             self._answer_and_close(bare_lf())
 
     def lineReceived(self, line: bytes) -> None:
@@ -163,9 +160,11 @@ class GatedChannel(HTTPChannel):
         if b"\n" in line:
             self._answer_and_close(bare_lf())
             return
-        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+        size = self._head_bytes + len(line)
+        if size > self.totalHeadersSize:
             self._head_too_large()
             return
+        self._head_bytes = size
         self._head_lines += 1
         super().lineReceived(line)
 
@@ -180,14 +179,11 @@ class GatedChannel(HTTPChannel):
                 HeadersTooLarge(f"the request's headers are over {self.totalHeadersSize} bytes")
             )
 
-    def headerReceived(self, line: bytes) -> bool:
-        if self._receivedHeaderCount >= self.maxHeaders:
-            self._answer_and_close(HeadersTooLarge(f"the request has over {self.maxHeaders} headers"))
-            return False
-        return bool(super().headerReceived(line))
+    def too_many_headers(self) -> None:
+        self._answer_and_close(HeadersTooLarge(f"the request has over {self.maxHeaders} headers"))
 
-    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
-        if header == b"Content-Length" and len(data) > MAX_LENGTH_DIGITS:
+    def content_length(self, data: bytes) -> bool:
+        if len(data) > MAX_LENGTH_DIGITS:
             # twisted.web would raise from int() past 4,300 digits and drop the connection unanswered.
             self._answer_and_close(
                 BadRequest(
@@ -195,30 +191,22 @@ class GatedChannel(HTTPChannel):
                 )
             )
             return False
-        chosen = bool(super()._maybeChooseTransferDecoder(header, data))
-        if chosen and type(self._transferDecoder) is _ChunkedTransferDecoder:
-            self._transferDecoder = SizedChunks(self.requests[-1].handleContentChunk, self._finishRequestBody)
-        return chosen
+        return True
 
     def rawDataReceived(self, data: bytes) -> None:
         if self._lingering is not None:
             return  # a refused body: buffered as a next request, it would stop the reading
-        if self._handlingRequest:
-            super().rawDataReceived(data)
-            return
-        decoder: Any = self._transferDecoder  # set while a body is read
-        try:
-            decoder.dataReceived(data)
-        except _MalformedChunkedDataError as e:
-            self._answer_and_close(
-                BadRequest(f"the request's chunked body is malformed: {e}", code="bad_chunk")
-            )
+        super().rawDataReceived(data)
 
-    def _respondToBadRequestAndDisconnect(self) -> None:
+    def malformed(self, why: str | None) -> None:
         """What twisted.web does for a request it cannot parse: here with a JSON body saying so."""
-        self._answer_and_close(
-            BadRequest("the request is not valid HTTP/1.1 (its request line or a header is malformed)")
-        )
+        if why is None:
+            error = BadRequest(
+                "the request is not valid HTTP/1.1 (its request line or a header is malformed)"
+            )
+        else:
+            error = BadRequest(f"the request's chunked body is malformed: {why}", code="bad_chunk")
+        self._answer_and_close(error)
 
     def _answer_and_close(self, error: MrunnerError) -> None:
         """Answer a request that cannot be read with C{error}, before any route sees it, then close.
@@ -255,13 +243,14 @@ class GatedChannel(HTTPChannel):
     def allHeadersReceived(self) -> None:
         self._awaiting = False
         self._since = None
-        self._head_lines = 0
+        self._head_lines = self._head_bytes = 0
         request: GatedRequest = self.requests[-1]
         trust: Trust = self.site.trust
+        command, target = self.command, self.target
         try:
-            if self._command not in SERVED_METHODS:
-                raise unserved_method(self._command)
-            if self.over_cap and route_path(self._path).rstrip(b"/") != b"/health":
+            if command not in SERVED_METHODS:
+                raise unserved_method(command)
+            if self.over_cap and route_path(target).rstrip(b"/") not in PAST_CAP:
                 raise Unavailable(
                     f"mrunner is serving its limit of {trust.http.max_connections} connections"
                     " ([http] max_connections); try again shortly",
@@ -269,9 +258,9 @@ class GatedChannel(HTTPChannel):
                 )
             headers = request.requestHeaders
             request.cors_origin = trust.origin(headers, self._via_socket)
-            request.caller = trust.check_key(self._command, self._path, headers, request.cors_origin)
+            request.caller = trust.check_key(command, target, headers, request.cors_origin)
             if self.length != 0:
-                limit = trust.body_limit(self._path, self.length)
+                limit = trust.body_limit(target, self.length)
                 if self.length is None:
                     request.chunked_allowance = limit
         except MrunnerError as error:
@@ -281,8 +270,8 @@ class GatedChannel(HTTPChannel):
             return
         if self.length != 0:
             self._body_mark = (self.site.reactor.seconds(), self._received)
-            if self._command == b"POST":
-                request.sink = self.site.sink(self._path)
+            if command == b"POST":
+                request.sink = self.site.sink(target)
                 # A TCP or UNIX socket's transport says how much it reads (TLS reads its own way).
                 if request.sink is not None and hasattr(self.transport, "bufferSize"):
                     self._read_size = self.transport.bufferSize
@@ -347,18 +336,6 @@ class GatedChannel(HTTPChannel):
     def _cut_off(self, why: str, **limit: float) -> None:
         self.log.info("cut off {peer}: " + why, peer=str(self.transport.getPeer()), **limit)
         self.transport.abortConnection()
-
-
-class SizedChunks(_ChunkedTransferDecoder):
-    """twisted.web's reader of a chunked body, refusing a chunk size no body can have (it takes any)."""
-
-    def _dataReceived_CHUNK_LENGTH(self) -> bool:
-        read = bool(super()._dataReceived_CHUNK_LENGTH())
-        if read and self.length > MAX_CHUNK_SIZE:
-            raise _MalformedChunkedDataError(
-                f"a chunk size of {len(f'{self.length:x}')} hex digits is past 2**63"
-            )
-        return read
 
 
 def raw_answer(error: MrunnerError) -> bytes:

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import httptools
 from twisted.protocols.basic import LineReceiver
-from twisted.web.http_headers import _nameEncoder
 
 from mrunner.api.door.channel import GatedChannel
+from mrunner.api.door.webprivate import canonical_name
 
 END_OF_HEAD = b"\r\n\r\n"
-LENGTH_HEADERS = (b"Content-Length", b"Transfer-Encoding")
-canonical = _nameEncoder.encode  # a header's name in twisted.web's case (remembered once seen)
 TWISTED_VERSIONS = (b" HTTP/1.1", b" HTTP/1.0")
 
 
@@ -48,7 +46,7 @@ class Head:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # httptools drops a value's leading blanks, and keeps its trailing ones.
-        self.fields.setdefault(canonical(name), []).append(value.rstrip(b" \t"))
+        self.fields.setdefault(canonical_name(name), []).append(value.rstrip(b" \t"))
         self.count += 1
 
 
@@ -133,13 +131,8 @@ class LeanChannel(GatedChannel):
         """Fill the request as twisted.web's line parser would, then go on as it does."""
         request = self.requestFactory(self, len(self.requests))
         self.requests.append(request)
-        self._command, self._path, self._version = method, head.target, version
-        request.requestHeaders._rawHeaders = head.fields
-        for name in LENGTH_HEADERS:
-            for value in head.fields.get(name, ()):
-                if not self._maybeChooseTransferDecoder(name, value):
-                    return False  # answered 400 already
-        self._receivedHeaderCount = head.count
+        if not self.fill_head(request.requestHeaders, method, head.target, version, head.fields, head.count):
+            return False  # answered 400 already
         self.allHeadersReceived()
         if self.length == 0:
             self.allContentReceived()

@@ -19,25 +19,23 @@ from urllib.parse import unquote_to_bytes
 import attrs
 from twisted.web.http_headers import Headers
 
+from mrunner.api.door import declared
 from mrunner.api.door.callers import OPEN, Caller, key_caller
-from mrunner.api.service.models import MAX_CREATE_BODY
+from mrunner.api.door.declared import Who
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
 from mrunner.teams.members import KeyRing, Member
 
 LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
-# Routes that manage models or control runners: with admin_api_keys set, only those keys reach
-# them. Ollama's model-management names are listed for the compat routes. Reading is not managing:
-# any key may GET /models (the routes show it the models it may use) and /engines/usage (its own).
-ADMIN_FIRST = frozenset({b"models", b"logs"})
+# Routes that manage models or control runners, as the routes declare them: with admin_api_keys set,
+# only those keys reach them. Reading is not managing: any key may GET /models (the routes show it
+# the models it may use) and /engines/usage (its own).
+ADMIN = declared.admin_rules()
 READING = frozenset({b"GET", b"HEAD"})
-# Records hold prompts.
-ADMIN_ENGINES = frozenset({b"unload", b"_configure", b"_reload", b"_drain", b"requests"})
-ADMIN_OLLAMA = frozenset({b"pull", b"push", b"delete", b"copy", b"create"})
 # A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
 # and the page asks for a key when the API answers 401.
-METRICS = b"/metrics"
-OPEN_PATHS = frozenset({b"/health", b"/ready", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
+METRICS = declared.scraped()
+OPEN_PATHS = declared.open_paths()
 _LISTEN_FIELDS = re.compile(r"(?<!\\):")
 
 
@@ -66,7 +64,7 @@ class Trust:
         self._open = OPEN_PATHS | ({METRICS} if self._open_metrics else set())
         self._keys = keys + admin if keys or self._members else ()
         self._admin_keys = admin or keys
-        self._limits = {b"/models/load": http.max_load_bytes, b"/models/create": MAX_CREATE_BODY}
+        self._limits = declared.limits(http)
         self._default_limit = config.max_request_bytes
         self._smallest_limit = min(self._default_limit, *self._limits.values())
 
@@ -217,11 +215,12 @@ def is_admin(method: bytes, path: bytes) -> bool:
     C{/logs}, unload, configure)."""
     segments = path.strip(b"/").split(b"/")
     first = segments[0]
-    if first in ADMIN_FIRST:
-        return first != b"models" or method not in READING
+    area = ADMIN.areas.get(first)
+    if area is not None:
+        return area is Who.ADMIN or method not in READING
     if first == b"engines":
-        return not ADMIN_ENGINES.isdisjoint(segments[1:3])
-    return first == b"api" and len(segments) > 1 and segments[1] in ADMIN_OLLAMA
+        return not ADMIN.engines.isdisjoint(segments[1:3])
+    return first == b"api" and len(segments) > 1 and segments[1] in ADMIN.ollama
 
 
 def listen_host(listen: str) -> bytes | None:

@@ -19,6 +19,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.door.callers import caller
+from mrunner.api.door.declared import MAX_CREATE_BODY
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.api.service.model_operations import ModelOperations
@@ -31,8 +32,6 @@ from mrunner.store.package import TAR
 from mrunner.store.progress import Progress
 from mrunner.store.upload import Upload
 from mrunner.teams.access import check_usable, visible
-
-MAX_CREATE_BODY = 64 * 1024
 
 MODEL = {
     "type": "object",
