@@ -154,7 +154,7 @@ class BundleTests(SynchronousTestCase):
             cwd=REPO,
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHON": sys.executable},
+            env={**os.environ, "PYTHON": sys.executable, "GPU_DEVICE_WORK": str(out_dir.with_name("work"))},
         )
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         self.assertIn("stopping before 'build', the first step that needs one", run.stdout)
