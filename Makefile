@@ -75,4 +75,4 @@ gpu-bundle: install
 
 # bench/gpu_device.sh here, offline, up to its first step that needs a GPU (the CPU build: minutes).
 gpu-rehearsal: gpu-bundle
-	PYTHON=$(PY) GPU_DEVICE_VARIANT=cpu nice -n 19 bench/gpu_device.sh $${OUT:-/tmp/gpu-rehearsal}
+	PYTHON=$(PY) GPU_DEVICE_VARIANT=cpu CALL_LIMIT=3600 nice -n 19 bench/gpu_device.sh $${OUT:-/tmp/gpu-rehearsal}

@@ -9,7 +9,8 @@ cache, else it builds it) and checks, each in a daemon of its own:
 2. devices: ``GET /engines/devices``' total and free memory of CUDA0 against NVML's,
    within 2% of the total;
 3. speed: tokens/s of one answer on the GPU against the CPU (the CPU build when the cache
-   has one, else the CUDA build with ``[gpu] devices = "none"``: the same CPU code);
+   has one, else the CUDA build with ``[gpu] devices = "none"``, whose runner must then hold
+   nothing on the GPU, and ``-ngl 0``: the same CPU code);
 4. swap: a GPU budget with room for one runner, and two models: the second evicts the first;
 5. partial: a GPU budget of half what the model takes there: some of its layers offloaded,
    the rest on the CPU, and it answers;
@@ -229,15 +230,36 @@ def check_offload(run: Run) -> None:
 
 
 def check_speed(run: Run) -> None:
+    """The CPU's tokens/s, from the CPU build where the cache has one, else from the CUDA build
+    with ``[gpu] devices = "none"`` (whose runner is first checked to stay off the GPU) and
+    ``-ngl 0``; and the GPU's against it."""
     cpu = cached_executable()
     if cpu.is_file():
-        text, which = conf(cpu), "CPU build"
+        with run.daemon("cpu", conf(cpu)) as url:
+            cpu_speed, which = tokens_per_second(url), "CPU build"
     else:
-        text, which = conf(run.cuda, gpu='devices = "none"'), 'CUDA build, [gpu] devices = "none"'
-    with run.daemon("cpu", text) as url:
-        cpu_speed = tokens_per_second(url)
+        with run.daemon("cpu", conf(run.cuda, gpu='devices = "none"')) as url:
+            tokens_per_second(url, tokens=8)
+            offloaded = offloaded_layers(run.logs / "cpu")
+            ok = "offloaded 0/" in offloaded
+            run.row('[gpu] devices = "none": no layer on the GPU', offloaded or "no offload line", ok)
+            with http.client(timeout=60.0) as client:
+                flags = {"model": MODEL, "runtime_flags": ["-ngl", "0"]}
+                client.post(f"{url}/engines/_configure", json=flags).raise_for_status()
+            cpu_speed, which = tokens_per_second(url), "CUDA build, no GPU device, -ngl 0"
     result = f"{run.cuda_speed:.0f} vs {cpu_speed:.0f} ({which})"
     run.row("tokens/s GPU vs CPU", result, run.cuda_speed > cpu_speed)
+
+
+def offloaded_layers(home: Path) -> str:
+    """The last ``offloaded N/M layers to GPU`` line of the runners' logs under C{home}, else ""."""
+    found = [
+        line.partition("load_tensors: ")[2] or line
+        for log in sorted((home / "logs").glob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "layers to GPU" in line and "offloaded" in line
+    ]
+    return found[-1].strip() if found else ""
 
 
 def check_swap(run: Run) -> None:
