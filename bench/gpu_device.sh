@@ -85,6 +85,8 @@ wheels() {
 			PYTHONPATH="$WORK/site" "$PYTHON" -c 'import twisted, klein, treq, gguf, httpx2; print("imports ok")'
 	else
 		echo "$("$PYTHON" -V) here: resolving the bundle for CPython 3.12, not installing it"
+		"$PYTHON" -c 'import twisted, klein, gguf, httpx2, packaging' 2>/dev/null ||
+			{ echo "and $PYTHON lacks mrunner's packages: give PYTHON=a CPython 3.12" >&2; return 1; }
 		"$PYTHON" -m bench.gpu_bundle --resolve "$BUNDLE"
 	fi
 }
