@@ -57,13 +57,14 @@ def global_options(parser: argparse.ArgumentParser, defaults: bool) -> argparse.
     parser.add_argument(
         "--host",
         default=None if defaults else argparse.SUPPRESS,
-        help="the daemon's address, http://HOST:PORT or unix:PATH (default: $MRUNNER_HOST, else the"
-        f" address the daemon of $MRUNNER_HOME wrote in its run/daemon.json, else {DEFAULT_HOST})",
+        help="the daemon's address, http://HOST:PORT, https://HOST:PORT or unix:PATH (default:"
+        " $MRUNNER_HOST, else the address the daemon of $MRUNNER_HOME (~/.mrunner) wrote in its"
+        f" run/daemon.json, else {DEFAULT_HOST} when nothing names a home)",
     )
     parser.add_argument(
         "--api-key",
         default=os.environ.get("MRUNNER_API_KEY") if defaults else argparse.SUPPRESS,
-        help="the key a daemon with [http] api_keys requires (default: $MRUNNER_API_KEY)",
+        help="the key a daemon with [http] api_keys or [keys] requires (default: $MRUNNER_API_KEY)",
     )
     parser.add_argument(
         "--cacert",

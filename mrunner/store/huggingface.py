@@ -41,6 +41,11 @@ HUB = "hf.co"
 DEFAULT_QUANT = "Q4_K_M"
 MAX_LISTING = 16 * 1024 * 1024
 MAX_REDIRECTS = 5
+#: What a user can do when the Hub cannot be reached at all (a registry's mirrors do not apply to it).
+OFFLINE_HINT = (
+    "check the network, or point HF_ENDPOINT (or [huggingface] endpoint) at a hub that can be reached,"
+    " or make the model from a GGUF file: `mrunner package --gguf FILE NAME`"
+)
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
@@ -282,7 +287,7 @@ class HubClient:
                     self.timeout,
                 )
             except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
-                raise unreachable(f"Hugging Face endpoint {self.host}", e) from None
+                raise unreachable(f"Hugging Face endpoint {self.host}", e, OFFLINE_HINT) from None
             location = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
             if response.code in (301, 302, 303, 307, 308) and location:
                 await discard(response, host, self.timeout)

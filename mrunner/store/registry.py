@@ -68,11 +68,9 @@ def registry_error(message: str, code: str = "registry_error") -> BadGateway:
     return BadGateway(message, code=code)
 
 
-def unreachable(what: str, error: Exception) -> BadGateway:
+def unreachable(what: str, error: Exception, hint: str = OFFLINE_HINT) -> BadGateway:
     """No answer at all (DNS, connection): distinct, so a client can fall back on its local copy."""
-    return registry_error(
-        f"{what} is unreachable ({_reason(error)}): {OFFLINE_HINT}", code="registry_unreachable"
-    )
+    return registry_error(f"{what} is unreachable ({_reason(error)}): {hint}", code="registry_unreachable")
 
 
 @attrs.frozen
