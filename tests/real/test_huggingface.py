@@ -27,13 +27,13 @@ from mrunner.store.huggingface import (
     safe_path,
     select,
 )
-from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
 from mrunner.store.store import ModelStore
+from mrunner.values.model import Model
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.hub_server import COMMIT, TOKEN, Repo, StandInHub
 

@@ -20,7 +20,6 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from mrunner.backends import build, childprocess
-from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
 from mrunner.backends.llamacpp import (
     BASE_RSS,
     LlamaCppBackend,
@@ -31,7 +30,8 @@ from mrunner.backends.llamacpp import (
 from mrunner.config import Config
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
-from mrunner.store.model import Model
+from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
+from mrunner.values.model import Model
 
 VERSION_OUTPUT = b"version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0\n"
 NO_DEVICES = b"Available devices:\n  (none)\n"

@@ -18,12 +18,12 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest, TestCase
 
 from mrunner.backends import build, childprocess
-from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
 from mrunner.backends.llamacpp import LlamaCppBackend, cached_executable
 from mrunner.config import Config
 from mrunner.store import gguf_meta
-from mrunner.store.model import Model
 from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_reranker
+from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
+from mrunner.values.model import Model
 from tests.support.daemon import short_home, unix_client
 
 MODEL = "ai/tiny:latest"

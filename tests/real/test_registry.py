@@ -37,13 +37,13 @@ from mrunner.store.artifact import (
     canonical,
     sha256,
 )
-from mrunner.store.model import Model
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import MAX_TOKEN_ANSWER, RegistryClient, Repository, Unauthorized
 from mrunner.store.store import ModelStore
+from mrunner.values.model import Model
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.registry_server import SKIP, RealRegistry, StandInRegistry
 

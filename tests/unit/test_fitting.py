@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends import llamacpp
-from mrunner.backends.base import RunnerSettings
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
+from mrunner.values.backend import RunnerSettings
 from tests.support.fakes import model
 from tests.unit import test_policy
 

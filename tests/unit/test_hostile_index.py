@@ -9,7 +9,7 @@ from pathlib import Path
 
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
-from mrunner.store.model import StoreCorrupt
+from mrunner.store.errors import StoreCorrupt
 from mrunner.store.store import ModelStore
 from tests.unit.test_store import StoreTestCase
 

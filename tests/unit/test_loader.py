@@ -10,13 +10,13 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling import policy
 from mrunner.scheduling.loader import Lease, Loader
 from mrunner.scheduling.policy import Limits, State
 from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
 from mrunner.values import RunnerKey
+from mrunner.values.backend import COMPLETION, EMBEDDING, RunnerSettings
 from tests.support.fakes import FakeSpawner, model
 
 

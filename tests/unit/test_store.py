@@ -13,8 +13,8 @@ from zope.interface.verify import verifyClass, verifyObject
 from mrunner.errors import BadRequest, Conflict, NotFound
 from mrunner.interfaces import IModelStore, IModelStoreAdmin
 from mrunner.store import artifact
-from mrunner.store.model import Model
 from mrunner.store.store import ModelStore
+from mrunner.values.model import Model
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.sync_reactor import SyncThreadsClock
 

@@ -15,10 +15,10 @@ from twisted.internet.interfaces import IReactorTime
 
 from mrunner.errors import Conflict
 from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin, IScheduler
-from mrunner.store.model import Deletion
-from mrunner.store.names import Reference, parse
+from mrunner.store.names import parse
 from mrunner.store.progress import Emit, Progress
 from mrunner.values import State
+from mrunner.values.model import Deletion, Reference
 
 Moved = Callable[[str, int], None]
 
