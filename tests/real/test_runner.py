@@ -29,7 +29,7 @@ from mrunner.scheduling.process import (
     runner_environment,
 )
 from mrunner.values.backend import Command
-from tests.unit.test_lifecycle import pairs
+from tests.support.moves import pairs
 
 
 @attrs.define

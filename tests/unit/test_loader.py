@@ -15,22 +15,9 @@ from mrunner.scheduling import policy
 from mrunner.scheduling.loader import Lease, Loader
 from mrunner.scheduling.policy import Limits, State
 from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
-from mrunner.values import RunnerKey
-from mrunner.values.backend import COMPLETION, EMBEDDING, RunnerSettings
-from tests.support.fakes import FakeSpawner, model
-
-
-def request(
-    name: str = "a", mode: str = COMPLETION, parallel: int = 1, keep_alive: float = 300.0, memory: int = 0
-):
-    digest = name * 64 if len(name) == 1 else name
-    return LoadRequest(
-        RunnerKey("llama.cpp", f"sha256:{digest}", mode),
-        model(f"ai/{name}:latest", digest),
-        RunnerSettings(parallel=parallel),
-        keep_alive,
-        memory,
-    )
+from mrunner.values.backend import COMPLETION, EMBEDDING
+from tests.support.fakes import FakeSpawner
+from tests.support.loading import request
 
 
 class LoaderTests(SynchronousTestCase):

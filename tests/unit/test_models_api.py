@@ -19,8 +19,8 @@ from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
 from mrunner.values.model import Reference
 from tests.support.ggufs import flip_last_byte, package, write_tiny_gguf
+from tests.support.metrics import snapshot
 from tests.support.sync_reactor import SyncThreadsClock
-from tests.unit.test_metrics import snapshot
 
 
 class FakeScheduler:

@@ -19,7 +19,7 @@ from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, Preload, PreloadState, State
 from mrunner.values.backend import COMPLETION
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
-from tests.unit.test_lifecycle import pairs
+from tests.support.moves import pairs
 
 A, B, C = "ai/a:latest", "ai/b:latest", "ai/c:latest"
 
