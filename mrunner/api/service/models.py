@@ -24,9 +24,8 @@ from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, quer
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
 from mrunner.errors import BadRequest, MrunnerError
-from mrunner.interfaces import IModelStoreAdmin, IUpload
+from mrunner.interfaces import IModelStoreAdmin, IProgress, IUpload
 from mrunner.store.names import parse
-from mrunner.store.progress import Progress
 from mrunner.teams.access import check_usable, visible
 from mrunner.values.model import TAR, Model
 
@@ -282,7 +281,7 @@ class ModelsAPI:
         request: Request,
         mode: str,
         done: str,
-        work: Callable[[Progress], Awaitable[None]],
+        work: Callable[[IProgress], Awaitable[None]],
     ) -> bytes:
         stream = NDJSONStream(request)
         progress = self._operations.progress(stream.emit, mode)
