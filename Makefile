@@ -48,6 +48,9 @@ lint: install
 	$(VENV)/bin/ruff check mrunner tests bench
 	$(VENV)/bin/mypy mrunner bench
 	$(VENV)/bin/lint-imports --no-cache
+	@# A test module imports no other test module: what tests share lives in tests/support.
+	@! grep -rnE '^\s*(from|import) +(tests\.[a-z_.]*\btest_|tests\.[a-z_.]* import +\(?test_|\.)' tests bench \
+		|| { echo "a test module imports another: move what they share into tests/support"; exit 1; }
 
 test: system-deps backend lint gpu-bundle
 	$(PY) -m twisted.trial tests

@@ -1,6 +1,8 @@
 """The seams of mrunner: the api calls an IScheduler, which uses IBackends and an IModelStore.
 
 The model routes change the store through IModelStoreAdmin, IModelPuller and IModelPusher.
+The seams speak in L{mrunner.values} and import nothing else of mrunner (a contract says so),
+so a layer that names a seam depends on no other layer's implementation.
 """
 
 from __future__ import annotations
@@ -12,11 +14,6 @@ from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
-    from mrunner.backends.base import Command, RunnerSettings
-    from mrunner.store.model import Deletion, Model, Reports
-    from mrunner.store.names import Reference
-    from mrunner.store.progress import Progress
-    from mrunner.store.upload import Upload
     from mrunner.values import (
         ContextSize,
         Device,
@@ -27,6 +24,51 @@ if TYPE_CHECKING:
         RunnerKey,
         RunnerSnapshot,
     )
+    from mrunner.values.backend import Command, RunnerSettings
+    from mrunner.values.model import Deletion, Model, Reference, Reports
+
+
+class IProgress(Interface):
+    """Where a pull or push tells how it goes (L{mrunner.store.progress.Progress} is the one made)."""
+
+    total = Attribute("Bytes the whole transfer moves: the store sets it once it knows the manifest.")
+    bytes = Attribute("Bytes moved over the network so far, for the daemon's metrics.")
+
+    def update(layer: str, size: int, current: int) -> None:
+        """C{current} of the C{size} bytes of C{layer} are here (or sent)."""
+
+    def moved(count: int) -> None:
+        """C{count} more bytes went over the network (a blob already here moves none)."""
+
+    def success(message: str) -> None:
+        """The transfer is done."""
+
+    def error(message: str) -> None:
+        """The transfer failed, after progress was already told."""
+
+
+class IUpload(Interface):
+    """An import's files, staged by the store as the request body's bytes arrive.
+
+    The front door puts one in place of the request's content (it is what
+    twisted.web writes the body to), so a route knows by it that the body came
+    staged (L{mrunner.store.upload.Upload} is the one made).
+    """
+
+    received = Attribute("Bytes of the body written so far.")
+    taken = Attribute("True once an import took the staged files over.")
+
+    def write(data: bytes) -> None:
+        """The next bytes of the body."""
+
+    def tell() -> int:
+        """Bytes written so far, as twisted.web asks of a request's content."""
+
+    def seek(offset: int, whence: int = 0) -> None:
+        """What twisted.web calls before the route runs; an upload is not read back."""
+
+    def close() -> None:
+        """twisted.web is done with the request: unless an import took the files, remove them."""
 
 
 class IModelStore(Interface):
@@ -82,10 +124,10 @@ class IModelStoreAdmin(IModelStore):
     def import_package(name: str, source: BinaryIO, context_size: int | None = None) -> Deferred[Model]:
         """Store the package tar read from C{source} (see L{mrunner.store.package}), read in a thread."""
 
-    def upload(packaged: bool) -> Upload:
+    def upload(packaged: bool) -> IUpload:
         """Where a GGUF file or (C{packaged}) a package tar is written as it arrives, for L{import_upload}."""
 
-    def import_upload(name: str, upload: Upload, context_size: int | None = None) -> Deferred[Model]:
+    def import_upload(name: str, upload: IUpload, context_size: int | None = None) -> Deferred[Model]:
         """Store as C{name} the model whose bytes were all written to C{upload}, without reading them again.
 
         The store takes the staged files over: it commits them, or removes them when the import fails.
@@ -117,14 +159,14 @@ class IModelStoreAdmin(IModelStore):
 class IModelPuller(Interface):
     """Brings models into the store from where their names point (a registry, Hugging Face)."""
 
-    def pull(ref: Reference, progress: Progress) -> Deferred[Model]:
+    def pull(ref: Reference, progress: IProgress) -> Deferred[Model]:
         """Fetch C{ref} and store it under its tag, telling C{progress} as bytes arrive."""
 
 
 class IModelPusher(Interface):
     """Sends stored models to the registry their names point at."""
 
-    def push(ref: Reference, progress: Progress) -> Deferred[str]:
+    def push(ref: Reference, progress: IProgress) -> Deferred[str]:
         """Push the model named C{ref} to C{ref}'s registry; fires with the manifest digest."""
 
 

@@ -55,8 +55,8 @@ from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.store.credentials import Credentials
+from mrunner.store.errors import StoreCorrupt
 from mrunner.store.huggingface import HubClient
-from mrunner.store.model import StoreCorrupt
 from mrunner.store.names import parse
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher

@@ -18,8 +18,8 @@ from twisted.logger import Logger
 from mrunner.config import Config
 from mrunner.errors import BadRequest, NotFound
 from mrunner.interfaces import IModelStore
-from mrunner.store.model import Model
 from mrunner.store.names import normal_name
+from mrunner.values.model import Model
 
 
 def stored_name(name: str, aliases: Mapping[str, str], store: IModelStore) -> str:

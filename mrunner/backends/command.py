@@ -15,10 +15,10 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail, succeed
 from zope.interface import implementer
 
-from mrunner.backends.base import Command, RunnerSettings
 from mrunner.interfaces import IBackend
-from mrunner.store.model import Model
 from mrunner.values import ContextSize, Footprint
+from mrunner.values.backend import Command, RunnerSettings
+from mrunner.values.model import Model
 
 
 @implementer(IBackend)

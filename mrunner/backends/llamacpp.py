@@ -21,14 +21,14 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mrunner.backends import build, childprocess, cuda, variants
-from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
 from mrunner.config import Config
 from mrunner.devices import listing
 from mrunner.devices.listing import Listed
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
-from mrunner.store.model import Model
 from mrunner.values import ContextSize, Footprint, Placement
+from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
+from mrunner.values.model import Model
 
 #: The context size when neither the runner settings nor the model's config name one.
 MAX_DEFAULT_CONTEXT_SIZE = 8192

@@ -20,14 +20,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import IDevices, ILease, ILoaderEvents, IRunnerProcess
 from mrunner.scheduling import policy, priority
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import LoadRequest, Roster, Runner, unmeasured
-from mrunner.store.model import Model
 from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
+from mrunner.values.backend import RunnerSettings
+from mrunner.values.model import Model
 
 SHUTTING_DOWN = "mrunner is shutting down; try again once it has restarted"
 DRAINING = (

@@ -28,12 +28,12 @@ from twisted.python.logfile import LogFile
 from zope.interface import implementer
 
 from mrunner.backends import childprocess
-from mrunner.backends.base import Command
 from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import RunnerFailed
 from mrunner.home import PRIVATE_FILE, Home, write_private
 from mrunner.interfaces import IRunnerProcess
 from mrunner.scheduling.moves import Moves
+from mrunner.values.backend import Command
 
 POLL_FIRST = 0.02
 POLL_MAX = 0.25

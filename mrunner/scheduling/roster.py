@@ -17,14 +17,14 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mrunner.backends.base import RunnerSettings
 from mrunner.interfaces import ILoaderEvents, IRunnerProcess
 from mrunner.scheduling import lifecycle, policy
 from mrunner.scheduling.keepalive import KeepAlive
 from mrunner.scheduling.lifecycle import Input
 from mrunner.scheduling.policy import Limits
-from mrunner.store.model import Model
 from mrunner.values import ContextSize, Footprint, Placement, RunnerKey, State
+from mrunner.values.backend import RunnerSettings
+from mrunner.values.model import Model
 
 #: Seconds between two readings of a runner's resident memory (from /proc) and its use of each GPU
 #: (from NVML), which are read when it goes idle.

@@ -14,7 +14,6 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mrunner.backends.base import COMPLETION, Command, RunnerSettings
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Conflict, MrunnerError, NotFound, Unprocessable
 from mrunner.home import Home
@@ -34,7 +33,6 @@ from mrunner.scheduling.policy import Limits, place
 from mrunner.scheduling.preloads import Preloads
 from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
-from mrunner.store.model import Model
 from mrunner.values import (
     HOST,
     ContextSize,
@@ -45,6 +43,8 @@ from mrunner.values import (
     RunnerKey,
     RunnerSnapshot,
 )
+from mrunner.values.backend import COMPLETION, Command, RunnerSettings
+from mrunner.values.model import Model
 
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 #: Fetches a model that is not in the store from its registry (a preload's, at start).

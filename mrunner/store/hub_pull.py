@@ -18,18 +18,17 @@ from twisted.logger import Logger
 from twisted.web.iweb import IResponse
 
 from mrunner.errors import BadRequest
+from mrunner.interfaces import IProgress
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import GGUF, MMPROJ, MODEL_CONFIG, Descriptor, Manifest, model_config
 from mrunner.store.huggingface import HubClient, HubFile, hub_reference, select
-from mrunner.store.model import Model
-from mrunner.store.names import Reference
-from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
+from mrunner.values.model import Model, Reference
 
 #: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.
 #: L{Puller.fetch} takes a blob, the progress, the host it comes from and its C{Open}.
 Open = Callable[[int], Coroutine[Any, Any, IResponse]]
-Fetch = Callable[[Descriptor, Progress, str, Open], Awaitable[None]]
+Fetch = Callable[[Descriptor, IProgress, str, Open], Awaitable[None]]
 
 
 class HubPuller:
@@ -42,7 +41,7 @@ class HubPuller:
         self._client = client
         self._fetch = fetch
 
-    async def pull(self, ref: Reference, progress: Progress) -> Model:
+    async def pull(self, ref: Reference, progress: IProgress) -> Model:
         name = hub_reference(ref)
         repo = ref.repository
         if ref.digest or repo.count("/") > 1:

@@ -32,9 +32,9 @@ from twisted.web.iweb import IResponse
 from mrunner.config import HuggingFaceConfig
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.store.artifact import parse_rfc3339
-from mrunner.store.names import Reference
 from mrunner.store.registry import registry_error, unreachable
 from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_limited
+from mrunner.values.model import Reference
 
 HUB_HOSTS = frozenset({"hf.co", "huggingface.co"})
 HUB = "hf.co"

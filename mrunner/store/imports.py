@@ -18,9 +18,9 @@ from twisted.internet.interfaces import IReactorTime
 from mrunner.errors import BadRequest
 from mrunner.store.artifact import MODEL_CONFIG, Descriptor, Manifest, model_config
 from mrunner.store.blobs import Blobs
-from mrunner.store.model import Model
-from mrunner.store.names import Reference, parse
+from mrunner.store.names import parse
 from mrunner.store.upload import Staged, Upload
+from mrunner.values.model import Model, Reference
 
 #: The store's C{add}: record the model whose blobs are all present, under a reference.
 Add = Callable[[Reference, bytes], Model]

@@ -14,6 +14,7 @@ import attrs
 
 from mrunner.docker_config import HUB_HOSTS, is_registry_host
 from mrunner.errors import BadRequest
+from mrunner.values.model import Reference, names_registry
 
 DEFAULT_NAMESPACE = "ai"
 DEFAULT_TAG = "latest"
@@ -26,32 +27,6 @@ _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")  # whitespace and control characters
 _TAG = re.compile(r"\w[\w.-]{0,127}", re.ASCII)
 _MAX_REPOSITORY = 255
-
-
-@attrs.frozen
-class Reference:
-    """A parsed model reference; ``registry`` is empty for the default registry."""
-
-    registry: str
-    repository: str
-    tag: str | None = None
-    digest: str | None = None
-
-    @property
-    def name(self) -> str:
-        """``[registry/]repository``, without tag or digest."""
-        return f"{self.registry}/{self.repository}" if self.registry else self.repository
-
-    def __str__(self) -> str:
-        text = self.name
-        if self.tag:
-            text += f":{self.tag}"
-        if self.digest:
-            text += f"@{self.digest}"
-        return text
-
-    def with_tag(self, tag: str) -> Reference:
-        return attrs.evolve(self, tag=_check_tag(tag), digest=None)
 
 
 def parse(text: object, what: str = "model name") -> Reference:
@@ -98,21 +73,17 @@ def normal_name(name: str) -> str:
         return name
 
 
-def names_registry(name: str) -> bool:
-    """Whether the normalised C{name} names its registry (C{localhost:5000/ai/x:latest}); Docker Hub's is
-    never named."""
-    first, slash, _ = name.partition("/")
-    return bool(slash) and _is_host(first)
+def with_tag(ref: Reference, tag: str) -> Reference:
+    """C{ref} with the tag C{tag} and no digest.
 
-
-def _is_host(first: str) -> bool:
-    """Whether a name's first component is a registry's host, as Docker tells them apart."""
-    return "." in first or ":" in first or first == "localhost" or first.startswith("[")
+    @raise BadRequest: C{tag} is not a valid tag.
+    """
+    return attrs.evolve(ref, tag=_check_tag(tag), digest=None)
 
 
 def _split_registry(name: str) -> tuple[str, str]:
-    first, slash, rest = name.partition("/")
-    if slash and _is_host(first):
+    first, _, rest = name.partition("/")
+    if names_registry(name):
         if not is_registry_host(first):
             raise BadRequest(f"registry {first!r} is not a valid host[:port]")
         return ("" if first.lower() in DOCKER_HUB else first.lower()), rest

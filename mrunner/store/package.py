@@ -21,7 +21,6 @@ from collections.abc import Callable
 from mrunner.errors import BadRequest
 from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ
 
-TAR = b"application/x-tar"
 LICENSES_DIR = "licenses/"
 MMPROJ_DIR = "mmproj/"
 TEMPLATE_DIR = "chat-template/"

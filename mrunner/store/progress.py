@@ -10,6 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
+from zope.interface import implementer
+
+from mrunner.interfaces import IProgress
 
 INTERVAL = 0.1
 MIN_BYTES = 1024 * 1024
@@ -17,6 +20,7 @@ MIN_BYTES = 1024 * 1024
 Emit = Callable[[dict[str, Any]], None]
 
 
+@implementer(IProgress)
 class Progress:
     """Byte counts as C{{"type", "message", "total", "layer": {"id", "size", "current"}}}."""
 

@@ -30,7 +30,7 @@ from twisted.web.client import ResponseFailed
 from zope.interface import implementer
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
-from mrunner.interfaces import IModelPuller
+from mrunner.interfaces import IModelPuller, IProgress
 from mrunner.sizes import format_size
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
@@ -38,16 +38,14 @@ from mrunner.store.hub_pull import HubPuller, Open
 from mrunner.store.huggingface import HubClient, is_hub
 from mrunner.store.integrity import SizeDisagrees
 from mrunner.store.locks import KeyedLocks
-from mrunner.store.model import Model
-from mrunner.store.names import Reference
-from mrunner.store.progress import Progress
 from mrunner.store.registry import RegistryClient, Repository, registry_error
 from mrunner.store.stall import READ_TIMEOUT, Stalled, Timeout, collect
 from mrunner.store.store import ModelStore
 from mrunner.store.upload import StoreWriteFailed
+from mrunner.values.model import Model, Reference
 
 #: A registry's or the Hub's pull of one model.
-PullOne = Callable[[Reference, Progress], Coroutine[Any, Any, Model]]
+PullOne = Callable[[Reference, IProgress], Coroutine[Any, Any, Model]]
 
 
 @implementer(IModelPuller)
@@ -73,7 +71,7 @@ class Puller:
         self._fetching = KeyedLocks()
         self._hub = HubPuller(store, hub, self.fetch) if hub else None
 
-    def pull(self, ref: Reference, progress: Progress) -> Deferred[Model]:
+    def pull(self, ref: Reference, progress: IProgress) -> Deferred[Model]:
         """Fetch C{ref} (from a registry, or from Hugging Face for ``hf.co/...``) and store it under
         its tag; waits while C{max_pulls} others run."""
         if is_hub(ref) and self._hub is None:
@@ -81,14 +79,14 @@ class Puller:
         pull = self._hub.pull if is_hub(ref) and self._hub else self._pull
         return self._slots.run(lambda: Deferred.fromCoroutine(self._writing(pull, ref, progress)))
 
-    async def _writing(self, pull: PullOne, ref: Reference, progress: Progress) -> Model:
+    async def _writing(self, pull: PullOne, ref: Reference, progress: IProgress) -> Model:
         """C{pull}, with the store's failed writes (a manifest, the index) said as such, not as a crash."""
         try:
             return await pull(ref, progress)
         except OSError as e:
             raise self._write_failed(f"{ref}", e) from None
 
-    async def _pull(self, ref: Reference, progress: Progress) -> Model:
+    async def _pull(self, ref: Reference, progress: IProgress) -> Model:
         self._store.remove_old_partials()
         repo, data = await self._manifest(ref)
         try:
@@ -130,10 +128,10 @@ class Puller:
             raise registry_error(f"{repo.host} sent a manifest that is not {ref.digest}")
         return data
 
-    async def _fetch(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
+    async def _fetch(self, repo: Repository, blob: Descriptor, progress: IProgress) -> None:
         await self.fetch(blob, progress, repo.host, partial(self._client.blob, repo, blob.digest))
 
-    async def fetch(self, blob: Descriptor, progress: Progress, host: str, open: Open) -> None:
+    async def fetch(self, blob: Descriptor, progress: IProgress, host: str, open: Open) -> None:
         """Make sure the store has C{blob}, from C{open(offset)}; one download per digest however
         many pulls want it."""
         async with self._fetching.holding(blob.digest):
@@ -145,7 +143,7 @@ class Puller:
                 await self._download(blob, progress, host, open)
         progress.update(blob.digest, blob.size, blob.size)
 
-    async def _download(self, blob: Descriptor, progress: Progress, host: str, open: Open) -> None:
+    async def _download(self, blob: Descriptor, progress: IProgress, host: str, open: Open) -> None:
         writer: BlobWriter = await self._store.in_thread(self._store.blobs.writer, blob.digest, True)
         try:
             for attempt in range(1, self._attempts + 1):
@@ -193,7 +191,7 @@ class Puller:
         return StoreWriteFailed(f"the disk of the store ({root}) is full: {message}", code="store_full")
 
     async def _stream(
-        self, blob: Descriptor, writer: BlobWriter, progress: Progress, host: str, open: Open
+        self, blob: Descriptor, writer: BlobWriter, progress: IProgress, host: str, open: Open
     ) -> None:
         response = await open(writer.offset)  # within the client's read timeout
         if response.code == 416:  # our partial is not a prefix the server knows: start over

@@ -13,13 +13,12 @@ from twisted.web.client import FileBodyProducer
 from zope.interface import implementer
 
 from mrunner.errors import BadRequest
-from mrunner.interfaces import IModelPusher
+from mrunner.interfaces import IModelPusher, IProgress
 from mrunner.store.artifact import Descriptor
 from mrunner.store.huggingface import is_hub
-from mrunner.store.names import Reference
-from mrunner.store.progress import Progress
 from mrunner.store.registry import RegistryClient, Repository
 from mrunner.store.store import ModelStore
+from mrunner.values.model import Reference
 
 
 @implementer(IModelPusher)
@@ -34,11 +33,11 @@ class Pusher:
         # Reads the file in small steps between other reactor work, on the injected reactor.
         self._cooperator = Cooperator(scheduler=lambda step: reactor.callLater(0, step))
 
-    def push(self, ref: Reference, progress: Progress) -> Deferred[str]:
+    def push(self, ref: Reference, progress: IProgress) -> Deferred[str]:
         """Push the model named C{ref} to C{ref}'s registry; fires with the manifest digest."""
         return Deferred.fromCoroutine(self._push(ref, progress))
 
-    async def _push(self, ref: Reference, progress: Progress) -> str:
+    async def _push(self, ref: Reference, progress: IProgress) -> str:
         if not ref.tag:
             raise BadRequest(f"push needs a tag to push to, not a digest: {ref}")
         if is_hub(ref):
@@ -62,7 +61,7 @@ class Pusher:
         self.log.info("pushed {ref} ({digest}) to {host}", ref=ref, digest=digest, host=repo.host)
         return digest
 
-    async def _upload(self, repo: Repository, blob: Descriptor, progress: Progress) -> None:
+    async def _upload(self, repo: Repository, blob: Descriptor, progress: IProgress) -> None:
         path = self._store.blobs.path(blob.digest)
         with open(path, "rb") as source:
 

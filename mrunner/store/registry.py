@@ -40,8 +40,9 @@ from mrunner.docker_config import Credential
 from mrunner.errors import BadGateway, MrunnerError, NotFound
 from mrunner.store.artifact import MANIFEST_TYPES
 from mrunner.store.credentials import Credentials
-from mrunner.store.names import DOCKER_HUB, Reference
+from mrunner.store.names import DOCKER_HUB
 from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_limited
+from mrunner.values.model import Reference
 
 MAX_MANIFEST = 4 * 1024 * 1024
 MAX_TOKEN_ANSWER = 64 * 1024

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
@@ -28,17 +28,18 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mrunner.errors import BadRequest
-from mrunner.interfaces import IModelStoreAdmin
+from mrunner.interfaces import IModelStoreAdmin, IUpload
 from mrunner.store.artifact import Descriptor, InvalidManifest, Manifest, parse_config, parse_manifest
 from mrunner.store.blobs import Blobs
 from mrunner.store.bundles import Bundles
+from mrunner.store.errors import ModelCorrupt, StoreCorrupt
 from mrunner.store.imports import Imports
 from mrunner.store.index import Index
 from mrunner.store.integrity import Integrity
-from mrunner.store.model import Deletion, Model, ModelCorrupt, Reports, StoreCorrupt
-from mrunner.store.names import Reference, parse
+from mrunner.store.names import parse
 from mrunner.store.registry import MAX_MANIFEST
 from mrunner.store.upload import Upload
+from mrunner.values.model import Deletion, Model, Reference, Reports
 
 DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
 
@@ -137,8 +138,9 @@ class ModelStore:
     def upload(self, packaged: bool) -> Upload:
         return self._imports.upload(packaged)
 
-    def import_upload(self, name: str, upload: Upload, context_size: int | None = None) -> Deferred[Model]:
-        return self._imports.staged(name, upload, upload.staged, context_size)
+    def import_upload(self, name: str, upload: IUpload, context_size: int | None = None) -> Deferred[Model]:
+        staged = cast(Upload, upload)  # the one IUpload there is: what upload() made
+        return self._imports.staged(name, staged, staged.staged, context_size)
 
     # IModelStoreAdmin: names and removal
 

@@ -21,7 +21,10 @@ import tarfile
 from collections import Counter
 from typing import BinaryIO
 
+from zope.interface import implementer
+
 from mrunner.errors import BadRequest, MrunnerError
+from mrunner.interfaces import IUpload
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ
 from mrunner.store.blobs import CHUNK, Blobs, BlobWriter
@@ -50,6 +53,7 @@ class StoreWriteFailed(MrunnerError):
     code = "store_write_failed"
 
 
+@implementer(IUpload)
 class Upload:
     """The files of one import: a GGUF file, or (C{packaged}) the members of a package tar.
 

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 
 from mrunner.errors import NotFound
 from mrunner.interfaces import IModelStore
-from mrunner.store.model import Model
 from mrunner.store.names import normal_name
 from mrunner.teams.members import Member
 from mrunner.values import RunnerSnapshot
+from mrunner.values.model import Model
 
 
 def may_use(member: Member | None, model: Model) -> bool:

@@ -12,9 +12,8 @@ import ollama
 from openai import OpenAI
 from twisted.internet.threads import deferToThread
 
-from tests.real.test_compat_daemon import CompatDaemonTestCase
-from tests.real.test_daemon import MODEL
 from tests.support.daemon import http
+from tests.support.daemon_cases import MODEL, CompatDaemonTestCase
 from tests.support.ggufs import write_tiny_gguf
 
 ALIASES = f'[aliases]\n"gpt-4o-mini" = "{MODEL}"\n"claude-3-5-haiku" = "{MODEL}"\n'

@@ -16,10 +16,10 @@ from typing import Any
 import anthropic
 
 from mrunner.testing.tinymodel import write_tiny_llama
-from tests.real.test_compat_daemon import CompatDaemonTestCase
-from tests.real.test_llamacpp_e2e import LlamaCppTestCase
 from tests.support.daemon import http
+from tests.support.daemon_cases import CompatDaemonTestCase
 from tests.support.ggufs import write_tiny_gguf
+from tests.support.llamacpp_cases import LlamaCppTestCase
 
 LOCAL, SHORT = "localhost:5000/ai/smollm2:latest", "ai/smollm2:latest"
 HI = [{"role": "user", "content": "hi"}]

@@ -10,7 +10,7 @@ from pathlib import Path
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 MRUNNER = str(Path(sys.executable).with_name("mrunner"))
 

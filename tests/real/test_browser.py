@@ -14,18 +14,9 @@ from twisted.internet.threads import deferToThread
 from twisted.web.server import Site
 from twisted.web.static import Data
 
-from tests.real.test_daemon import DaemonTestCase
+from tests.support.browser import CHROMIUM, FLAGS
+from tests.support.daemon_cases import DaemonTestCase
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # What a page's script tries: a simple GET, a POST with JSON (which a browser preflights), and
 # a "simple" POST, which a browser sends without asking first: it must do nothing.
 SCRIPT = """async (base) => {

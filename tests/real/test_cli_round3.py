@@ -22,11 +22,11 @@ from mrunner.cli.chat import CONTEXT_FULL, MAX_TOKENS, why_cut
 from mrunner.cli.engines import not_loaded
 from mrunner.cli.main import CommandParser, parser
 from mrunner.testing.tinymodel import CONTEXT
-from tests.real.test_cli import MRUNNER, CLITestCase, Ran
-from tests.real.test_front_door import self_signed
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
+from tests.support.cli_cases import MRUNNER, CLITestCase, Ran
 from tests.support.daemon import InProcessDaemon, http, short_home, write_config
+from tests.support.front_door import self_signed
 from tests.support.hub_server import Repo, StandInHub
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 
 async def mrunner(*args: str, env: dict[str, str]) -> Ran:

@@ -35,7 +35,6 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import ResponseNeverReceived
 
 from mrunner.config import RegistryConfig
-from tests.real.test_registry import Side
 from tests.support.daemon import (
     _Output,
     free_port,
@@ -46,6 +45,7 @@ from tests.support.daemon import (
     write_config,
 )
 from tests.support.ggufs import write_tiny_gguf
+from tests.support.registry_cases import Side
 from tests.support.registry_server import SKIP, RealRegistry
 
 A, B = "ai/tiny-a", "ai/tiny-b"

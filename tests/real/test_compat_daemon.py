@@ -11,73 +11,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import ollama
 from openai import OpenAI
-from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
-from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool
-from twisted.web.http_headers import Headers
 
-from tests.real.test_daemon import MODEL, Events
-from tests.support.daemon import InProcessDaemon, eventually, http, lines, short_home, write_config
-from tests.support.ggufs import write_tiny_gguf
+from tests.support.daemon import eventually, http, lines
+from tests.support.daemon_cases import MODEL, CompatDaemonTestCase
 from tests.support.registry_server import SKIP, RealRegistry
-
-
-class CompatDaemonTestCase(TestCase):
-    timeout = 60
-    head_parser: str | None = None  # [http] head_parser, when not the default
-
-    async def start(self, text: str = "") -> None:
-        self.home = short_home(self)
-        self.gate = str(self.home / "gate")
-        config = write_config(
-            self.home,
-            text,
-            ("--gate", self.gate, "--requests", str(self.home / "requests")),
-            self.head_parser,
-        )
-        self.daemon = InProcessDaemon(config)
-        self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
-        gguf = self.home / "tiny.gguf"
-        write_tiny_gguf(gguf)
-        await self.daemon.import_model(MODEL, gguf)
-
-    def open_gates(self, count: int = 5) -> None:
-        for i in range(count):
-            Path(f"{self.gate}{i}").touch()
-
-    async def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        response = await http.post(self.daemon.url + path, data=data, headers=headers)
-        text = await response.text()
-        try:
-            return response.code, json.loads(text)
-        except ValueError:
-            return response.code, text
-
-    async def open_stream(self, path: str, body: dict[str, Any]) -> Events:
-        agent = Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-        response = await agent.request(
-            b"POST",
-            (self.daemon.url + path).encode(),
-            Headers({b"content-type": [b"application/json"]}),
-            FileBodyProducer(BytesIO(json.dumps(body).encode())),
-        )
-        self.assertEqual(response.code, 200)
-        events = Events()
-        response.deliverBody(events)
-        return events
-
-    def sent_to_runner(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in (self.home / "requests").read_text().splitlines()]
-
 
 STREAMS = {
     "anthropic": ("/anthropic/v1/messages", {"max_tokens": 10}, b"tok0"),

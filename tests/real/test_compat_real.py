@@ -14,8 +14,8 @@ import anthropic
 import ollama
 import openai
 
-from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 from tests.support.daemon import eventually
+from tests.support.llamacpp_cases import LlamaCppTestCase, smollm2
 
 SMOLLM2 = "ai/smollm2"
 QUESTION = "What is 2+2?"

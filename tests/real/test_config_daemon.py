@@ -13,9 +13,8 @@ from twisted.internet.defer import ensureDeferred
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from tests.real.test_compat_daemon import CompatDaemonTestCase
-from tests.real.test_daemon import MODEL
 from tests.support.daemon import http, short_home, spawn_twistd, stop_twistd, write_config
+from tests.support.daemon_cases import MODEL, CompatDaemonTestCase
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 MISSING = '[aliases]\n"gpt-4o-mini" = "ai/gone"\n'

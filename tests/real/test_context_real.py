@@ -15,8 +15,8 @@ import ollama
 import openai
 
 from mrunner.testing.tinymodel import CONTEXT
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 CLOSE = {"Connection": "close"}  # leave no connection open after a test
 ASKED = 4 * CONTEXT  # tokens the context_size asks for

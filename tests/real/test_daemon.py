@@ -11,23 +11,18 @@ import signal
 import socket
 import stat
 import sys
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
-from twisted.internet.protocol import Protocol
+from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
-from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
-from twisted.web.http_headers import Headers
 
 from mrunner.home import Home
 from tests.support.daemon import (
-    InProcessDaemon,
     alive,
     eventually,
     http,
@@ -39,90 +34,11 @@ from tests.support.daemon import (
     unix_client,
     write_config,
 )
+from tests.support.daemon_cases import HI, MODEL, DaemonTestCase
 from tests.support.ggufs import write_tiny_gguf
 
-MODEL = "ai/tiny:latest"
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 MRUNNER = str(Path(sys.executable).with_name("mrunner"))
-HI = [{"role": "user", "content": "hi"}]
-
-
-class Events(Protocol):
-    """Collects a streamed body and tells the test when the Nth chunk has arrived."""
-
-    def __init__(self) -> None:
-        self.data = b""
-        self.done: Deferred[None] = Deferred()
-        self._waiting: list[tuple[bytes, Deferred[None]]] = []
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-        for marker, d in list(self._waiting):
-            if marker in self.data:
-                self._waiting.remove((marker, d))
-                d.callback(None)
-
-    def arrived(self, marker: bytes) -> Deferred[None]:
-        d: Deferred[None] = Deferred()
-        if marker in self.data:
-            d.callback(None)
-        else:
-            self._waiting.append((marker, d))
-        return d
-
-    def connectionLost(self, reason: Any) -> None:
-        self.done.callback(reason.check(ResponseDone))
-
-
-class DaemonTestCase(TestCase):
-    timeout = 60
-    config_text = ""
-    runner_args: tuple[str, ...] = ()
-    head_parser: str | None = None  # [http] head_parser, when not the default
-
-    async def start(self) -> None:
-        self.home = short_home(self)
-        self.daemon = InProcessDaemon(
-            write_config(self.home, self.config_text, self.runner_args, self.head_parser)
-        )
-        self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
-        gguf = self.home / "tiny.gguf"
-        write_tiny_gguf(gguf)
-        await self.daemon.import_model(MODEL, gguf)
-
-    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any, Any]:
-        response = await http.post(self.daemon.url + path, json=body)
-        text = await response.text()
-        try:
-            return response.code, json.loads(text), response.headers
-        except ValueError:
-            return response.code, text, response.headers
-
-    async def open_stream(self, body: dict[str, Any]) -> tuple[Any, Events]:
-        agent = Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-        response = await agent.request(
-            b"POST",
-            (self.daemon.url + "/engines/v1/chat/completions").encode(),
-            Headers({b"content-type": [b"application/json"]}),
-            FileBodyProducer(BytesIO(json.dumps({**self.chat(stream=True), **body}).encode())),
-        )
-        events = Events()
-        response.deliverBody(events)
-        return response, events
-
-    async def gated_stream(self) -> tuple[str, Events]:
-        """A stream of two events that has sent its first; touch C{gate + "1"} to release the second."""
-        gate = str(self.home / "gate")
-        Path(f"{gate}0").touch()
-        _, events = await self.open_stream({"test": {"events": 2, "gate": gate}})
-        await events.arrived(b"tok0")
-        return gate, events
-
-    def runner_pids(self) -> list[int]:
-        return [runner.pid for runner in self.daemon.scheduler.snapshot()]
-
-    def chat(self, **body: Any) -> dict[str, Any]:
-        return {"model": MODEL, "messages": HI, **body}
 
 
 class RefusalTests(DaemonTestCase):

@@ -13,11 +13,10 @@ from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
 from mrunner.home import Home
-from tests.real.test_cli import MRUNNER
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
-from tests.real.test_llamacpp_real import cached_llama_server
 from tests.support import gpu_server
+from tests.support.cli_cases import MRUNNER
 from tests.support.daemon import http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase, cached_llama_server
 
 MIB = 2**20
 GIB = 2**30

@@ -15,12 +15,11 @@ from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
 from mrunner.home import Home
-from tests.real.test_cli import MRUNNER
-from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
-from tests.real.test_llamacpp_real import cached_llama_server
-from tests.real.test_memory_budget_real import _Held
 from tests.support import gpu_server
+from tests.support.cli_cases import MRUNNER
 from tests.support.daemon import http
+from tests.support.held import Held
+from tests.support.llamacpp_cases import LlamaCppTestCase, cached_llama_server, smollm2
 
 SMOL = "ai/smollm2:latest"
 #: A chat request that loads SmolLM2 and answers at once.
@@ -184,7 +183,7 @@ class FittingTests(LlamaCppTestCase):
         body = {**HELLO, "max_tokens": 4000, "stream": True, "ignore_eos": True}
         response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
         self.assertEqual(response.code, 200)
-        held = _Held()
+        held = Held()
         response.deliverBody(held)
         self.addCleanup(lambda: held.transport.stopProducing() if not held.done.called else None)
         code, answer = await self.post(

@@ -6,23 +6,16 @@ runner; the blocking clients (sockets, http.client, the openai client) run in th
 
 from __future__ import annotations
 
-import datetime
 import http.client
-import ipaddress
 import json
 import os
 import socket
 import ssl
 import stat
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx2
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from openai import AuthenticationError, OpenAI
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
@@ -32,17 +25,14 @@ from twisted.trial.unittest import TestCase
 
 from mrunner import config as configuration
 from mrunner.tap import make_service
-from tests.real.test_cli import MRUNNER
-from tests.real.test_daemon import MODEL, DaemonTestCase
+from tests.support.cli_cases import MRUNNER
 from tests.support.daemon import InProcessDaemon, eventually, short_home, write_config
+from tests.support.daemon_cases import MODEL, DaemonTestCase
+from tests.support.front_door import port_of, self_signed
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.parsers import with_twisted_heads
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
 
 
 def exchange(port: int, data: bytes) -> bytes:
@@ -329,36 +319,6 @@ class UnixSocketTests(TestCase):
 
 async def _stop(service: Any) -> None:
     await service.stopService()
-
-
-def self_signed(path: Path) -> None:
-    """A key and a self-signed certificate for localhost and 127.0.0.1, in one PEM file."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        + certificate.public_bytes(serialization.Encoding.PEM)
-    )
 
 
 class TLSTests(TestCase):

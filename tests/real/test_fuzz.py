@@ -21,8 +21,8 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.testing.tinymodel import write_tiny_llama
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 from tests.support.registry_server import SKIP, RealRegistry
 
 ST = str(Path(sys.executable).with_name("st"))

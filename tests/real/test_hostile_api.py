@@ -16,10 +16,9 @@ import openai
 from twisted.internet.threads import deferToThread
 
 from mrunner.api.door.callers import MAX_KEEP_ALIVE
-from tests.real.test_compat_daemon import CompatDaemonTestCase
-from tests.real.test_daemon import MODEL
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
-from tests.support.daemon import http
+from tests.support.daemon_cases import MODEL, CompatDaemonTestCase
+from tests.support.keyed import Keyed
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 from tests.support.parsers import with_twisted_heads
 
 K1, K2, ROOT = "key-one", "key-two", "key-root"
@@ -58,25 +57,6 @@ def _message(path: str, answer: Any) -> str:
     if path.startswith("/anthropic/"):
         assert answer["type"] == "error", answer
     return str(answer["error"]["message"])
-
-
-class Keyed:
-    """Requests with a key, answered as JSON where they can be."""
-
-    daemon: Any
-
-    async def ask(
-        self, method: str, path: str, key: str, body: bytes | dict[str, Any] | None = None
-    ) -> tuple[int, Any]:
-        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        response = await http.request(
-            method, self.daemon.url + path, data=data, headers={"Authorization": f"Bearer {key}"}
-        )
-        text = await response.text()
-        try:
-            return response.code, json.loads(text)
-        except ValueError:
-            return response.code, text
 
 
 class HostileAPITests(Keyed, CompatDaemonTestCase):

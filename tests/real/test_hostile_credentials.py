@@ -18,8 +18,8 @@ from twisted.internet.defer import ensureDeferred
 
 from mrunner.store.artifact import OCI_MANIFEST
 from mrunner.store.store import ModelStore
-from tests.real.test_daemon import DaemonTestCase
 from tests.support.daemon import http
+from tests.support.daemon_cases import DaemonTestCase
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.registry_server import StandInRegistry
 

@@ -24,11 +24,10 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from tests.real.test_compat_daemon import CompatDaemonTestCase
-from tests.real.test_daemon import MODEL
-from tests.real.test_hostile_api import Keyed
 from tests.support.daemon import http
+from tests.support.daemon_cases import MODEL, CompatDaemonTestCase
 from tests.support.ggufs import write_tiny_gguf
+from tests.support.keyed import Keyed
 
 SECRET = "ai/secret:latest"
 KEYS = """

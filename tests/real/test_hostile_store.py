@@ -48,13 +48,13 @@ from mrunner.store.registry import RegistryClient, Repository
 from mrunner.store.stall import Stalled
 from mrunner.store.store import ModelStore
 from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_mmproj
-from tests.real.test_cli import MRUNNER, CLITestCase
-from tests.real.test_daemon import MODEL, DaemonTestCase
-from tests.real.test_huggingface import HubTestCase
-from tests.real.test_registry import RegistryTestCase, StandInTestCase
+from tests.support.cli_cases import MRUNNER, CLITestCase
 from tests.support.daemon import InProcessDaemon, eventually, http
+from tests.support.daemon_cases import MODEL, DaemonTestCase
 from tests.support.ggufs import flip_last_byte, write_tiny_gguf
+from tests.support.hub_cases import HubTestCase
 from tests.support.hub_server import Repo, StandInHub
+from tests.support.registry_cases import RegistryTestCase, StandInTestCase
 from tests.support.registry_server import SKIP, RealRegistry, StandInRegistry
 
 GiB = 1024**3

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 from twisted.internet.threads import deferToThread
 
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import eventually, http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 #: (key, route, body) of each route's stream, none of which says how long it may be (Anthropic's
 #: field is required: it asks for more than the budget has left).

@@ -13,8 +13,8 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
 from mrunner.cli.launch import TOOLS
-from tests.real.test_daemon import MODEL
 from tests.support.daemon import InProcessDaemon, short_home, write_config
+from tests.support.daemon_cases import MODEL
 from tests.support.ggufs import write_tiny_gguf
 
 MRUNNER = str(Path(sys.executable).with_name("mrunner"))

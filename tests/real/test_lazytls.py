@@ -20,8 +20,8 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
 from mrunner.lazytls import TLS_METHODS, TLS_NAMES
-from tests.real import test_front_door
 from tests.support.daemon import eventually, free_port, short_home, spawn_twistd, stop_twistd, write_config
+from tests.support.front_door import self_signed
 
 # What a module binds, as comparable text: for each TLS name of lazytls.TLS_NAMES, and each method
 # twisted.web.client decorates when it loads without TLS.
@@ -101,7 +101,7 @@ class LazyTLSTests(TestCase):
     async def test_a_daemon_on_tls_and_an_https_client_that_arms_itself(self) -> None:
         home = short_home(self)
         pem = home / "daemon.pem"
-        test_front_door.self_signed(pem)
+        self_signed(pem)
         port = free_port()
         plain = write_config(home, 'listen = "unix:{}"'.format(home / "api.sock"))
         process = spawn_twistd(plain, home, output_name="plain.out")

@@ -15,26 +15,19 @@ from typing import Any
 from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import TestCase
 
 from mrunner.backends import build, childprocess
-from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
-from mrunner.backends.llamacpp import LlamaCppBackend, cached_executable
+from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.config import Config
 from mrunner.store import gguf_meta
-from mrunner.store.model import Model
 from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_reranker
+from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
+from mrunner.values.model import Model
 from tests.support.daemon import short_home, unix_client
+from tests.support.llamacpp_cases import cached_llama_server
 
 MODEL = "ai/tiny:latest"
-
-
-def cached_llama_server() -> Path:
-    """The pinned llama-server in the shared cache, or skip the test that needs it."""
-    executable = cached_executable()
-    if not executable.is_file():
-        raise SkipTest(f"no {executable}: run python -m mrunner.backends.llamacpp")
-    return executable
 
 
 class CachedInstallTests(TestCase):

@@ -17,8 +17,8 @@ from mrunner.backends.llamacpp import LlamaCppBackend
 from mrunner.config import Config
 from mrunner.scheduling.installer import Installer
 from mrunner.values import InstallState
-from tests.real.test_llamacpp import VERSION_OUTPUT, FakeProcessReactor, Fixture, executable
 from tests.support import gpu_server
+from tests.support.llamacpp_fixture import VERSION_OUTPUT, FakeProcessReactor, Fixture, executable
 
 
 class VariantInstallTests(SynchronousTestCase):

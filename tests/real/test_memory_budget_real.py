@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.task import LoopingCall, deferLater
-from twisted.python.failure import Failure
 
 from mrunner.testing.tinymodel import write_tiny_llama
-from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 from tests.support.daemon import http
+from tests.support.held import Held
+from tests.support.llamacpp_cases import LlamaCppTestCase, smollm2
 
 A, B = "ai/tiny-a", "ai/tiny-b"
 ONE_TINY_MODEL = 'memory_budget = "40MiB"'
@@ -105,7 +104,7 @@ class EvictionTests(BudgetTestCase):
         }
         response = await http.post(self.daemon.url + "/v1/chat/completions", json=body)
         self.assertEqual(response.code, 200)
-        stream = _Held()
+        stream = Held()
         response.deliverBody(stream)
         order: list[str] = []
         stream.done.addCallback(lambda _: order.append("a"))
@@ -126,23 +125,6 @@ class EvictionTests(BudgetTestCase):
         tokens = [c[0]["delta"].get("content") for c in chunks if c and c[0]["delta"].get("content")]
         self.assertEqual(len(tokens), 4000, "the stream was not cut")
         self.assertEqual(self.loaded(), [f"{B}:latest"])
-
-
-class _Held(Protocol):
-    """An answer's body, not read until the test resumes it."""
-
-    def __init__(self) -> None:
-        self.data = b""
-        self.done: Deferred[None] = Deferred()
-
-    def connectionMade(self) -> None:
-        self.transport.pauseProducing()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.done.callback(None)
 
 
 class SwapTests(BudgetTestCase):

@@ -15,9 +15,9 @@ from twisted.internet.defer import ensureDeferred
 
 from mrunner.cli.package import TarStream, members
 from mrunner.testing.tinymodel import IMAGE_SIZE, write_tiny_llama, write_tiny_mmproj
-from tests.real.test_llamacpp_e2e import LlamaCppTestCase, smollm2
 from tests.support.daemon import http, unix_client
 from tests.support.hub_server import Repo, StandInHub
+from tests.support.llamacpp_cases import LlamaCppTestCase, smollm2
 
 TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }} says, in mrunner's template:\n"

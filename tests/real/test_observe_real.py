@@ -11,8 +11,8 @@ from typing import Any
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 SECRET = "sk-never-recorded-1234"
 RUNNER = {"backend": "llama.cpp", "model": TINY, "mode": "completion"}

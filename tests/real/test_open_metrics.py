@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from tests.real.test_daemon import HI, MODEL, DaemonTestCase
 from tests.support.daemon import eventually, http
+from tests.support.daemon_cases import HI, MODEL, DaemonTestCase
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 ALICE = {"Authorization": "Bearer alice-key"}

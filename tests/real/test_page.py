@@ -8,27 +8,22 @@ Screenshots of each view go to the test's temporary folder.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from mrunner.testing.tinymodel import write_tiny_llama
-from tests.real.test_browser import CHROMIUM, FLAGS
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
+from tests.support.browser import CHROMIUM, chromium_page
 from tests.support.daemon import http
 from tests.support.ggufs import write_tiny_gguf
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 from tests.support.registry_server import SKIP as NO_REGISTRY
 from tests.support.registry_server import RealRegistry
-
-if TYPE_CHECKING:
-    from playwright.sync_api import Page
 
 PAGE_LIMIT = 100 * 1024
 # The page's tiny model says it was trained for this context (llama-server gives a request no
@@ -42,7 +37,6 @@ FIRST_ANSWER_TOKENS = 4000
 # 200 bytes an event) takes minutes to reach the page and Stop always lands before its end: on
 # one busy core llama-server wrote all of it before a click landed, and Stop was disabled again.
 SLOW_BYTES_PER_SECOND = 4096
-WAIT_MS = 90_000  # for what must happen; only a broken page waits this long (2 busy cores load slowly)
 # Every value the pull's progress bar takes, as the page sets it.
 WATCH_BAR = """() => {
   window.barValues = [];
@@ -62,21 +56,6 @@ def throttle(network: Any, bytes_per_second: int) -> None:
     """Hold the page's downloads to C{bytes_per_second} (-1: no limit), as DevTools' throttling does."""
     conditions = {"offline": False, "latency": 0, "uploadThroughput": -1}
     network.send("Network.emulateNetworkConditions", {**conditions, "downloadThroughput": bytes_per_second})
-
-
-@contextlib.contextmanager
-def chromium_page(**options: Any) -> Iterator[Page]:
-    """A page in Debian's Chromium driven by Playwright (nothing downloaded), waiting at most WAIT_MS."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        try:
-            page = browser.new_page(**options)
-            page.set_default_timeout(WAIT_MS)
-            yield page
-        finally:
-            browser.close()
 
 
 def drive(base: str, pulled: str, shots: Path) -> dict[str, Any]:

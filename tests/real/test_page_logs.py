@@ -17,8 +17,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from tests.real.test_browser import CHROMIUM
-from tests.real.test_page import chromium_page
+from tests.support.browser import CHROMIUM, chromium_page
 from tests.support.daemon import InProcessDaemon, short_home, write_config
 
 SOURCES = ("ai_one_latest-completion", "ai_three_latest-completion", "ai_two_latest-completion")

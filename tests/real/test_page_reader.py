@@ -15,8 +15,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from tests.real.test_browser import CHROMIUM
-from tests.real.test_page import chromium_page
+from tests.support.browser import CHROMIUM, chromium_page
 from tests.support.daemon import InProcessDaemon, http, short_home, write_config
 from tests.support.ggufs import write_tiny_gguf
 

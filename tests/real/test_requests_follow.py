@@ -7,7 +7,7 @@ or where the replay ended.
 from __future__ import annotations
 
 from mrunner.cli.engines import FOLLOW_BACKLOG
-from tests.real.test_cli import CLITestCase
+from tests.support.cli_cases import CLITestCase
 from tests.support.daemon import eventually, http
 
 EARLIER = FOLLOW_BACKLOG + 2

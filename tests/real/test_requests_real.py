@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from mrunner.testing.tinymodel import write_tiny_reranker
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 HI = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"

@@ -10,8 +10,8 @@ from twisted.internet import reactor
 from mrunner.router_metrics import kv_tokens
 from mrunner.runners.checks import RunnerChecks
 from mrunner.runners.pool import RunnerPool, unix_connect
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 
 class SlotsTests(LlamaCppTestCase):

@@ -15,7 +15,6 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from mrunner.backends.base import Command
 from mrunner.backends.childprocess import SETPRIV
 from mrunner.errors import RunnerFailed
 from mrunner.home import Home
@@ -29,7 +28,8 @@ from mrunner.scheduling.process import (
     RunnerProcess,
     runner_environment,
 )
-from tests.unit.test_lifecycle import pairs
+from mrunner.values.backend import Command
+from tests.support.moves import pairs
 
 
 @attrs.define

@@ -29,7 +29,6 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from mrunner.scheduling import priority
-from tests.real.test_llamacpp_e2e import TINY, LlamaCppTestCase
 from tests.support.daemon import (
     InProcessDaemon,
     eventually,
@@ -41,6 +40,7 @@ from tests.support.daemon import (
     write_config,
 )
 from tests.support.ggufs import write_tiny_gguf
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 HIGH, LOW = 0, 2  # the loader's classes: config.PRIORITIES' places
 

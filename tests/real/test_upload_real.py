@@ -16,9 +16,9 @@ from typing import Any
 import httpx2
 from twisted.internet.threads import deferToThread
 
-from tests.real.test_daemon import MODEL, DaemonTestCase
-from tests.real.test_front_door import port_of
 from tests.support.daemon import eventually, http
+from tests.support.daemon_cases import MODEL, DaemonTestCase
+from tests.support.front_door import port_of
 from tests.support.ggufs import package, write_tiny_gguf
 
 TAR = "application/x-tar"

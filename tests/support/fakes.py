@@ -8,12 +8,12 @@ import attrs
 from twisted.internet.defer import Deferred, fail, succeed
 from zope.interface import implementer
 
-from mrunner.backends.base import Command, RunnerSettings
 from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import NotFound, RunnerFailed
 from mrunner.interfaces import IBackend, IDevices, ILoaderEvents, IModelStore, IRunnerProcess
-from mrunner.store.model import Model
 from mrunner.values import ContextSize, Device, Footprint, RunnerKey
+from mrunner.values.backend import Command, RunnerSettings
+from mrunner.values.model import Model
 
 
 @implementer(IRunnerProcess)

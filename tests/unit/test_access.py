@@ -12,8 +12,8 @@ import attrs
 from mrunner.errors import Forbidden, NotFound
 from mrunner.teams.access import check_usable, may_use, visible, visible_name, visible_runners
 from mrunner.teams.members import Member
-from tests.unit.test_metrics import snapshot
-from tests.unit.test_store import StoreTestCase
+from tests.support.metrics import snapshot
+from tests.support.store_cases import StoreTestCase
 
 #: The README's own example.
 GLOB = Member("alice", models=("hf.co/*", "ai/tiny:*"))

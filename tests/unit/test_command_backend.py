@@ -2,8 +2,8 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.backends.base import EMBEDDING, RunnerSettings
 from mrunner.backends.command import CommandBackend
+from mrunner.values.backend import EMBEDDING, RunnerSettings
 from tests.support.fakes import model
 
 

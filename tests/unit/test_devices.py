@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
@@ -16,16 +16,14 @@ from zope.interface.verify import verifyObject
 from mrunner import config as configuration
 from mrunner.config import ConfigError, GPUConfig
 from mrunner.devices import listing
-from mrunner.devices.inventory import LISTING_MAX_AGE, Devices, used_by_runners
+from mrunner.devices.inventory import LISTING_MAX_AGE, used_by_runners
 from mrunner.devices.listing import MIB, Listed
 from mrunner.devices.metrics import DeviceCollector
 from mrunner.devices.nvml import Nvml
 from mrunner.interfaces import IDevices
 from tests.support import gpu_server
-from tests.unit.test_metrics import snapshot
-
-GIB = 2**30
-CUDA0 = Listed("CUDA0", "NVIDIA GeForce RTX 4090", 24080 * MIB, 23700 * MIB)
+from tests.support.devices import CUDA0, GIB, devices
+from tests.support.metrics import snapshot
 
 
 class ParseTests(SynchronousTestCase):
@@ -88,48 +86,12 @@ class ParseTests(SynchronousTestCase):
         self.assertEqual(listing.variant_of([Listed("MTL0", "Apple M2", 1, 1)]), "metal")
 
 
-@attrs.define
-class FakeSource:
-    """The backend as Devices sees it: a listing, and how often it was asked again."""
-
-    found: list[Listed]
-    variant: str = "cuda"
-    asked: int = 0
-    #: When set, what list_devices answers (a listing still running).
-    pending: Deferred[list[Listed]] | None = None
-
-    def listed(self) -> list[Listed]:
-        return list(self.found)
-
-    def list_devices(self) -> Deferred[list[Listed]]:
-        self.asked += 1
-        return self.pending or succeed(self.listed())
-
-
 class FakeNvml:
     def __init__(self, memory: dict[str, tuple[int, int]]):
         self._memory = memory
 
     def memory(self) -> dict[str, tuple[int, int]]:
         return self._memory
-
-
-def devices(
-    found: list[Listed],
-    settings: GPUConfig | None = None,
-    used: Mapping[str, int] | None = None,
-    **kwargs: Any,
-) -> tuple[Devices, FakeSource]:
-    source = FakeSource(found)
-    inventory = Devices(
-        source,
-        settings or GPUConfig(),
-        lambda: 8 * GIB,
-        lambda: dict(used or {}),
-        host=lambda: (32 * GIB, 20 * GIB),
-        **kwargs,
-    )
-    return inventory, source
 
 
 class DevicesTests(SynchronousTestCase):

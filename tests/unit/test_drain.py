@@ -18,7 +18,7 @@ from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
-from tests.unit.test_loader import request
+from tests.support.loading import request
 
 
 class LoaderDrainTests(SynchronousTestCase):

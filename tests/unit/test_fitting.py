@@ -12,18 +12,18 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends import llamacpp
-from mrunner.backends.base import RunnerSettings
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
+from mrunner.values.backend import RunnerSettings
+from tests.support import policy_views
 from tests.support.fakes import model
-from tests.unit import test_policy
 
 GPUS = (("CUDA0", 24), ("CUDA1", 12))
 
 
 @attrs.frozen
-class Runner(test_policy.Runner):
+class Runner(policy_views.Runner):
     on_gpus: Mapping[str, int] = attrs.field(factory=dict)
 
 

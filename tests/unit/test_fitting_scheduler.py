@@ -11,11 +11,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
-from mrunner.backends.base import COMPLETION
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import RunnerFailed, Unprocessable
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings
+from mrunner.values.backend import COMPLETION
 from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeSpawner, FakeStore, model
 
 A, B = "ai/a:latest", "ai/b:latest"

@@ -19,9 +19,9 @@ from mrunner.devices import listing
 from mrunner.devices.listing import MAX_DEVICES, MAX_LINE, MIB, Listed
 from mrunner.devices.metrics import DeviceCollector
 from mrunner.scheduling.installer import Installer
-from tests.real.test_llamacpp import VERSION_OUTPUT, Fixture, executable
+from tests.support.devices import CUDA0, devices
 from tests.support.fakes import FakeBackend
-from tests.unit.test_devices import CUDA0, devices
+from tests.support.llamacpp_fixture import VERSION_OUTPUT, Fixture, executable
 
 #: What the regular expression this parser replaced spent seconds on, each line of it.
 SLOW_LINES = {

@@ -8,7 +8,7 @@ from mrunner.scheduling.installer import INSTALL_MOVES, Installer, _Install
 from mrunner.scheduling.moves import IllegalMove
 from mrunner.values import InstallState, InstallStatus
 from tests.support.fakes import FakeBackend
-from tests.unit.test_lifecycle import pairs
+from tests.support.moves import pairs
 
 
 class InstallerTests(SynchronousTestCase):

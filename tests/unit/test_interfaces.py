@@ -14,12 +14,16 @@ from mrunner.interfaces import (
     IModelPuller,
     IModelPusher,
     IModelStore,
+    IProgress,
     IRunnerProcess,
     IScheduler,
+    IUpload,
 )
 from mrunner.scheduling.scheduler import Scheduler
+from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
+from mrunner.store.upload import Upload
 from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeProcess, FakeSpawner, FakeStore
 
 
@@ -41,6 +45,11 @@ class InterfaceTests(SynchronousTestCase):
         """The model routes take the puller and the pusher as these interfaces (the store: test_store)."""
         self.assertTrue(verifyClass(IModelPuller, Puller))
         self.assertTrue(verifyClass(IModelPusher, Pusher))
+
+    def test_progress_and_upload(self) -> None:
+        """The seams name a pull's progress and an import's staged files by these, the store makes them."""
+        self.assertTrue(verifyObject(IProgress, Progress(lambda line: None, Clock(), "pull")))
+        self.assertTrue(verifyClass(IUpload, Upload))
 
     def test_fakes_keep_to_the_interfaces(self) -> None:
         self.assertTrue(verifyObject(IBackend, FakeBackend()))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -15,12 +13,8 @@ from mrunner.scheduling.moves import Moves
 from mrunner.scheduling.roster import Roster, Runner
 from mrunner.values import State
 from tests.support.fakes import FakeProcess, RecordingEvents
-from tests.unit.test_loader import request
-
-
-def pairs(moves: Moves[Any]) -> set[tuple[Any, Any]]:
-    """Every (from, to) a small lifecycle's table allows."""
-    return {(now, to) for now, targets in moves.table.items() for to in targets}
+from tests.support.loading import request
+from tests.support.moves import pairs
 
 
 class MovesTests(SynchronousTestCase):

@@ -10,27 +10,14 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
 from mrunner.scheduling import policy
 from mrunner.scheduling.loader import Lease, Loader
 from mrunner.scheduling.policy import Limits, State
 from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
-from mrunner.values import RunnerKey
-from tests.support.fakes import FakeSpawner, model
-
-
-def request(
-    name: str = "a", mode: str = COMPLETION, parallel: int = 1, keep_alive: float = 300.0, memory: int = 0
-):
-    digest = name * 64 if len(name) == 1 else name
-    return LoadRequest(
-        RunnerKey("llama.cpp", f"sha256:{digest}", mode),
-        model(f"ai/{name}:latest", digest),
-        RunnerSettings(parallel=parallel),
-        keep_alive,
-        memory,
-    )
+from mrunner.values.backend import COMPLETION, EMBEDDING
+from tests.support.fakes import FakeSpawner
+from tests.support.loading import request
 
 
 class LoaderTests(SynchronousTestCase):

@@ -17,15 +17,8 @@ from mrunner.scheduling.loader import Loader, NoEvents
 from mrunner.scheduling.policy import Limits
 from mrunner.values import RunnerSnapshot, State
 from tests.support.fakes import FakeSpawner
-from tests.unit.test_loader import request
-
-LLAMA_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
-# TYPE llamacpp:prompt_tokens_total counter
-llamacpp:prompt_tokens_total 12
-# HELP llamacpp:requests_processing Number of requests processing.
-# TYPE llamacpp:requests_processing gauge
-llamacpp:requests_processing 1
-"""
+from tests.support.loading import request
+from tests.support.metrics import LLAMA_METRICS, snapshot
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -109,28 +102,6 @@ def get_metrics(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:
     if socket == "/run/bare.sock":
         return succeed((404, b"no metrics here"))
     return succeed((200, LLAMA_METRICS))
-
-
-def snapshot(name: str, state: State = State.READY) -> RunnerSnapshot:
-    return RunnerSnapshot(
-        backend="llama.cpp",
-        model_name=f"ai/{name}:latest",
-        model_id="sha256:" + "a" * 64,
-        mode="completion",
-        state=state,
-        in_use=0,
-        parallel=1,
-        last_used=0,
-        keep_alive=300,
-        expires_at=None,
-        memory=1,
-        memory_estimate=1,
-        memory_measured=None,
-        pid=1,
-        socket=f"/run/{name}.sock",
-        pinned=False,
-        stale=False,
-    )
 
 
 class ScrapeTests(SynchronousTestCase):

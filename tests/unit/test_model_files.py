@@ -9,15 +9,15 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.backends.base import RunnerSettings
 from mrunner.backends.llamacpp import BASE_RSS, LlamaCppBackend, memory_estimate
 from mrunner.cli.package import TarStream, members
 from mrunner.config import Config
 from mrunner.errors import BadRequest
 from mrunner.sizes import format_size
 from mrunner.store import artifact
-from mrunner.store.model import Model
 from mrunner.store.store import ModelStore
+from mrunner.values.backend import RunnerSettings
+from mrunner.values.model import Model
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.sync_reactor import SyncThreadsClock
 

@@ -15,7 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.runners.connection import BodyReceiver
 from mrunner.runners.rename import Renaming, renaming
-from mrunner.store.model import Model
+from mrunner.values.model import Model
 
 RUNNER, ASKED = "localhost:5000/ai/smollm2:latest", "ai/smollm2:latest"
 CHUNK = b'data: {"object":"chunk","model":"localhost:5000/ai/smollm2:latest","choices":[]}\n\n'

@@ -15,12 +15,12 @@ from mrunner.api.compat.ollama.models import OllamaModelsAPI
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import ModelsAPI
 from mrunner.errors import NotFound
-from mrunner.store.names import Reference
 from mrunner.store.progress import Progress
 from mrunner.store.store import ModelStore
+from mrunner.values.model import Reference
 from tests.support.ggufs import flip_last_byte, package, write_tiny_gguf
+from tests.support.metrics import snapshot
 from tests.support.sync_reactor import SyncThreadsClock
-from tests.unit.test_metrics import snapshot
 
 
 class FakeScheduler:

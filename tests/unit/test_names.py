@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import BadRequest
-from mrunner.store.names import Reference, parse
+from mrunner.store.names import parse, with_tag
+from mrunner.values.model import Reference
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -46,7 +47,7 @@ class NormaliseTests(SynchronousTestCase):
         self.assertEqual((ref.tag, ref.digest, str(ref)), (None, DIGEST, f"ai/smollm2@{DIGEST}"))
 
     def test_with_tag(self) -> None:
-        self.assertEqual(str(parse(f"x@{DIGEST}").with_tag("v2")), "ai/x:v2")
+        self.assertEqual(str(with_tag(parse(f"x@{DIGEST}"), "v2")), "ai/x:v2")
 
 
 class HostileNameTests(SynchronousTestCase):

@@ -9,16 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits, State
-
-
-@attrs.frozen
-class Runner:
-    state: State = State.READY
-    in_use: int = 0
-    parallel: int = 1
-    finished_at: float = 0.0
-    memory: int = 0
-    pinned: bool = False
+from tests.support.policy_views import Runner
 
 
 @attrs.frozen

@@ -13,7 +13,7 @@ from mrunner.scheduling import priority
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
 from tests.support.fakes import FakeSpawner
-from tests.unit.test_loader import request
+from tests.support.loading import request
 
 HIGH, NORMAL, LOW = 0, 1, 2
 

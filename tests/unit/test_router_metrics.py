@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.router_metrics import RouterSignals, kv_tokens, resident_names, router_families
 from mrunner.values import State
-from tests.unit.test_metrics import LLAMA_METRICS, snapshot
+from tests.support.metrics import LLAMA_METRICS, snapshot
 
 # The pinned llama-server's GET /slots (--kv-unified, -c 512, -np 2), one slot busy, trimmed.
 SLOTS = [

@@ -10,7 +10,6 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from mrunner.backends.base import COMPLETION
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
@@ -18,8 +17,9 @@ from mrunner.scheduling.moves import IllegalMove
 from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, Preload, PreloadState, State
+from mrunner.values.backend import COMPLETION
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
-from tests.unit.test_lifecycle import pairs
+from tests.support.moves import pairs
 
 A, B, C = "ai/a:latest", "ai/b:latest", "ai/c:latest"
 

@@ -11,7 +11,7 @@ from mrunner.errors import BadRequest
 from mrunner.store.artifact import CHAT_TEMPLATE
 from mrunner.store.package import Untar, Write, ignore
 from tests.support.ggufs import package
-from tests.unit.test_store import StoreTestCase, tiny_gguf
+from tests.support.store_cases import StoreTestCase, tiny_gguf
 
 LONG = "licenses/" + "a-very-long-license-name-" * 8  # over the 100 bytes a plain tar header holds
 

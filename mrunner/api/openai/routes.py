@@ -26,12 +26,12 @@ from mrunner.api.service.openapi import (
     with_backend,
 )
 from mrunner.api.service.scheduler_json import failed_preload_statuses, install_text
-from mrunner.backends.base import COMPLETION, EMBEDDING, RERANKING
 from mrunner.interfaces import IModelStore
 from mrunner.runners.forwarder import Forwarder
-from mrunner.store.model import Model
 from mrunner.teams.access import check_usable, may_use, visible, visible_name
 from mrunner.teams.lengths import NONE, OPENAI, Length
+from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING
+from mrunner.values.model import Model
 
 Check = Callable[[Mapping[str, Any]], None]
 

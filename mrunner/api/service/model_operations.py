@@ -14,11 +14,11 @@ import attrs
 from twisted.internet.interfaces import IReactorTime
 
 from mrunner.errors import Conflict
-from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin, IScheduler
-from mrunner.store.model import Deletion
-from mrunner.store.names import Reference, parse
+from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin, IProgress, IScheduler
+from mrunner.store.names import parse
 from mrunner.store.progress import Emit, Progress
 from mrunner.values import State
+from mrunner.values.model import Deletion, Reference
 
 Moved = Callable[[str, int], None]
 
@@ -37,7 +37,7 @@ class ModelOperations:
     _clock: IReactorTime
     _moved: Moved = lambda mode, count: None
 
-    def progress(self, emit: Emit, mode: str) -> Progress:
+    def progress(self, emit: Emit, mode: str) -> IProgress:
         """The L{Progress} of a pull or push (C{mode}), as lines given to C{emit}."""
         return Progress(emit, self._clock, mode)
 
@@ -64,7 +64,7 @@ class ModelOperations:
             await self._scheduler.unload(backend=None, models=[digest], all=False)
         return self._store.delete(name, force)
 
-    async def pull(self, ref: Reference, progress: Progress) -> None:
+    async def pull(self, ref: Reference, progress: IProgress) -> None:
         """Fetch C{ref} into the store, telling C{progress}; the bytes moved are counted."""
         try:
             await self._puller.pull(ref, progress)
@@ -80,7 +80,7 @@ class ModelOperations:
         self._store.resolve(name)
         return ref
 
-    async def push(self, ref: Reference, progress: Progress) -> None:
+    async def push(self, ref: Reference, progress: IProgress) -> None:
         """Push the model named C{ref} (L{pushable}) to its registry; the bytes moved are counted."""
         try:
             await self._pusher.push(ref, progress)

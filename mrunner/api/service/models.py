@@ -25,13 +25,10 @@ from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, quer
 from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
 from mrunner.errors import BadRequest, MrunnerError
-from mrunner.interfaces import IModelStoreAdmin
-from mrunner.store.model import Model
+from mrunner.interfaces import IModelStoreAdmin, IProgress, IUpload
 from mrunner.store.names import parse
-from mrunner.store.package import TAR
-from mrunner.store.progress import Progress
-from mrunner.store.upload import Upload
 from mrunner.teams.access import check_usable, visible
+from mrunner.values.model import TAR, Model
 
 MODEL = {
     "type": "object",
@@ -227,7 +224,7 @@ class ModelsAPI:
             raise BadRequest("give the model a name: POST /models/load?name=NAME")
         context_size = _positive(query(request, "context_size"), "context_size")
         body = request.content
-        if isinstance(body, Upload):  # came through the front door: staged as it arrived
+        if IUpload.providedBy(body):  # came through the front door: staged as it arrived
             model = await self._store.import_upload(name, body, context_size)
         elif _packaged(request):  # a request that did not (a test's): staged from its file
             body.seek(0)
@@ -237,7 +234,7 @@ class ModelsAPI:
             model = await self._store.import_gguf(name, body, (), context_size)
         return json_body(request, model_json(model), 201)
 
-    def upload(self, request: IRequest) -> Upload:
+    def upload(self, request: IRequest) -> IUpload:
         """Where the front door writes the body of ``POST /models/load`` as it arrives: its sink."""
         return self._store.upload(_packaged(request))
 
@@ -283,7 +280,7 @@ class ModelsAPI:
         request: Request,
         mode: str,
         done: str,
-        work: Callable[[Progress], Awaitable[None]],
+        work: Callable[[IProgress], Awaitable[None]],
     ) -> bytes:
         stream = NDJSONStream(request)
         progress = self._operations.progress(stream.emit, mode)

@@ -21,10 +21,10 @@ from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import route_every
 from mrunner.api.reading import validate
 from mrunner.api.service.openapi import Piece
-from mrunner.backends.base import COMPLETION
 from mrunner.errors import NotFound
 from mrunner.runners.forwarder import Forwarder, relayed
 from mrunner.teams.lengths import ANTHROPIC, NONE, Length
+from mrunner.values.backend import COMPLETION
 
 # Docker Model Runner's base URL (.../anthropic), and the daemon's own as Claude Code may be given it.
 SERVED = ("/v1/messages", "/v1/messages/count_tokens")

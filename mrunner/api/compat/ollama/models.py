@@ -30,11 +30,10 @@ from mrunner.api.service.model_operations import ModelOperations
 from mrunner.api.service.models import NDJSONStream
 from mrunner.api.service.openapi import Piece
 from mrunner.errors import BadRequest, MrunnerError, NotFound
-from mrunner.interfaces import IModelStoreAdmin, IScheduler
-from mrunner.store.model import Model
+from mrunner.interfaces import IModelStoreAdmin, IProgress, IScheduler
 from mrunner.store.names import parse
-from mrunner.store.progress import Progress
 from mrunner.teams.access import check_usable, may_use, visible
+from mrunner.values.model import Model
 
 #: The Ollama API version these routes follow; clients check it to enable features.
 OLLAMA_VERSION = "0.12.0"
@@ -56,7 +55,7 @@ SERVED = (
 )
 MANAGEMENT = tuple(name for name in SERVED if name not in GENERATION)
 
-Transfer = Callable[[Progress], Coroutine[Any, Any, None]]
+Transfer = Callable[[IProgress], Coroutine[Any, Any, None]]
 
 
 class OllamaModelsAPI:

@@ -28,14 +28,14 @@ from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import typed
 from mrunner.api.service.models import NDJSONStream
 from mrunner.api.service.openapi import Piece
-from mrunner.backends.base import COMPLETION, EMBEDDING
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
 from mrunner.runners.answer import Answer
 from mrunner.runners.forwarder import Forwarder
-from mrunner.store.model import Model
 from mrunner.teams.lengths import NONE, OLLAMA
 from mrunner.values import ModelSettings
+from mrunner.values.backend import COMPLETION, EMBEDDING
+from mrunner.values.model import Model
 
 CHAT, GENERATE = "chat", "generate"
 #: The routes this group serves under C{/api}; L{OllamaModelsAPI} serves the others.

@@ -32,13 +32,13 @@ from mrunner.api.openai.routes import route_every
 from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import check_vision, count, model_name, query, typed
 from mrunner.api.service.openapi import Piece
-from mrunner.backends.base import COMPLETION
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
 from mrunner.runners.answer import Answer
 from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.relay import start_event_stream
 from mrunner.teams.lengths import RESPONSES
+from mrunner.values.backend import COMPLETION
 
 PREFIXES = ("", "/v1", "/engines", "/engines/v1", "/engines/<backend>/v1")
 

@@ -1,11 +1,11 @@
-"""Values that pass between the scheduler and a backend."""
+"""Values that pass between the scheduler and a backend: the modes a runner serves, how it starts."""
 
 from __future__ import annotations
 
 import attrs
 
-from mrunner.store.model import Model
 from mrunner.values import Placement
+from mrunner.values.model import Model
 
 COMPLETION = "completion"
 EMBEDDING = "embedding"

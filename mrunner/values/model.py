@@ -1,5 +1,9 @@
-"""What the rest of mrunner knows of a stored model: the values the store's interfaces speak in, and
-the store's own failures."""
+"""What the rest of mrunner knows of a stored model: the values the store's interfaces speak in.
+
+The store makes them (L{mrunner.store.names} parses a L{Reference}, the index
+resolves a L{Model}); every other layer only reads them, so they live here,
+importing nothing of mrunner.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +12,47 @@ from typing import Any
 
 import attrs
 
-from mrunner.errors import Conflict, MrunnerError
-from mrunner.store.names import names_registry
-
 #: Docker's answer to a delete: C{[{"Untagged": tag}, ..., {"Deleted": digest}]}.
 Deletion = list[dict[str, str]]
 #: A verification's report per model: C{{"id", "tags", "status": "ok"|"corrupt", "problem"?, "blobs"}}.
 Reports = list[dict[str, Any]]
+#: The content type of a package tar, as C{mrunner package} sends it (see L{mrunner.store.package}).
+TAR = b"application/x-tar"
 
 
-class StoreCorrupt(MrunnerError):
-    """A stored manifest or config (or the index) cannot be read; the message names the model."""
+@attrs.frozen
+class Reference:
+    """A parsed model reference; ``registry`` is empty for the default registry."""
 
-    code = "store_corrupt"
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def name(self) -> str:
+        """``[registry/]repository``, without tag or digest."""
+        return f"{self.registry}/{self.repository}" if self.registry else self.repository
+
+    def __str__(self) -> str:
+        text = self.name
+        if self.tag:
+            text += f":{self.tag}"
+        if self.digest:
+            text += f"@{self.digest}"
+        return text
 
 
-class ModelCorrupt(Conflict):
-    """A model whose blob is missing or failed its check: it must be pulled or imported again."""
+def names_registry(name: str) -> bool:
+    """Whether the normalised C{name} names its registry (C{localhost:5000/ai/x:latest}); Docker Hub's is
+    never named."""
+    first, slash, _ = name.partition("/")
+    return bool(slash) and _is_host(first)
 
-    code = "model_corrupt"
+
+def _is_host(first: str) -> bool:
+    """Whether a name's first component is a registry's host, as Docker tells them apart."""
+    return "." in first or ":" in first or first == "localhost" or first.startswith("[")
 
 
 @attrs.frozen
