@@ -27,12 +27,12 @@ from mrunner.interfaces import (
     IRunnerProcess,
     IScheduler,
 )
+from mrunner.runners.runner import LoadRequest, Runner
 from mrunner.scheduling import priority
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits, place
 from mrunner.scheduling.preloads import Preloads
-from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
 from mrunner.store.model import Model
 from mrunner.values import (
@@ -370,7 +370,7 @@ class Scheduler:
             parallel=runner.parallel,
             last_used=runner.finished_at,
             keep_alive=runner.keep_alive,
-            expires_at=runner.expiry.expires_at,
+            expires_at=runner.expires_at,
             memory=runner.memory,
             memory_estimate=runner.request.memory,
             memory_measured=runner.process.rss(),

@@ -20,8 +20,8 @@ from mrunner.backends.childprocess import SETPRIV
 from mrunner.errors import RunnerFailed
 from mrunner.home import Home
 from mrunner.interfaces import IRunnerProcess
-from mrunner.scheduling.moves import IllegalMove
-from mrunner.scheduling.process import (
+from mrunner.moves import IllegalMove
+from mrunner.runners.process import (
     POLL_FIRST,
     READINESS_MOVES,
     Readiness,

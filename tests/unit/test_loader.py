@@ -12,10 +12,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
+from mrunner.runners.runner import MEASURE_EVERY, LoadRequest
 from mrunner.scheduling import policy
-from mrunner.scheduling.loader import Lease, Loader
+from mrunner.scheduling.lease import Lease
+from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits, State
-from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
 from mrunner.values import RunnerKey
 from tests.support.fakes import FakeSpawner, model
 

@@ -14,7 +14,7 @@ from mrunner.backends.base import COMPLETION
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
-from mrunner.scheduling.moves import IllegalMove
+from mrunner.moves import IllegalMove
 from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, Preload, PreloadState, State

@@ -33,7 +33,7 @@ from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import RunnerFailed
 from mrunner.home import PRIVATE_FILE, Home, write_private
 from mrunner.interfaces import IRunnerProcess
-from mrunner.scheduling.moves import Moves
+from mrunner.moves import Moves
 
 POLL_FIRST = 0.02
 POLL_MAX = 0.25
