@@ -178,7 +178,7 @@ class IDevices(Interface):
 
 
 class IRunnerProcess(Interface):
-    """One started runner process, as the loader sees it (see L{mrunner.runners.process})."""
+    """One started runner process, as its machine sees it (see L{mrunner.runners.process})."""
 
     socket = Attribute("The UNIX socket path it serves on.")
     pid = Attribute("Its process id, or None once it has ended.")
