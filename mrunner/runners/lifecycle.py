@@ -2,23 +2,30 @@
 
 ::
 
-    LOADING ──answer──> READY ──drain──> DRAINING
-       │  └──fail──> FAILING │             │
-       │                │   expire         │
-       └───stop─────────┼────┴──stop───────┴──> STOPPING
-                        └──────────end─────────────┴──> ENDED
+    NEW ─start─> LOADING ─answer─> READY ─drain─> DRAINING
+                  │  │              │  │             │
+                  │  └─time_out,────┼──┼──> FAILING  │
+                  │    fail         │  └─expire──┐   │
+                  └─stop────────────┴─stop───────┴───┴─stop─> STOPPING
+    FAILING, STOPPING ─end─> ENDED  (grace_over: kill, in the same stage)
 
-A process can also end in any stage (it crashed, or was killed): C{end} is
-allowed from every stage but ENDED. An input the table does not have raises
+Readiness is LOADING's business: C{start} spawns the process, arms the load
+deadline and probes C{/health} at once; a "not yet" arms the poll timer
+(each wait half again as long as the last, up to a cap), output from the
+runner brings it forward, and C{answer} or the deadline ends it. Stopping is
+SIGTERM with the stop grace armed; its end is SIGKILL. The keep-alive runs
+only while the runner is ready and idle: the loader's C{rest} arms it, a
+lease, a drain or a stop cancels it, and its firing is C{expire}. A process
+can end in any stage (it crashed, or was killed): C{end} is allowed from
+every stage but NEW and ENDED, and how its end is told (failed, crashed or
+stopped) is the move that ends it. An input the table does not have raises
 L{IllegalMove} and changes nothing. The outputs are the runner's own side
 effects, run in the order listed, after the stage has changed (an output
 may cause another input at once: stopping a process that has already gone
-ends it, and a keep-alive of 0 expires as soon as it is armed), each by
-the method of the same name on the machine's core, the runner
-(L{mrunner.runners.runner.Runner}; L{Effects} lists them). The keep-alive
-timer is one of them: armed by C{arm_expiry}, cancelled by C{cancel_expiry},
-and its firing is the input C{expire}. How a runner's end is told (failed,
-crashed or stopped) is the move that ends it, so no field shadows the stage.
+ends it, and a keep-alive of 0 expires as soon as it is armed), each by the
+method of the same name on the machine's core, the runner
+(L{mrunner.runners.runner.Runner}; L{Effects} lists them). Only C{spawn} may
+raise (the process could not start): that runner is then never kept.
 
 Why a table and not automat's C{TypeMachineBuilder}, which Twisted's
 C{ClientService} uses: the policy, the snapshots and C{/engines/ps} read the
@@ -46,7 +53,8 @@ __all__ = ["MACHINE", "Effects", "IllegalMove", "Input", "Move", "Output", "Stag
 class Stage(Enum):
     """Where a runner is in its life; C{state} is the L{State} the snapshots and the policy read."""
 
-    LOADING = "loading"  # its process runs; its health is polled until its load timeout
+    NEW = "new"  # made, not started
+    LOADING = "loading"  # its process runs; its health is polled until its load deadline
     READY = "ready"
     DRAINING = "draining"  # finishes what it serves, takes nothing new
     FAILING = "failing"  # its start failed; its process is being stopped
@@ -55,28 +63,43 @@ class Stage(Enum):
 
     @property
     def state(self) -> State:
-        return State.STOPPING if self is Stage.FAILING else State(self.value)
+        return _STATES.get(self) or State(self.value)
+
+
+_STATES = {Stage.NEW: State.LOADING, Stage.FAILING: State.STOPPING}
 
 
 class Input(Enum):
-    """What can happen to a runner."""
+    """What can happen to a runner: from the loader, its process, or its own timers."""
 
+    START = "start"  # the loader: spawn it
+    POLL = "poll"  # its poll timer: probe its health
+    UNHEALTHY = "unhealthy"  # its health check said not yet
+    SPOKE = "spoke"  # it wrote while loading: it may just have become ready
     ANSWER = "answer"  # its health check said 200
-    FAIL = "fail"  # it could not start (its start failed, timed out, or it was stopped first)
-    LEASE = "lease"  # a request takes one of its slots (and may bring a keep-alive of its own)
-    RELEASE = "release"  # a request gives its slot back (also after the runner has gone)
+    TIME_OUT = "time_out"  # its load deadline passed
+    FAIL = "fail"  # its health check failed (a fake's start, refused)
+    LEASE = "lease"  # the loader: a request takes one of its slots (and may bring a keep-alive)
+    RELEASE = "release"  # the loader: a request gives its slot back (also after the runner has gone)
     REST = "rest"  # the loader has nothing for it: its keep-alive may start
-    RETIME = "retime"  # a new keep-alive or pin, counted from now
-    EXPIRE = "expire"  # its keep-alive ran out (its timer fired, or it is 0)
-    DRAIN = "drain"  # finish what it serves, take nothing new
-    STOP = "stop"  # told to go: room for another, unload, shutdown
+    RETIME = "retime"  # the loader: a new keep-alive or pin, counted from now
+    EXPIRE = "expire"  # its keep-alive timer ran out (or its keep-alive is 0)
+    DRAIN = "drain"  # the loader: finish what it serves, take nothing new
+    STOP = "stop"  # the loader: go (room for another, unload, shutdown)
+    GRACE_OVER = "grace_over"  # its stop grace passed and the process is still there
     END = "end"  # its process is gone
 
 
 class Output(Enum):
     """What a runner does on a move; each is a method of L{Effects}."""
 
-    OPENED = "opened"  # ready: note the time, tell the events, measure its memory
+    SPAWN = "spawn"  # start the process (raises when it cannot: the runner is then never kept)
+    ARM_DEADLINE = "arm_deadline"  # its load timeout starts
+    PROBE = "probe"  # GET /health
+    POLL_LATER = "poll_later"  # the poll timer, each wait half again as long as the last, up to a cap
+    POLL_SOON = "poll_soon"  # the poll timer brought forward
+    CANCEL_LOAD_TIMERS = "cancel_load_timers"  # the deadline, the poll timer, a probe's late answer
+    OPENED = "opened"  # ready: its socket private, note the time, tell the events, measure its memory
     TAKE_SLOT = "take_slot"
     GIVE_SLOT = "give_slot"  # the last one out notes the time and may measure
     TAKE_TERMS = "take_terms"  # the keep-alive or pin its input brought
@@ -85,7 +108,9 @@ class Output(Enum):
     EXPIRED = "expired"  # told as an idle eviction
     LEAVE = "leave"  # out of the loader's runners by key: no new request finds it
     REPORT_FAILURE = "report_failure"  # count it, back off, fail its waiters (before it is stopped)
-    STOP_PROCESS = "stop_process"  # SIGTERM, SIGKILL after the grace period
+    STOP_PROCESS = "stop_process"  # its stop grace starts, and SIGTERM
+    KILL = "kill"  # SIGKILL
+    CANCEL_GRACE = "cancel_grace"
     CRASHED = "crashed"  # it went while serving: logged
     EVICTED_CRASH = "evicted_crash"  # counted as an eviction (a draining one was counted when it began)
     EXITED_FAILED = "exited_failed"  # the events hear how it ended
@@ -100,6 +125,12 @@ class Effects(Protocol):
 
     stage: Stage
 
+    def spawn(self) -> None: ...
+    def arm_deadline(self) -> None: ...
+    def probe(self) -> None: ...
+    def poll_later(self) -> None: ...
+    def poll_soon(self) -> None: ...
+    def cancel_load_timers(self) -> None: ...
     def opened(self) -> None: ...
     def take_slot(self) -> None: ...
     def give_slot(self) -> None: ...
@@ -110,6 +141,8 @@ class Effects(Protocol):
     def leave(self) -> None: ...
     def report_failure(self) -> None: ...
     def stop_process(self) -> None: ...
+    def kill(self) -> None: ...
+    def cancel_grace(self) -> None: ...
     def crashed(self) -> None: ...
     def evicted_crash(self) -> None: ...
     def exited_failed(self) -> None: ...
@@ -125,19 +158,26 @@ class Move:
     outputs: tuple[Output, ...] = ()
 
 
-L, R, D, F, S, E = Stage.LOADING, Stage.READY, Stage.DRAINING, Stage.FAILING, Stage.STOPPING, Stage.ENDED
+N, L, R, D = Stage.NEW, Stage.LOADING, Stage.READY, Stage.DRAINING
+F, S, E = Stage.FAILING, Stage.STOPPING, Stage.ENDED
 In, Out = Input, Output
 _STOP = (Out.LEAVE, Out.STOP_PROCESS)
+_FAIL = (Out.CANCEL_LOAD_TIMERS, Out.REPORT_FAILURE, *_STOP, Out.REPLAN)
 _GONE = (Out.GONE, Out.REPLAN)
 
 #: Every move a runner can make. Outputs run in this order.
 MACHINE: Mapping[tuple[Stage, Input], Move] = {
-    (L, In.ANSWER): Move(R, (Out.OPENED, Out.REPLAN)),
-    (L, In.FAIL): Move(F, (Out.REPORT_FAILURE, *_STOP, Out.REPLAN)),
+    (N, In.START): Move(L, (Out.SPAWN, Out.ARM_DEADLINE, Out.PROBE)),
+    (L, In.POLL): Move(L, (Out.PROBE,)),
+    (L, In.UNHEALTHY): Move(L, (Out.POLL_LATER,)),
+    (L, In.SPOKE): Move(L, (Out.POLL_SOON,)),
+    (L, In.ANSWER): Move(R, (Out.CANCEL_LOAD_TIMERS, Out.OPENED, Out.REPLAN)),
+    (L, In.TIME_OUT): Move(F, _FAIL),
+    (L, In.FAIL): Move(F, _FAIL),
     (L, In.REST): Move(L),
     (L, In.RETIME): Move(L, (Out.TAKE_TERMS,)),
-    (L, In.STOP): Move(S, _STOP),
-    (L, In.END): Move(E, (Out.LEAVE, Out.EXITED_FAILED, *_GONE)),
+    (L, In.STOP): Move(S, (Out.CANCEL_LOAD_TIMERS, *_STOP)),
+    (L, In.END): Move(E, (Out.CANCEL_LOAD_TIMERS, Out.REPORT_FAILURE, Out.LEAVE, Out.EXITED_FAILED, *_GONE)),
     (R, In.LEASE): Move(R, (Out.TAKE_SLOT, Out.TAKE_TERMS, Out.CANCEL_EXPIRY)),
     (R, In.RELEASE): Move(R, (Out.GIVE_SLOT,)),
     (R, In.REST): Move(R, (Out.ARM_EXPIRY,)),
@@ -153,14 +193,14 @@ MACHINE: Mapping[tuple[Stage, Input], Move] = {
     (D, In.RETIME): Move(D, (Out.TAKE_TERMS,)),
     (D, In.STOP): Move(S, _STOP),
     (D, In.END): Move(E, (Out.LEAVE, Out.CRASHED, Out.EXITED_CRASHED, *_GONE)),
-    (F, In.END): Move(E, (Out.EXITED_FAILED, *_GONE)),
-    # A start that fails while stopping is the stop itself: nothing to report.
-    (S, In.FAIL): Move(S),
+    (F, In.GRACE_OVER): Move(F, (Out.KILL,)),
+    (F, In.END): Move(E, (Out.CANCEL_GRACE, Out.EXITED_FAILED, *_GONE)),
     (S, In.RELEASE): Move(S, (Out.GIVE_SLOT,)),
-    (S, In.END): Move(E, (Out.EXITED_STOPPED, *_GONE)),
+    (S, In.GRACE_OVER): Move(S, (Out.KILL,)),
+    (S, In.END): Move(E, (Out.CANCEL_GRACE, Out.EXITED_STOPPED, *_GONE)),
     (E, In.RELEASE): Move(E, (Out.GIVE_SLOT,)),
 }
-del L, R, D, F, S, E, In, Out, _STOP, _GONE  # the table's shorthand only
+del N, L, R, D, F, S, E, In, Out, _STOP, _FAIL, _GONE  # the table's shorthand only
 
 
 def step(core: Effects, input: Input) -> None:

@@ -29,6 +29,10 @@ from mrunner.values import HOST, ContextSize, Footprint, Placement, RunnerKey, S
 #: (from NVML), which are read when it goes idle.
 MEASURE_EVERY = 1.0
 
+#: Seconds before the first poll of a loading runner's health after a "not yet", and the most between two.
+POLL_FIRST = 0.02
+POLL_MAX = 0.25
+
 #: NVML's bytes for a process on each GPU (L{mrunner.interfaces.IDevices.used_by}).
 GpuUse = Callable[[int], Mapping[str, int]]
 
@@ -114,7 +118,7 @@ class Runner:
         #: Where the plan put its layers; None on a machine without GPUs.
         self.placement = placement
         self._roll = roll
-        self.stage = Stage.LOADING
+        self.stage = Stage.NEW
         self.in_use = 0
         self.started = roll.clock.seconds()
         self.finished_at = 0.0  # when it last became idle: none yet
@@ -125,20 +129,24 @@ class Runner:
         #: Seconds of idling before it goes (-1: never, 0: at once); a pinned runner never goes.
         self.keep_alive = request.keep_alive
         self.pinned = request.pinned
+        # Its timers, each armed and cancelled only by the outputs of the same names.
+        self._deadline: IDelayedCall | None = None
+        self._poll: IDelayedCall | None = None
+        self._delay = POLL_FIRST
+        self._probing: Deferred[bool] | None = None  # the probe whose answer is awaited
         self._expiry: IDelayedCall | None = None
+        self._grace: IDelayedCall | None = None
         self._terms: tuple[float | None, bool | None] = (None, None)  # what an input brought (take_terms)
         self._failure: Failure | None = None
-        process.ready.addCallbacks(lambda _: self.answer(), self.fail)
-        process.ended.addBoth(lambda _: self.end())
 
     # Inputs
 
-    def answer(self) -> None:
-        self._move(Input.ANSWER)
+    def start(self) -> None:
+        """Spawn its process and look for its health until its load deadline.
 
-    def fail(self, reason: Failure) -> None:
-        self._failure = reason
-        self._move(Input.FAIL)
+        @raise Exception: the process could not be spawned (the runner is then to be dropped).
+        """
+        self._move(Input.START)
 
     def lease(self, keep_alive: float | None = None) -> None:
         """A request takes a slot; C{keep_alive}, when it brings one, is the runner's from now on."""
@@ -177,17 +185,80 @@ class Runner:
         self.process.ended.addBoth(ended)
         return d
 
+    # Inputs from its process and its timers
+
+    def _polled(self) -> None:
+        self._poll = None
+        self._move(Input.POLL)
+
+    def _spoke(self) -> None:
+        if self._poll is not None:  # a probe is awaited otherwise, and will be answered
+            self._move(Input.SPOKE)
+
+    def _checked(self, healthy: bool, probe: Deferred[bool]) -> None:
+        if probe is self._probing:  # else the answer to a probe sent before it stopped loading
+            self._probing = None
+            self._move(Input.ANSWER if healthy else Input.UNHEALTHY)
+
+    def _check_failed(self, reason: Failure, probe: Deferred[bool]) -> None:
+        if probe is self._probing:
+            self._probing = None
+            self._failure = reason
+            self._move(Input.FAIL)
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        seconds = self.process.options.load_timeout
+        why = f"was not ready after {seconds:g}s; raise [scheduler] load_timeout"
+        self._failure = Failure(self.process.failure(why))
+        self._move(Input.TIME_OUT)
+
     def _expire(self) -> None:
         self._expiry = None
         self.log.info("runner {key} idle for its keep-alive; stopping", key=self.key)
         self._move(Input.EXPIRE)
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        self._move(Input.GRACE_OVER)
+
+    def _ended(self, result: object) -> object:
+        self._move(Input.END)
+        return result
 
     def _move(self, input: Input) -> None:
         lifecycle.step(self, input)
 
     # Outputs (L{lifecycle.Effects})
 
+    def spawn(self) -> None:
+        self.process.start(self._spoke)
+        self.process.ended.addBoth(self._ended)
+
+    def arm_deadline(self) -> None:
+        self._deadline = self._roll.clock.callLater(self.process.options.load_timeout, self._timed_out)
+
+    def probe(self) -> None:
+        self._probing = probe = self.process.healthy()
+        probe.addCallbacks(self._checked, self._check_failed, callbackArgs=(probe,), errbackArgs=(probe,))
+
+    def poll_later(self) -> None:
+        self._poll = self._roll.clock.callLater(self._delay, self._polled)
+        self._delay = min(self._delay * 1.5, POLL_MAX)
+
+    def poll_soon(self) -> None:
+        call = self._poll
+        if call is not None and call.getTime() - self._roll.clock.seconds() > POLL_FIRST:
+            call.reset(POLL_FIRST)
+
+    def cancel_load_timers(self) -> None:
+        for call in (self._deadline, self._poll):
+            if call is not None:
+                call.cancel()
+        self._deadline = self._poll = self._probing = None
+
     def opened(self) -> None:
+        self.process.opened()
         self.finished_at = self._roll.clock.seconds()
         self._roll.events.loaded(self.key, self.model_name, self.finished_at - self.started)
         self._measure()
@@ -231,12 +302,23 @@ class Runner:
         self._roll.left(self)
 
     def report_failure(self) -> None:
-        assert self._failure is not None
+        """Its deadline or check gave the reason; else its process ended while it loaded."""
+        why = f"{self.process.how} before it was ready"
+        reason = self._failure or Failure(self.process.failure(why))
         self._roll.events.load_failed(self.key, self.model_name)
-        self._roll.keeper.failed(self, self._failure)
+        self._roll.keeper.failed(self, reason)
 
     def stop_process(self) -> None:
-        self.process.stop()
+        self._grace = self._roll.clock.callLater(self.process.options.stop_grace, self._grace_over)
+        self.process.terminate()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def cancel_grace(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
 
     def crashed(self) -> None:
         self.log.warn("runner {key} exited unexpectedly; evicted", key=self.key)

@@ -375,7 +375,7 @@ class Loader:
         self.log.info("loading {model} for {key}", model=request.model.name, key=request.key)
         settings = attrs.evolve(request.settings, placement=placement)
         try:
-            process = self._spawn(request.key, request.model, settings)
+            self.roster.add(request, self._spawn(request.key, request.model, settings), placement)
         except MrunnerError as e:
             self._events.load_failed(request.key, request.model.name)
             self._fail_waiters(request.key, Failure(e))  # e.g. a model the backend cannot serve
@@ -384,8 +384,6 @@ class Loader:
             self._events.load_failed(request.key, request.model.name)
             error = RunnerFailed(f"mrunner could not start a runner for {request.model.name}: {e}")
             self._fail_waiters(request.key, Failure(error))
-            return
-        self.roster.add(request, process, placement)
 
     def _fail_waiters(self, key: RunnerKey, reason: Failure) -> None:
         for waiter in [w for w in self._queue if w.key == key]:

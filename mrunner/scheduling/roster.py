@@ -49,9 +49,12 @@ class Roster:
     def add(
         self, request: LoadRequest, process: IRunnerProcess, placement: Placement | None = None
     ) -> Runner:
-        """Record C{process}, just started for C{request} (its layers where C{placement} says);
-        its Deferreds drive the runner's machine."""
+        """Start a runner of C{process} for C{request} (its layers where C{placement} says) and keep it.
+
+        @raise Exception: its process could not be spawned; nothing is kept.
+        """
         runner = Runner(request, process, self, placement)
+        runner.start()
         self.by_key[request.key] = runner
         self._alive[runner] = None
         return runner

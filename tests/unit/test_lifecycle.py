@@ -76,20 +76,29 @@ class TableTests(SynchronousTestCase):
         """The documented ways through, and a few that are not."""
         legal = [
             ((Input.ANSWER,), Stage.READY),
+            ((Input.UNHEALTHY, Input.SPOKE, Input.POLL, Input.ANSWER), Stage.READY),
             ((Input.STOP, Input.END), Stage.ENDED),
-            ((Input.STOP, Input.FAIL, Input.END), Stage.ENDED),
+            ((Input.STOP, Input.GRACE_OVER, Input.END), Stage.ENDED),
             ((Input.FAIL, Input.END), Stage.ENDED),
+            ((Input.TIME_OUT, Input.GRACE_OVER, Input.END), Stage.ENDED),
+            ((Input.END,), Stage.ENDED),
             ((Input.ANSWER, Input.LEASE, Input.DRAIN, Input.RELEASE, Input.STOP), Stage.STOPPING),
             ((Input.ANSWER, Input.LEASE, Input.END, Input.RELEASE), Stage.ENDED),
             ((Input.ANSWER, Input.REST, Input.RETIME, Input.EXPIRE, Input.END), Stage.ENDED),
             ((Input.REST, Input.RETIME, Input.ANSWER), Stage.READY),
         ]
         for inputs, stage in legal:
-            core = Recorder(Stage.LOADING)
-            for input in inputs:
+            core = Recorder(Stage.NEW)
+            for input in (Input.START, *inputs):
                 step(core, input)  # type: ignore[arg-type]
             self.assertEqual(core.stage, stage, inputs)
         illegal = [
+            (Stage.NEW, Input.ANSWER),
+            (Stage.NEW, Input.STOP),
+            (Stage.LOADING, Input.START),
+            (Stage.LOADING, Input.GRACE_OVER),
+            (Stage.READY, Input.POLL),
+            (Stage.READY, Input.TIME_OUT),
             (Stage.LOADING, Input.LEASE),
             (Stage.LOADING, Input.DRAIN),
             (Stage.LOADING, Input.EXPIRE),
@@ -101,6 +110,7 @@ class TableTests(SynchronousTestCase):
             (Stage.FAILING, Input.STOP),
             (Stage.STOPPING, Input.STOP),
             (Stage.STOPPING, Input.ANSWER),
+            (Stage.STOPPING, Input.FAIL),
             (Stage.STOPPING, Input.REST),
             (Stage.ENDED, Input.END),
             (Stage.ENDED, Input.STOP),
@@ -111,6 +121,7 @@ class TableTests(SynchronousTestCase):
     def test_the_stages_states(self) -> None:
         """A failing runner shows as stopping: its slot and memory count until it ends."""
         self.assertEqual({stage: stage.state for stage in Stage}, {
+            Stage.NEW: State.LOADING,
             Stage.LOADING: State.LOADING,
             Stage.READY: State.READY,
             Stage.DRAINING: State.DRAINING,
@@ -187,7 +198,7 @@ class RunnerTests(RunnerCase):
         self.runner.rest()
         self.runner.stop()
         self.assertEqual(self.process.stops, 1)
-        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual([call.getTime() for call in self.clock.getDelayedCalls()], [7.0], "its grace only")
         self.assertEqual(self.roster.by_key, {}, "no new request finds it")
         self.assertEqual(self.roster.stopping(), [self.runner], "its slot and memory still count")
         self.assertRaises(IllegalMove, self.runner.stop)
@@ -195,6 +206,7 @@ class RunnerTests(RunnerCase):
         self.keeper.calls.clear()
         self.process.exit()
         self.assertIs(self.runner.state, State.ENDED)
+        self.assertEqual(self.clock.getDelayedCalls(), [], "no grace left")
         self.assertEqual(self.events.seen, [("loaded", 2.0), ("exited", "stopped")])
         self.assertEqual(self.keeper.calls, ["replan"])
         self.assertEqual(self.roster.stopping(), [])
@@ -209,9 +221,10 @@ class RunnerTests(RunnerCase):
         self.assertEqual(self.events.seen, [("load_failed",), ("exited", "failed")])
 
     def test_a_start_that_fails_because_it_was_stopped_is_no_failure(self) -> None:
-        self.runner.stop()  # the fake fails its start, as a real one does
-        self.assertTrue(self.process.ready.called)
+        self.runner.stop()
+        self.process.ready.errback(RunnerFailed("the answer to a probe sent before"))
         self.assertEqual(self.keeper.calls, [])
+        self.assertEqual([c.getTime() for c in self.clock.getDelayedCalls()], [5.0], "no deadline: its grace")
         self.process.exit()
         self.assertEqual(self.events.seen, [("exited", "stopped")])
 
@@ -303,3 +316,41 @@ class KeepAliveTests(RunnerCase):
         self.ready()
         self.runner.lease()
         self.assertEqual(self.runner.keep_alive, 1, "a refused lease brought nothing")
+
+
+class LoadingTests(RunnerCase):
+    """Readiness is the machine's: its deadline, its health polls, and the grace after SIGTERM."""
+
+    def test_started_with_a_probe_and_a_deadline(self) -> None:
+        self.assertTrue(self.process.started)
+        self.assertIs(self.runner.stage, Stage.LOADING)
+        self.assertEqual([c.getTime() for c in self.clock.getDelayedCalls()], [3600.0])
+
+    def test_the_deadline(self) -> None:
+        self.clock.advance(3600)
+        self.assertIs(self.runner.stage, Stage.FAILING)
+        error = "runner was not ready after 3600s; raise [scheduler] load_timeout"
+        self.assertEqual(self.keeper.calls, [f"failed: {error} after 0 stops", "replan"])
+        self.assertEqual((self.process.stops, self.roster.by_key), (1, {}))
+        self.process.ready.callback(None)
+        self.assertIs(self.runner.stage, Stage.FAILING, "a late answer changes nothing")
+        self.clock.advance(5)
+        self.assertEqual(self.process.kills, 1, "SIGKILL once its grace is over")
+        self.process.exit()
+        self.assertEqual(self.events.seen, [("load_failed",), ("exited", "failed")])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_an_end_while_loading_is_a_failed_start(self) -> None:
+        self.process.exit()
+        self.assertIs(self.runner.stage, Stage.ENDED)
+        error = "runner exited with code 1 before it was ready"
+        self.assertEqual(self.keeper.calls, [f"failed: {error} after 0 stops", "replan"])
+        self.assertEqual(self.events.seen, [("load_failed",), ("exited", "failed")])
+        self.assertEqual(self.clock.getDelayedCalls(), [], "no deadline left")
+
+    def test_a_stop_while_loading_ends_its_timers(self) -> None:
+        self.runner.stop()
+        self.assertEqual([c.getTime() for c in self.clock.getDelayedCalls()], [5.0])
+        self.process.exit()
+        self.assertEqual(self.events.seen, [("exited", "stopped")])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
