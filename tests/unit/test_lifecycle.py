@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -354,3 +355,12 @@ class LoadingTests(RunnerCase):
         self.process.exit()
         self.assertEqual(self.events.seen, [("exited", "stopped")])
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class DocumentedTests(SynchronousTestCase):
+    def test_the_architecture_page_shows_every_move(self) -> None:
+        page = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+        for (stage, input), move in MACHINE.items():
+            outputs = ", ".join(output.value for output in move.outputs) or "—"
+            row = f"| {stage.value} | {input.value} | {move.to.value} | {outputs} |"
+            self.assertIn(row, page, "docs/architecture.md's table of the runner machine")
