@@ -171,9 +171,6 @@ class Runner:
     def stop(self) -> None:
         self._move(Input.STOP)
 
-    def end(self) -> None:
-        self._move(Input.END)
-
     def when_ended(self) -> Deferred[None]:
         """A new Deferred that fires once its process has ended."""
         d: Deferred[None] = Deferred()
