@@ -3,6 +3,7 @@
 - L{process}: its child process (started by the scheduler with the backend's command line), its log;
 - L{lifecycle}: its machine, every stage, input, output and timer in one table;
 - L{runner}: the machine's core, L{runner.Runner}: the outputs, and the views the loader reads;
+- L{request}: what a runner is started for (L{request.LoadRequest});
 - L{metrics}: its own Prometheus metrics, read when the daemon's are.
 
 And everything that talks to a runner over its UNIX socket:

@@ -12,18 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mrunner.backends.base import RunnerSettings
 from mrunner.interfaces import ILoaderEvents, IRunnerProcess
 from mrunner.runners import lifecycle
 from mrunner.runners.lifecycle import Input, Stage
-from mrunner.store.model import Model
-from mrunner.values import HOST, ContextSize, Footprint, Placement, RunnerKey, State
+from mrunner.runners.request import LoadRequest
+from mrunner.values import HOST, Placement, RunnerKey, State
 
 #: Seconds between two readings of a runner's resident memory (from /proc) and its use of each GPU
 #: (from NVML), which are read when it goes idle.
@@ -40,36 +38,6 @@ GpuUse = Callable[[int], Mapping[str, int]]
 def unmeasured(pid: int) -> dict[str, int]:
     """No GPU use measured: a machine without NVML."""
     return {}
-
-
-@attrs.frozen
-class LoadRequest:
-    """What a request needs: the runner key and how to start it if it is not running."""
-
-    key: RunnerKey
-    model: Model
-    settings: RunnerSettings
-    keep_alive: float
-    memory: int = 0
-    sets_keep_alive: bool = False
-    pinned: bool = False
-    #: C{memory} split per layer, for a plan over GPUs; None: all of it in RAM.
-    footprint: Footprint | None = None
-    #: How many runners of the model may serve (C{[models."NAME"] instances}).
-    instances: int = 1
-    #: The context in force when the user fixed no context size, which a load out of device
-    #: memory may halve once (C{settings.context_size} then holds the half); None when fixed.
-    context: ContextSize | None = None
-
-    @property
-    def halved(self) -> bool:
-        """Whether a load out of device memory halved the context the user left to mrunner."""
-        return self.context is not None and self.settings.context_size is not None
-
-    @property
-    def asked(self) -> RunnerSettings:
-        """The settings as configured, before a load out of device memory halved the context."""
-        return attrs.evolve(self.settings, context_size=None) if self.halved else self.settings
 
 
 class Keeper(Protocol):

@@ -9,7 +9,8 @@ from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
 from mrunner.interfaces import ILease
-from mrunner.runners.runner import LoadRequest, Runner
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import Runner
 from mrunner.scheduling import priority
 from mrunner.values import Footprint, RunnerKey
 

@@ -23,7 +23,8 @@ from twisted.python.failure import Failure
 from mrunner.backends.base import RunnerSettings
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import IDevices, ILoaderEvents, IRunnerProcess
-from mrunner.runners.runner import LoadRequest, Runner, unmeasured
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import Runner, unmeasured
 from mrunner.scheduling import policy, priority, smaller
 from mrunner.scheduling.backoff import Backoffs
 from mrunner.scheduling.lease import Lease, Waiter, first, instances, least_busy

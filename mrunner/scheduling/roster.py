@@ -7,7 +7,8 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from mrunner.interfaces import ILoaderEvents, IRunnerProcess
-from mrunner.runners.runner import GpuUse, Keeper, LoadRequest, Runner, unmeasured
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import GpuUse, Keeper, Runner, unmeasured
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits
 from mrunner.values import Footprint, Placement, RunnerKey, State

@@ -27,7 +27,8 @@ from mrunner.interfaces import (
     IRunnerProcess,
     IScheduler,
 )
-from mrunner.runners.runner import LoadRequest, Runner
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import Runner
 from mrunner.scheduling import priority
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import Loader

@@ -8,7 +8,8 @@ import attrs
 from twisted.logger import Logger
 
 from mrunner.errors import RunnerFailed
-from mrunner.runners.runner import LoadRequest, Runner
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import Runner
 from mrunner.scheduling import policy
 
 log = Logger()

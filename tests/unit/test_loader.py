@@ -12,7 +12,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.base import COMPLETION, EMBEDDING, RunnerSettings
 from mrunner.errors import RunnerFailed, Unavailable
-from mrunner.runners.runner import MEASURE_EVERY, LoadRequest
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import MEASURE_EVERY
 from mrunner.scheduling import policy
 from mrunner.scheduling.lease import Lease
 from mrunner.scheduling.loader import Loader
