@@ -199,7 +199,7 @@ class RunnerProcess:
         self.ended.callback(None)
 
 
-def start_runner(
+def new_process(
     reactor: Any,
     probe: Probe,
     options: RunnerOptions,

@@ -47,6 +47,7 @@ from mrunner.values import (
     RunnerSnapshot,
 )
 
+#: A runner's process for a command, socket, log and label, which the runner's machine spawns.
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 #: Fetches a model that is not in the store from its registry (a preload's, at start).
 PullModel = Callable[[str], Awaitable[object]]
