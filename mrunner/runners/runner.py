@@ -1,10 +1,11 @@
-"""A runner: its process, what it was started for, and the core its machine acts on.
+"""A runner: the core its machine (L{mrunner.runners.lifecycle}) acts on.
 
-A L{Runner} is the core of its machine (L{mrunner.runners.lifecycle}): its
-inputs are the methods named after them, and every side effect of a move
-(its process stopped, its keep-alive timer armed or cancelled, its slots
-counted, its events told) is one of the outputs below, run by the table and
-nowhere else. The loader sends inputs and reads the views; it sets nothing.
+Its inputs are the methods named after them (the loader's) and the
+callbacks of its process and timers; every side effect of a move (its
+process spawned, probed, stopped or killed, a timer armed or cancelled, its
+slots counted, its events told) is one of the outputs below, run by the
+table and nowhere else. The loader sends inputs and reads the views; it
+sets nothing.
 """
 
 from __future__ import annotations
