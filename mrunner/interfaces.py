@@ -220,19 +220,35 @@ class IDevices(Interface):
 
 
 class IRunnerProcess(Interface):
-    """One started runner process, as the loader sees it (see L{mrunner.scheduling.process})."""
+    """One runner's process, as its machine drives it (see L{mrunner.runners.process}): no state, no timer."""
 
     socket = Attribute("The UNIX socket path it serves on.")
-    pid = Attribute("Its process id, or None once it has ended.")
-    ready = Attribute("Deferred: fires when it answers, fails (L{RunnerFailed}) if it cannot start.")
+    pid = Attribute("Its process id once spawned, else None.")
+    options = Attribute("L{mrunner.runners.process.RunnerOptions}: its load timeout and stop grace.")
     ended = Attribute("Deferred: fires once the process has exited, whatever the reason.")
+    how = Attribute("How it ended (C{exited with code 1}), once it has.")
     load_report = Attribute(
         "L{mrunner.backends.loadlines.LoadReport}: each device's buffers as its load output gave"
         " them, and the device that ran out of memory, if one did."
     )
 
-    def stop() -> None:
-        """SIGTERM now, SIGKILL after the grace period; a no-op once it has ended."""
+    def start(on_output: Callable[[], object]) -> None:
+        """Spawn it; C{on_output()} each time it writes while it loads. Raises if it cannot be spawned."""
+
+    def healthy() -> Deferred[bool]:
+        """Whether it answers C{GET /health} with 200 now."""
+
+    def opened() -> None:
+        """It answered: make its socket private and read its output now and then."""
+
+    def failure(why: str) -> Exception:
+        """The error of a start that failed for C{why}, with the tail of its output."""
+
+    def terminate() -> None:
+        """SIGTERM (once)."""
+
+    def kill() -> None:
+        """SIGKILL; nothing once it has ended."""
 
     def rss() -> int | None:
         """Its resident memory in bytes, None when it cannot be read."""

@@ -1,6 +1,6 @@
 """Prometheus metrics: the scheduler's state read at scrape time, what happened to runners, request counts.
 
-C{GET /metrics} adds each ready runner's own metrics (L{mrunner.runner_metrics}).
+C{GET /metrics} adds each ready runner's own metrics (L{mrunner.runners.metrics}).
 """
 
 from __future__ import annotations

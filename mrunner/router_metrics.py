@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 
-from mrunner.runner_metrics import SCRAPED_STATES, Families, RunnerScraper
 from mrunner.runners.checks import Get
+from mrunner.runners.metrics import SCRAPED_STATES, Families, RunnerScraper
 from mrunner.values import RunnerSnapshot, State
 
 #: Tokens held and tokens of room, of one runner.

@@ -46,11 +46,11 @@ from mrunner.logfiles import DaemonLogFile
 from mrunner.metrics import Metrics
 from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.router_metrics import RouterSignals
-from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.checks import RunnerChecks
 from mrunner.runners.forwarder import Forwarder
+from mrunner.runners.metrics import RunnerScraper
 from mrunner.runners.pool import RunnerPool, unix_connect
-from mrunner.scheduling.process import RunnerOptions, start_runner
+from mrunner.runners.process import RunnerOptions, new_process
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
@@ -163,7 +163,7 @@ def make_parts(
         config,
         backends,
         store,
-        partial(start_runner, reactor, checks.healthy, options),
+        partial(new_process, reactor, checks.healthy, options),
         home,
         events=metrics,
         devices=devices,

@@ -26,8 +26,8 @@ from mrunner.api.service.models import ModelsAPI
 from mrunner.api.service.openapi import OpenAPI
 from mrunner.api.service.status import StatusAPI
 from mrunner.interfaces import IBackend, IDevices, IModelStoreAdmin
-from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.forwarder import Forwarder
+from mrunner.runners.metrics import RunnerScraper
 from mrunner.teams.usage import UsageBook
 
 

@@ -200,14 +200,27 @@ class Child:
 
     def kill(self, grace: float = KILL_GRACE) -> None:
         """SIGTERM now, SIGKILL if it is still there after C{grace} seconds; once, however often called."""
+        if self.terminate():
+            escalation = self._reactor.callLater(grace, self.kill_now)
+            self.ended().addCallback(lambda _: escalation.active() and escalation.cancel())
+
+    def terminate(self) -> bool:
+        """SIGTERM, once however often called; whether it was sent (not to a child gone or told already).
+
+        Its output is read as it comes from now on: its last words and EOF matter.
+        """
         if self._killing or self._collector.exit is not None:
-            return
+            return False
         self._killing = True
         self._collector.read_as_it_comes()
-        if self._signal("TERM"):
-            self.log.info("stopping {argv[0]} (pid {pid})", argv=self.argv, pid=self.pid)
-            escalation = self._reactor.callLater(grace, self._signal, "KILL")
-            self.ended().addCallback(lambda _: escalation.active() and escalation.cancel())
+        if not self._signal("TERM"):
+            return False
+        self.log.info("stopping {argv[0]} (pid {pid})", argv=self.argv, pid=self.pid)
+        return True
+
+    def kill_now(self) -> None:
+        """SIGKILL: it did not go when asked; nothing once it has gone."""
+        self._signal("KILL")
 
     def _signal(self, name: str) -> bool:
         try:

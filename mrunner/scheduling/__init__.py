@@ -1,9 +1,9 @@
 """Scheduling: install backends, load runners, share and evict them. No HTTP parsing here.
 
-The policy decides (L{policy.plan}, pure), the loader applies its plans, each
-runner's life is one machine (L{lifecycle}: states, inputs and outputs in one
-table) acting on the loader's record of it (L{roster}), its process is one
-child (L{process}), and the API sees only snapshot values and leases through
-L{mrunner.interfaces.IScheduler}. The smaller lifecycles (an install, a
-preload, a process's readiness) move only as their tables in L{moves} allow.
+The policy decides (L{policy.plan}, pure), the loader applies its plans and
+keeps its runners in a L{roster}; each runner's life is one machine in
+L{mrunner.runners} (L{mrunner.runners.lifecycle}), which the loader sends
+inputs and whose states it reads. The API sees only snapshot values and
+leases through L{mrunner.interfaces.IScheduler}. The smaller lifecycles (an
+install, a preload) move only as their tables in L{mrunner.moves} allow.
 """

@@ -12,7 +12,7 @@ from twisted.python.failure import Failure
 
 from mrunner.errors import NotFound, Unavailable
 from mrunner.interfaces import IBackend
-from mrunner.scheduling.moves import Moves
+from mrunner.moves import Moves
 from mrunner.values import InstallState, InstallStatus
 
 INSTALL_RETRY_AFTER = 5.0

@@ -16,7 +16,6 @@ __all__ = [
     "Smaller",
     "State",
     "drained",
-    "held_on_gpus",
     "next_backoff",
     "place",
     "plan",
@@ -359,22 +358,6 @@ def _share(layers: int, fitting: Mapping[str, int]) -> dict[str, int]:
     for device in behind[: layers - sum(share.values())]:
         share[device] += 1
     return share
-
-
-def held_on_gpus(*readings: Mapping[str, int]) -> dict[str, int]:
-    """Bytes a runner holds on each GPU: the largest of its C{readings} (the plan, its load output,
-    NVML's use of its process), device by device, as measured RSS corrects the estimate in RAM.
-
-    Each reading misses something the others count (the plan is an estimate, the load output
-    leaves out the GPU runtime's own context), so none is trusted below the others. The host's
-    RAM (C{CPU}) in a reading is not a GPU and is left out.
-    """
-    held: dict[str, int] = {}
-    for reading in readings:
-        for device, size in reading.items():
-            if device != HOST:
-                held[device] = max(held.get(device, 0), size)
-    return held
 
 
 @attrs.frozen

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mrunner.scheduling.moves import Moves
+from mrunner.moves import Moves
 from mrunner.values import Preload, PreloadState
 
 W, L, D, F = PreloadState.WAITING, PreloadState.LOADING, PreloadState.LOADED, PreloadState.FAILED

@@ -26,12 +26,13 @@ from mrunner.interfaces import (
     IRunnerProcess,
     IScheduler,
 )
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import Runner
 from mrunner.scheduling import priority
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits, place
 from mrunner.scheduling.preloads import Preloads
-from mrunner.scheduling.roster import LoadRequest, Runner
 from mrunner.sizes import format_size
 from mrunner.values import (
     HOST,
@@ -46,6 +47,7 @@ from mrunner.values import (
 from mrunner.values.backend import COMPLETION, Command, RunnerSettings
 from mrunner.values.model import Model
 
+#: A runner's process for a command, socket, log and label, which the runner's machine spawns.
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 #: Fetches a model that is not in the store from its registry (a preload's, at start).
 PullModel = Callable[[str], Awaitable[object]]
@@ -370,7 +372,7 @@ class Scheduler:
             parallel=runner.parallel,
             last_used=runner.finished_at,
             keep_alive=runner.keep_alive,
-            expires_at=runner.expiry.expires_at,
+            expires_at=runner.expires_at,
             memory=runner.memory,
             memory_estimate=runner.request.memory,
             memory_measured=runner.process.rss(),

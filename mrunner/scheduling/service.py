@@ -9,7 +9,7 @@ from twisted.internet.defer import Deferred, TimeoutError, ensureDeferred, maybe
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from mrunner.scheduling.process import clean_stale
+from mrunner.runners.process import clean_stale
 from mrunner.scheduling.scheduler import Scheduler
 
 

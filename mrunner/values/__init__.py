@@ -13,7 +13,7 @@ import attrs
 
 
 class State(Enum):
-    """Where a runner is in its life (L{mrunner.scheduling.lifecycle} has the moves)."""
+    """Where a runner is in its life (L{mrunner.runners.lifecycle} has the moves)."""
 
     LOADING = "loading"
     READY = "ready"

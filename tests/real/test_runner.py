@@ -1,4 +1,5 @@
-"""A runner process's life with a fake process reactor: ready, load timeout, exits, TERM then KILL, logs."""
+"""A runner's life around a real L{RunnerProcess} on a fake process reactor: ready, load timeout, exits,
+TERM then KILL, logs."""
 
 from __future__ import annotations
 
@@ -19,17 +20,13 @@ from mrunner.backends.childprocess import SETPRIV
 from mrunner.errors import RunnerFailed
 from mrunner.home import Home
 from mrunner.interfaces import IRunnerProcess
-from mrunner.scheduling.moves import IllegalMove
-from mrunner.scheduling.process import (
-    POLL_FIRST,
-    READINESS_MOVES,
-    Readiness,
-    RunnerOptions,
-    RunnerProcess,
-    runner_environment,
-)
+from mrunner.runners.lifecycle import Stage
+from mrunner.runners.process import RunnerOptions, RunnerProcess, runner_environment
+from mrunner.runners.runner import POLL_FIRST, Runner
+from mrunner.scheduling.roster import Roster
 from mrunner.values.backend import Command
-from tests.support.moves import pairs
+from tests.support.fakes import RecordingEvents
+from tests.support.loading import request
 
 
 @attrs.define
@@ -67,6 +64,22 @@ class ProcessReactor(MemoryReactorClock):
 OPTIONS = RunnerOptions(load_timeout=30, stop_grace=5, log_max_bytes=200, log_keep=2)
 
 
+@attrs.define
+class Keeper:
+    """The loader's side: the errors of failed starts."""
+
+    failures: list[RunnerFailed] = attrs.field(factory=list)
+
+    def opened(self, runner: Runner) -> None:
+        pass
+
+    def failed(self, runner: Runner, reason: Failure) -> None:
+        self.failures.append(reason.value)
+
+    def replan(self) -> None:
+        pass
+
+
 class RunnerProcessTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = ProcessReactor()
@@ -76,7 +89,10 @@ class RunnerProcessTests(SynchronousTestCase):
         self.probes: list[str] = []
         self.socket = self.home.socket("r1")
         environ = {"PATH": "/usr/bin", "HOME": "/home/u", "SECRET_TOKEN": "x", "LC_ALL": "C"}
-        self.runner = RunnerProcess(
+        self.events = RecordingEvents()
+        self.keeper = Keeper()
+        self.roster = Roster(self.reactor, self.events, self.keeper)
+        self.process = RunnerProcess(
             self.reactor,
             self.probe,
             Command("/opt/llama-server", ("--port", "0"), env={"EXTRA": "1"}),
@@ -92,8 +108,13 @@ class RunnerProcessTests(SynchronousTestCase):
         return succeed(self.healthy)
 
     def start(self) -> FakeTransport:
-        self.runner.start()
+        self.runner = self.roster.add(request(), self.process)
         return self.reactor.transports[-1]
+
+    def error(self) -> str:
+        """The one failed start's message."""
+        [error] = self.keeper.failures
+        return error.message
 
     def output(self, data: bytes) -> None:
         self.reactor.spawned[-1][0].childDataReceived(2, data)
@@ -103,36 +124,23 @@ class RunnerProcessTests(SynchronousTestCase):
         self.reactor.spawned[-1][0].processEnded(Failure(reason))
 
     def test_provides_the_interface(self) -> None:
-        self.assertTrue(verifyObject(IRunnerProcess, self.runner))
-
-    def test_readiness_moves(self) -> None:
-        R = Readiness
-        allowed = {
-            (R.NEW, R.STARTING),
-            (R.STARTING, R.READY),
-            (R.STARTING, R.FAILED),
-            (R.READY, R.ENDED),
-            (R.FAILED, R.ENDED),
-        }
-        self.assertEqual(pairs(READINESS_MOVES), allowed)
-        self.assertRaises(IllegalMove, READINESS_MOVES.check, R.STARTING, R.ENDED)
+        self.assertTrue(verifyObject(IRunnerProcess, self.process))
 
     def test_a_late_health_answer_changes_nothing(self) -> None:
-        transport = self.start()
         answers: list[Deferred[bool]] = []
 
         def slow_probe(socket: str) -> Deferred[bool]:
             answers.append(Deferred())
             return answers[-1]
 
-        self.runner._probe = slow_probe
-        self.reactor.advance(POLL_FIRST)
+        self.process._probe = slow_probe
+        transport = self.start()
         self.runner.stop()
-        self.failureResultOf(self.runner.ready, RunnerFailed)
         answers[0].callback(True)
-        self.assertIs(self.runner.readiness, Readiness.FAILED)
+        self.assertIs(self.runner.stage, Stage.STOPPING)
         self.end(transport, ProcessTerminated(signal=15))
-        self.assertIs(self.runner.readiness, Readiness.ENDED)
+        self.assertIs(self.runner.stage, Stage.ENDED)
+        self.assertEqual(self.events.seen, [("exited", "stopped")])
 
     def test_the_constructor_starts_nothing(self) -> None:
         self.assertEqual(self.reactor.spawned, [])
@@ -150,13 +158,13 @@ class RunnerProcessTests(SynchronousTestCase):
         self.assertEqual(pid_file.read_text(), str(transport.pid))
         self.assertEqual(stat.S_IMODE(pid_file.stat().st_mode), 0o600)
         self.reactor.advance(POLL_FIRST)
-        self.assertNoResult(self.runner.ready)
+        self.assertIs(self.runner.stage, Stage.LOADING)
         self.healthy = True
         self.reactor.advance(1)
-        self.successResultOf(self.runner.ready)
-        self.assertIs(self.runner.readiness, Readiness.READY)
+        self.assertIs(self.runner.stage, Stage.READY)
         self.assertEqual(self.reactor.getDelayedCalls(), [], "no poll and no deadline left")
         self.assertEqual(set(self.probes), {self.socket})
+        self.assertEqual(len(self.probes), 3, "at once, then after 0.02s and 0.03s more")
 
     def test_output_makes_it_look_sooner(self) -> None:
         self.start()
@@ -165,33 +173,31 @@ class RunnerProcessTests(SynchronousTestCase):
         self.healthy = True
         self.output(b"server is listening\n")
         self.reactor.advance(POLL_FIRST)
-        self.successResultOf(self.runner.ready)
+        self.assertIs(self.runner.stage, Stage.READY)
 
     def test_load_timeout(self) -> None:
         transport = self.start()
         self.output(b"loading tensors\n")
         self.reactor.advance(OPTIONS.load_timeout)
-        error = self.failureResultOf(self.runner.ready, RunnerFailed).value
-        self.assertIn("was not ready after 30s", error.message)
-        self.assertIn("loading tensors", error.message)
+        self.assertIn("was not ready after 30s", self.error())
+        self.assertIn("loading tensors", self.error())
         self.assertEqual(transport.signals, ["TERM"])
-        self.assertNoResult(self.runner.ended)
-        self.assertIs(self.runner.readiness, Readiness.FAILED)
+        self.assertNoResult(self.process.ended)
+        self.assertIs(self.runner.stage, Stage.FAILING)
         self.end(transport, ProcessTerminated(signal=15))
-        self.successResultOf(self.runner.ended)
-        self.assertIs(self.runner.readiness, Readiness.ENDED)
+        self.successResultOf(self.process.ended)
+        self.assertIs(self.runner.stage, Stage.ENDED)
 
     def test_exit_while_loading(self) -> None:
         transport = self.start()
         self.output(b"error: bad magic\n")
         self.end(transport, ProcessTerminated(exitCode=1))
-        error = self.failureResultOf(self.runner.ready, RunnerFailed).value
         self.assertEqual(
-            error.message,
+            self.error(),
             "runner ai/m (completion) exited with code 1 before it was ready;"
             " its last output:\nerror: bad magic",
         )
-        self.successResultOf(self.runner.ended)
+        self.successResultOf(self.process.ended)
         self.assertFalse(Home.pid_file(self.socket).exists())
         self.assertEqual(self.reactor.getDelayedCalls(), [])
         self.assertEqual(transport.signals, [])
@@ -200,13 +206,15 @@ class RunnerProcessTests(SynchronousTestCase):
         transport = self.start()
         self.healthy = True
         self.reactor.advance(POLL_FIRST)
-        self.successResultOf(self.runner.ready)
+        self.assertIs(self.runner.stage, Stage.READY)
         Path(self.socket).touch()
         self.end(transport, ProcessDone(0))
-        self.successResultOf(self.runner.ended)
+        self.successResultOf(self.process.ended)
         self.assertFalse(Path(self.socket).exists())
-        self.assertIsNone(self.runner.rss())
-        self.runner.stop()
+        self.assertIsNone(self.process.rss())
+        self.assertEqual(self.events.seen[-2:], [("evicted", "crash"), ("exited", "crashed")])
+        self.process.terminate()
+        self.process.kill()
         self.assertEqual(transport.signals, [], "nothing to signal once it has ended")
 
     def test_term_ignored_then_kill(self) -> None:
@@ -214,22 +222,23 @@ class RunnerProcessTests(SynchronousTestCase):
         self.healthy = True
         self.reactor.advance(POLL_FIRST)
         self.runner.stop()
-        self.runner.stop()
+        self.process.terminate()
         self.assertEqual(transport.signals, ["TERM"], "stopping twice signals once")
         self.reactor.advance(OPTIONS.stop_grace - 0.1)
         self.assertEqual(transport.signals, ["TERM"])
         self.reactor.advance(0.1)
         self.assertEqual(transport.signals, ["TERM", "KILL"])
         self.end(transport, ProcessTerminated(signal=9))
-        self.successResultOf(self.runner.ended)
+        self.successResultOf(self.process.ended)
         self.assertEqual(self.reactor.getDelayedCalls(), [])
 
-    def test_stop_while_loading_fails_the_start(self) -> None:
+    def test_stop_while_loading_is_no_failure(self) -> None:
         transport = self.start()
         self.runner.stop()
-        self.assertIn("stopped before it was ready", self.failureResultOf(self.runner.ready).value.message)
+        self.assertEqual(self.keeper.failures, [])
         self.end(transport, ProcessTerminated(signal=15))
-        self.successResultOf(self.runner.ended)
+        self.successResultOf(self.process.ended)
+        self.assertEqual(self.events.seen, [("exited", "stopped")])
         self.assertEqual(self.reactor.getDelayedCalls(), [], "the KILL escalation is cancelled")
 
     def test_log_is_private_and_rotated(self) -> None:
@@ -237,7 +246,7 @@ class RunnerProcessTests(SynchronousTestCase):
         for i in range(40):
             self.output(b"line %d of the runner's output\n" % i)
         self.end(transport, ProcessDone(0))
-        self.failureResultOf(self.runner.ready, RunnerFailed)
+        self.assertIn("exited with code 0 before it was ready", self.error())
         log = self.home.runner_log("ai/m:latest", "completion")
         self.assertEqual(stat.S_IMODE(log.stat().st_mode), 0o600)
         self.assertLessEqual(log.stat().st_size, OPTIONS.log_max_bytes + 100)
@@ -290,6 +299,6 @@ class FailedSpawnTests(SynchronousTestCase):
             "m",
             OPTIONS,
         )
-        self.assertRaises(OSError, runner.start)
+        self.assertRaises(OSError, runner.start, lambda: None)
         self.assertIsNone(runner._output)
         self.assertEqual(runner.rss(), None)

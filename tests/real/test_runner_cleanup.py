@@ -9,7 +9,7 @@ import sys
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.home import Home
-from mrunner.scheduling.process import clean_stale
+from mrunner.runners.process import clean_stale
 from tests.support.daemon import short_home
 
 

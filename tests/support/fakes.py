@@ -11,36 +11,58 @@ from zope.interface import implementer
 from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import NotFound, RunnerFailed
 from mrunner.interfaces import IBackend, IDevices, ILoaderEvents, IModelStore, IRunnerProcess
+from mrunner.runners.process import RunnerOptions
 from mrunner.values import ContextSize, Device, Footprint, RunnerKey
 from mrunner.values.backend import Command, RunnerSettings
 from mrunner.values.model import Model
+
+#: A fake's timers: a deadline no test reaches unless it means to, the daemon's default grace.
+FAKE_OPTIONS = RunnerOptions(load_timeout=3600.0, stop_grace=5.0)
 
 
 @implementer(IRunnerProcess)
 @attrs.define(eq=False)
 class FakeProcess:
-    """A runner process the test makes ready, crash or end."""
+    """A runner process the test makes ready (C{ready.callback}), fail (C{ready.errback}) or end."""
 
     socket: str
     pid: int | None = 1
     ready: Deferred[None] = attrs.field(factory=Deferred)
     ended: Deferred[None] = attrs.field(factory=Deferred)
     stops: int = 0
+    kills: int = 0
     exits_on_stop: bool = True
     resident: int | None = None
     load_report: LoadReport = attrs.field(factory=LoadReport)
+    options: RunnerOptions = FAKE_OPTIONS
+    how: str = "exited with code 1"
+    started: bool = False
 
-    def stop(self) -> None:
+    def start(self, on_output: Any) -> None:
+        self.started = True
+
+    def healthy(self) -> Deferred[bool]:
+        """Answers once the test fires C{ready}: True, or its failure."""
+        answer: Deferred[bool] = Deferred()
+        self.ready.addCallbacks(lambda _: answer.callback(True), answer.errback)
+        return answer
+
+    def opened(self) -> None:
+        pass
+
+    def failure(self, why: str) -> RunnerFailed:
+        return RunnerFailed(f"runner {why}")
+
+    def terminate(self) -> None:
         self.stops += 1
-        if not self.ready.called:
-            self.ready.errback(RuntimeError("stopped before ready"))
         if self.exits_on_stop:
             self.exit()
 
+    def kill(self) -> None:
+        self.kills += 1
+
     def exit(self) -> None:
-        """The process ends; like a real one, it fails C{ready} first if it never got there."""
-        if not self.ready.called:
-            self.ready.errback(RunnerFailed("the runner exited before it was ready"))
+        """The process ends."""
         if not self.ended.called:
             self.ended.callback(None)
 

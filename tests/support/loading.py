@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mrunner.scheduling.roster import LoadRequest
+from mrunner.runners.request import LoadRequest
 from mrunner.values import RunnerKey
 from mrunner.values.backend import COMPLETION, RunnerSettings
 from tests.support.fakes import model

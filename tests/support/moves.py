@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mrunner.scheduling.moves import Moves
+from mrunner.moves import Moves
 
 
 def pairs(moves: Moves[Any]) -> set[tuple[Any, Any]]:

@@ -27,8 +27,8 @@ from mrunner.devices.inventory import Devices
 from mrunner.devices.listing import Listed
 from mrunner.interfaces import IBackend
 from mrunner.metrics import Metrics
-from mrunner.runner_metrics import RunnerScraper
 from mrunner.runners.forwarder import Forwarder
+from mrunner.runners.metrics import RunnerScraper
 from tests.support.fakes import unreachable_runners
 
 

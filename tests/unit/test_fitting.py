@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends import llamacpp
+from mrunner.runners.runner import held_on_gpus
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
@@ -157,10 +158,10 @@ class HeldOnGpusTests(SynchronousTestCase):
     def test_the_largest_reading_per_device(self) -> None:
         """NVML counts the runtime's own context, which the load output leaves out; the plan is the floor."""
         planned, loaded, nvml = {"CUDA0": 20, "CUDA1": 9}, {"CUDA0": 26, HOST: 3}, {"CUDA0": 31, "CUDA1": 4}
-        self.assertEqual(policy.held_on_gpus(planned, loaded, nvml), {"CUDA0": 31, "CUDA1": 9})
+        self.assertEqual(held_on_gpus(planned, loaded, nvml), {"CUDA0": 31, "CUDA1": 9})
 
     def test_without_nvml_as_before(self) -> None:
-        self.assertEqual(policy.held_on_gpus({"CUDA0": 20}, {"CUDA0": 26, HOST: 3}, {}), {"CUDA0": 26})
+        self.assertEqual(held_on_gpus({"CUDA0": 20}, {"CUDA0": 26, HOST: 3}, {}), {"CUDA0": 26})
 
 
 #: SmolLM2's default context (4096 tokens, trained for 8192) when the user fixed none.

@@ -4,8 +4,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import NotFound, Unavailable
+from mrunner.moves import IllegalMove
 from mrunner.scheduling.installer import INSTALL_MOVES, Installer, _Install
-from mrunner.scheduling.moves import IllegalMove
 from mrunner.values import InstallState, InstallStatus
 from tests.support.fakes import FakeBackend
 from tests.support.moves import pairs

@@ -11,10 +11,12 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import RunnerFailed, Unavailable
+from mrunner.runners.request import LoadRequest
+from mrunner.runners.runner import MEASURE_EVERY
 from mrunner.scheduling import policy
-from mrunner.scheduling.loader import Lease, Loader
+from mrunner.scheduling.lease import Lease
+from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits, State
-from mrunner.scheduling.roster import MEASURE_EVERY, LoadRequest
 from mrunner.values.backend import COMPLETION, EMBEDDING
 from tests.support.fakes import FakeSpawner
 from tests.support.loading import request

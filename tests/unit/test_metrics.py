@@ -12,9 +12,10 @@ from zope.interface.verify import verifyObject
 
 from mrunner.interfaces import ILoaderEvents
 from mrunner.metrics import Metrics
-from mrunner.runner_metrics import RunnerScraper, metric_name
-from mrunner.scheduling.loader import Loader, NoEvents
+from mrunner.runners.metrics import RunnerScraper, metric_name
+from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
+from mrunner.scheduling.roster import NoEvents
 from mrunner.values import RunnerSnapshot, State
 from tests.support.fakes import FakeSpawner
 from tests.support.loading import request

@@ -13,7 +13,7 @@ from zope.interface.verify import verifyObject
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
-from mrunner.scheduling.moves import IllegalMove
+from mrunner.moves import IllegalMove
 from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, Preload, PreloadState, State

@@ -18,7 +18,7 @@ from mrunner.api.service.openapi import TEXT, Piece, answer, json_content, opera
 from mrunner.api.service.scheduler_json import failed_preloads, install_ready, preload_json
 from mrunner.interfaces import IScheduler
 from mrunner.router_metrics import load_signals
-from mrunner.runner_metrics import RunnerScraper
+from mrunner.runners.metrics import RunnerScraper
 
 READY = {
     "type": "object",

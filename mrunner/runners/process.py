@@ -1,11 +1,11 @@
-"""A runner: one inference server process on a UNIX socket, started by L{RunnerProcess.start}.
+"""A runner's process: one inference server on a UNIX socket, a L{childprocess} child.
 
-It is ready when C{GET /health} says 200. Where it is, is its L{Readiness},
-moved only as L{READINESS_MOVES} allows: C{ready} fires (or fails) on the
-move out of STARTING, C{ended} on the move to ENDED. The process itself is a
-L{childprocess} child: stopping it is SIGTERM, then SIGKILL after a grace
-period, and the tail of its output goes into the error of a failed start.
-Its output is also written to a log that rotates by size. C{setpriv
+It holds no state of the runner's life and no timer: its machine
+(L{mrunner.runners.lifecycle}) spawns it, probes its C{GET /health}, opens
+it, terminates it and kills it after the grace period, and hears from it
+that it wrote (it may just have become ready) and that it C{ended}. The tail
+of its output goes into the error of a failed start, and all of it into a
+log that rotates by size. C{setpriv
 --pdeathsig KILL} makes the kernel kill it if the daemon dies, even by
 SIGKILL; it gets a minimal environment, not the daemon's.
 """
@@ -16,13 +16,11 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.logfile import LogFile
 from zope.interface import implementer
@@ -32,11 +30,8 @@ from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import RunnerFailed
 from mrunner.home import PRIVATE_FILE, Home, write_private
 from mrunner.interfaces import IRunnerProcess
-from mrunner.scheduling.moves import Moves
 from mrunner.values.backend import Command
 
-POLL_FIRST = 0.02
-POLL_MAX = 0.25
 TAIL_LINES = 20
 #: How often a ready runner's output is read into its log (see Child.read_every).
 OUTPUT_EVERY = 0.05
@@ -56,27 +51,6 @@ def runner_environment(
     return {**kept, **(extra or {})}
 
 
-class Readiness(Enum):
-    NEW = "new"  # not started, or its spawn failed
-    STARTING = "starting"  # spawned; its health is polled until the load timeout
-    READY = "ready"  # it answered its health check
-    FAILED = "failed"  # it will never be ready: it timed out, or was stopped first; not yet ended
-    ENDED = "ended"  # its process is gone
-
-
-#: Every move a runner process makes; a process that ends while starting fails its start on the way.
-READINESS_MOVES = Moves(
-    "runner process",
-    {
-        Readiness.NEW: frozenset({Readiness.STARTING}),
-        Readiness.STARTING: frozenset({Readiness.READY, Readiness.FAILED}),
-        Readiness.READY: frozenset({Readiness.ENDED}),
-        Readiness.FAILED: frozenset({Readiness.ENDED}),
-        Readiness.ENDED: frozenset(),
-    },
-)
-
-
 @attrs.frozen
 class RunnerOptions:
     """How runners are started and stopped, and their logs kept."""
@@ -89,7 +63,8 @@ class RunnerOptions:
 
 @implementer(IRunnerProcess)
 class RunnerProcess:
-    """One runner process: C{start} spawns it; C{ready} and C{ended} report what became of it."""
+    """One runner's child: the effects its machine asks for (spawn, probe, open, terminate, kill),
+    and what it tells the machine (output came, C{ended})."""
 
     log = Logger()
 
@@ -107,31 +82,35 @@ class RunnerProcess:
         self._reactor = reactor
         self._probe = probe
         self._command = command
-        self._options = options
+        self.options = options
         self._environ = environ
         self._label = label
         self.socket = socket
         self.log_path = log_path
         self.pid: int | None = None
-        self.readiness = Readiness.NEW
-        self.ready: Deferred[None] = Deferred()
         self.ended: Deferred[None] = Deferred()
+        #: How it ended ("exited with code 1"), once it has.
+        self.how = ""
         self._child: childprocess.Child | None = None
         self._output: LogFile | None = None
-        self._deadline: IDelayedCall | None = None
-        self._poll_call: IDelayedCall | None = None
+        self._on_output: Callable[[], object] = lambda: None
         #: What its output said while it loaded: each device's buffers, or that one ran out.
         self.load_report = LoadReport()
+        self._loading = True
 
-    def start(self) -> None:
-        """Open the log, spawn the process, write its pid file, and start looking for readiness."""
+    def start(self, on_output: Callable[[], object]) -> None:
+        """Open the log, spawn the process and write its pid file; C{on_output()} when it writes.
+
+        @raise Exception: the process could not be spawned; no log file is left open.
+        """
         self.started_at = self._reactor.seconds()
+        self._on_output = on_output
         self._output = LogFile(
             self.log_path.name,
             str(self.log_path.parent),
-            rotateLength=self._options.log_max_bytes,
+            rotateLength=self.options.log_max_bytes,
             defaultMode=PRIVATE_FILE,
-            maxRotatedFiles=self._options.log_keep,
+            maxRotatedFiles=self.options.log_keep,
         )
         argv = [self._command.executable, *self._command.args]
         self.log.info("starting runner {label}: {argv}", label=self._label, argv=" ".join(argv))
@@ -146,51 +125,23 @@ class RunnerProcess:
                 die_with_parent=True,
             )
         except BaseException:
-            self._output.close()  # the loader reports the error; no log file is left open
+            self._output.close()  # the loader reports the error
             self._output = None
             raise
         self.pid = self._child.pid
-        self._move(Readiness.STARTING)
         try:
             write_private(Home.pid_file(self.socket), str(self.pid))
         except OSError as e:  # only the clean-up after a crash reads it, and pdeathsig does most of that
             self.log.warn("no pid file for runner {label}: {error}", label=self._label, error=e.strerror)
-        self._deadline = self._reactor.callLater(self._options.load_timeout, self._timed_out)
-        self._poll(POLL_FIRST)
         self._child.ended().addCallback(self._ended)
 
-    def rss(self) -> int | None:
-        return None if self.pid is None or self.readiness is Readiness.ENDED else rss_bytes(self.pid)
+    def healthy(self) -> Deferred[bool]:
+        """Whether it answers C{GET /health} with 200 now; never fails."""
+        return self._probe(self.socket)
 
-    def stop(self) -> None:
-        """SIGTERM now, SIGKILL after the grace period; C{ended} fires when it is gone."""
-        if self._child is None or self.readiness is Readiness.ENDED:
-            return
-        self._fail_start(f"runner {self._label} was stopped before it was ready")
-        self._child.kill(self._options.stop_grace)
-
-    # Readiness
-
-    def _poll(self, delay: float) -> None:
-        self._poll_call = self._reactor.callLater(delay, self._check_health, delay)
-
-    def _look_sooner(self) -> None:
-        """The runner wrote something, often that it is ready: check within POLL_FIRST, not the back-off."""
-        call = self._poll_call
-        if call is not None and call.active() and call.getTime() - self._reactor.seconds() > POLL_FIRST:
-            call.reset(POLL_FIRST)
-
-    def _check_health(self, delay: float) -> None:
-        self._poll_call = None
-        self._probe(self.socket).addCallback(self._checked, delay)
-
-    def _checked(self, healthy: bool, delay: float) -> None:
-        if self.readiness is not Readiness.STARTING:
-            return  # an answer to a probe sent before it failed or ended
-        if not healthy:
-            self._poll(min(delay * 1.5, POLL_MAX))
-            return
-        self._cancel_timers()
+    def opened(self) -> None:
+        """It answered: its socket made private, its output read now and then rather than as it comes."""
+        self._loading = False
         with suppress(OSError):
             os.chmod(self.socket, PRIVATE_FILE)  # the runner made it with its umask
         self.log.info(
@@ -198,47 +149,34 @@ class RunnerProcess:
             label=self._label,
             seconds=self._reactor.seconds() - self.started_at,
         )
-        self._child.read_every(OUTPUT_EVERY)  # type: ignore[union-attr]  # it runs: it answered
-        self._move(Readiness.READY)
-        self.ready.callback(None)
+        if self._child is not None:
+            self._child.read_every(OUTPUT_EVERY)
 
-    def _timed_out(self) -> None:
-        self._deadline = None
-        seconds = self._options.load_timeout
-        self._fail_start(
-            f"runner {self._label} was not ready after {seconds:g}s; raise [scheduler] load_timeout"
-        )
-        self.stop()
-
-    def _fail_start(self, message: str) -> None:
-        if self.readiness is not Readiness.STARTING:
-            return  # ready, or its start has failed already
-        self._cancel_timers()
-        self._move(Readiness.FAILED)
-        self.ready.errback(RunnerFailed(message + self._tail_text()))
-
-    def _move(self, to: Readiness) -> None:
-        self.readiness = READINESS_MOVES.check(self.readiness, to)
-
-    def _cancel_timers(self) -> None:
-        for call in (self._deadline, self._poll_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._deadline = self._poll_call = None
-
-    def _tail_text(self) -> str:
+    def failure(self, why: str) -> RunnerFailed:
+        """The error of a start that failed for C{why}, with the tail of its output."""
         tail = [line for line in self._child.tail() if line.strip()] if self._child else []
         text = "\n".join(tail).strip()
-        return f"; its last output:\n{text}" if text else ""
+        return RunnerFailed(f"runner {self._label} {why}" + (f"; its last output:\n{text}" if text else ""))
 
-    # Output and end
+    def terminate(self) -> None:
+        self._loading = False
+        if self._child is not None:
+            self._child.terminate()
+
+    def kill(self) -> None:
+        if self._child is not None:
+            self._child.kill_now()
+
+    def rss(self) -> int | None:
+        gone = self._child is None or self._child.exit is not None
+        return None if self.pid is None or gone else rss_bytes(self.pid)
 
     def _lines(self, lines: list[str]) -> None:
         """The runner wrote: the log gets the lines at once, and the runner may just have become ready."""
         self._write("\n".join(lines))
-        if self.readiness is Readiness.STARTING:
+        if self._loading:
             self.load_report.read(lines)
-        self._look_sooner()
+            self._on_output()
 
     def _write(self, text: str) -> None:
         if self._output is not None:
@@ -248,22 +186,20 @@ class RunnerProcess:
     def _ended(self, exit: childprocess.Exit) -> None:
         Home.pid_file(self.socket).unlink(missing_ok=True)
         Path(self.socket).unlink(missing_ok=True)
-        how = (
+        self.how = (
             f"exited with code {exit.code}"
             if exit.code is not None
             else f"was killed by signal {exit.signal}"
         )
-        self._write(f"--- mrunner: runner ended: {how}")
+        self._write(f"--- mrunner: runner ended: {self.how}")
         if self._output is not None:
             self._output.close()
             self._output = None
-        self._fail_start(f"runner {self._label} {how} before it was ready")
-        self.log.info("runner {label} {how}", label=self._label, how=how)
-        self._move(Readiness.ENDED)
+        self.log.info("runner {label} {how}", label=self._label, how=self.how)
         self.ended.callback(None)
 
 
-def start_runner(
+def new_process(
     reactor: Any,
     probe: Probe,
     options: RunnerOptions,
@@ -272,10 +208,8 @@ def start_runner(
     log_path: Path,
     label: str,
 ) -> RunnerProcess:
-    """A started L{RunnerProcess}: the scheduler's C{start_runner}, once the first three are given."""
-    runner = RunnerProcess(reactor, probe, command, socket, log_path, label, options)
-    runner.start()
-    return runner
+    """A L{RunnerProcess} for its machine to start: the scheduler's C{start_runner}, given the first three."""
+    return RunnerProcess(reactor, probe, command, socket, log_path, label, options)
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -1,6 +1,6 @@
 """A guard for small lifecycles: which state may follow which, as a table, and one error for the rest.
 
-The runner's own machine (L{mrunner.scheduling.lifecycle}) lists its outputs
+The runner's own machine (L{mrunner.runners.lifecycle}) lists its outputs
 too; the smaller lifecycles (a runner process's readiness, a backend's
 install, a preload) only need their moves checked, so a bug shows up where
 it happens instead of as, say, an install that is both running and failed.

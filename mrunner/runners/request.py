@@ -1,0 +1,39 @@
+"""What a runner is started for: its key, its model and settings, its keep-alive, what it needs."""
+
+from __future__ import annotations
+
+import attrs
+
+from mrunner.values import ContextSize, Footprint, RunnerKey
+from mrunner.values.backend import RunnerSettings
+from mrunner.values.model import Model
+
+
+@attrs.frozen
+class LoadRequest:
+    """What a request needs: the runner key and how to start it if it is not running."""
+
+    key: RunnerKey
+    model: Model
+    settings: RunnerSettings
+    keep_alive: float
+    memory: int = 0
+    sets_keep_alive: bool = False
+    pinned: bool = False
+    #: C{memory} split per layer, for a plan over GPUs; None: all of it in RAM.
+    footprint: Footprint | None = None
+    #: How many runners of the model may serve (C{[models."NAME"] instances}).
+    instances: int = 1
+    #: The context in force when the user fixed no context size, which a load out of device
+    #: memory may halve once (C{settings.context_size} then holds the half); None when fixed.
+    context: ContextSize | None = None
+
+    @property
+    def halved(self) -> bool:
+        """Whether a load out of device memory halved the context the user left to mrunner."""
+        return self.context is not None and self.settings.context_size is not None
+
+    @property
+    def asked(self) -> RunnerSettings:
+        """The settings as configured, before a load out of device memory halved the context."""
+        return attrs.evolve(self.settings, context_size=None) if self.halved else self.settings
