@@ -46,7 +46,7 @@ from typing import Any
 from bench import http
 from bench.daemon import import_model, started
 from bench.servers import LOOPBACK, free_port, running
-from mrunner.backends.llamacpp import cached_executable
+from mrunner.backends.llamacpp.source import cached_executable
 from mrunner.devices.nvml import Nvml
 
 MIB = 2**20
