@@ -82,6 +82,7 @@ def physical_memory() -> int:
 
 
 def duration(default: float) -> Any:
+    """A settings field in seconds, written as a duration in the file."""
     return attrs.field(default=default, metadata={"parse": parse_duration})
 
 
@@ -130,10 +131,12 @@ def _limit(value: object, key: str) -> int:
 
 
 def text(value: object, key: str) -> str:
+    """A non-empty string, stripped."""
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{key}: expected a non-empty string")
     return value.strip()
 
 
 def limit_field() -> Any:
+    """A settings field counting a limit; 0, the default, is none."""
     return attrs.field(default=0, metadata={"parse": _limit})
