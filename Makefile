@@ -45,12 +45,14 @@ run: backend
 	wait $$daemon
 
 lint: install
-	$(VENV)/bin/ruff check mrunner tests bench
-	$(VENV)/bin/mypy mrunner bench
+	$(VENV)/bin/ruff check mrunner tests bench tools
+	$(VENV)/bin/mypy mrunner bench tools
 	$(VENV)/bin/lint-imports --no-cache
 	@# A test module imports no other test module: what tests share lives in tests/support.
 	@! grep -rnE '^\s*(from|import) +(tests\.[a-z_.]*\btest_|tests\.[a-z_.]* import +\(?test_|\.)' tests bench \
 		|| { echo "a test module imports another: move what they share into tests/support"; exit 1; }
+	@# Modules up to 400 lines, functions up to 60, but for tools/sizes_allowed.txt's reasoned entries.
+	$(PY) -m tools.sizes
 
 test: system-deps backend lint gpu-bundle
 	$(PY) -m twisted.trial tests

@@ -7,7 +7,7 @@ import mrunner.lazytls  # isort: skip
 
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -133,20 +133,103 @@ def make_parts(
     """Build every part of the daemon from C{config}; C{read_config} reads it again for a reload."""
     home = Home(config.home)
     backends = make_backends(config, reactor)
-    try:
-        store = ModelStore(config.home, reactor, config.store.partial_max_age)
-    except StoreCorrupt as e:  # an index it may not read, or cannot move aside to rebuild
-        raise StartupError(e.message) from None
+    store = _store(config, reactor)
     runner_pool = RunnerPool(reactor, unix_connect(reactor), max(config.scheduler.parallel, 2))
+    metrics = Metrics()
+    # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
+    checks = RunnerChecks(runner_pool)
+
+    # A preload missing from the store is pulled (operations is built below, before any start).
+    def pull(name: str) -> Awaitable[object]:
+        return operations.pull(parse(name), operations.progress(lambda line: None, "pull"))
+
+    scheduler, devices = _scheduling(config, reactor, backends, store, home, checks, metrics, pull)
+    # What a reload hands the new configuration to, in order. The Reloader holds this list:
+    # a part built further down (the front door's trust settings) is appended to it.
+    reloadable: list[Reconfigure] = [scheduler.reconfigure]
+    reloader = Reloader(read_config or (lambda: config), config, reloadable)
+    registry_pool = QuietPool(reactor)
+    # Docker's config and credential helpers, after [registry.auth]; helpers see the daemon's environment.
+    credentials = Credentials(config.registry.auth, reactor, os.environ)
+    operations = _operations(
+        config,
+        reactor,
+        store,
+        scheduler,
+        metrics,
+        HTTPClient(Agent(reactor, pool=registry_pool)),
+        credentials,
+    )
+    models = ModelsAPI(store, operations)
+    followers, logs = _follows(config, reactor, home, reloadable)
+    gateway, records, teams = _gateway(config, reactor, store, scheduler, metrics, reloadable)
+    history = RecordsAPI(records, followers)
+    responses = config.responses
+    groups = route_groups(
+        gateway=gateway,
+        store=store,
+        forwarder=Forwarder(runner_pool, openai_stream_error),
+        responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
+        models=models,
+        operations=operations,
+        metrics=metrics.registry,
+        scraper=_scraper(config, reactor, checks, scheduler),
+        logs=logs,
+        history=history,
+        backends=backends,
+        max_request_bytes=config.max_request_bytes,
+        reload=reloader.reload,
+        devices=devices,
+        usage=teams.book,
+        docker_config=credentials.config_file,
+    )
+    site = GatedSite(Routes(groups), config, reactor, sinks=declared.sinks({"upload": models.upload}))
+    reloadable.append(site.configure)
+    closers = (runner_pool.close, registry_pool.closeCachedConnections)
+    return Parts(site, scheduler, logs, history, closers, reloader, teams)
+
+
+def _store(config: configuration.Config, reactor: Any) -> ModelStore:
+    """The home's model store; an index it may not read, or cannot move aside to rebuild, stops the start."""
+    try:
+        return ModelStore(config.home, reactor, config.store.partial_max_age)
+    except StoreCorrupt as e:
+        raise StartupError(e.message) from None
+
+
+def _follows(
+    config: configuration.Config, reactor: Any, home: Home, reloadable: list[Reconfigure]
+) -> tuple[Followers, LogsAPI]:
+    """/logs and /engines/requests follows, under one cap (reloadable), and the logs' API."""
+    followers = Followers(config)
+    reloadable.append(followers.configure)
+    return followers, LogsAPI(home.logs, reactor, followers)
+
+
+def _scraper(config: configuration.Config, reactor: Any, checks: RunnerChecks, scheduler: Scheduler) -> Any:
+    """What /metrics reads from the runners: under vLLM's names for a cluster's router, else as they are."""
+    if config.cluster.metric_names:
+        return RouterSignals(checks.get, reactor, scheduler.queued, scheduler.max_runners)
+    return RunnerScraper(checks.get, reactor)
+
+
+def _scheduling(
+    config: configuration.Config,
+    reactor: Any,
+    backends: dict[str, IBackend],
+    store: ModelStore,
+    home: Home,
+    checks: RunnerChecks,
+    metrics: Metrics,
+    pull: Callable[[str], Awaitable[object]],
+) -> tuple[Scheduler, Devices]:
+    """The scheduler and the devices it fits runners on, both watched by C{metrics}."""
     options = RunnerOptions(
         load_timeout=config.scheduler.load_timeout,
         stop_grace=config.scheduler.stop_grace,
         log_max_bytes=config.runner.log_max_bytes,
         log_keep=config.runner.log_keep,
     )
-    metrics = Metrics()
-    # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
-    checks = RunnerChecks(runner_pool)
     llamacpp = backends["llama.cpp"]
     assert isinstance(llamacpp, LlamaCppBackend)
     # The devices and the scheduler ask each other: the RAM's budget and what runners hold.
@@ -167,27 +250,26 @@ def make_parts(
         home,
         events=metrics,
         devices=devices,
-        # A preload missing from the store is pulled (operations is built below, before any start).
-        pull=lambda name: operations.pull(parse(name), operations.progress(lambda line: None, "pull")),
+        pull=pull,
     )
     metrics.watch(scheduler)
     metrics.registry.register(DeviceCollector(devices))
-    scraper = (
-        RouterSignals(checks.get, reactor, scheduler.queued, scheduler.max_runners)
-        if config.cluster.metric_names
-        else RunnerScraper(checks.get, reactor)
-    )
-    # What a reload hands the new configuration to, in order. The Reloader holds this list:
-    # a part built further down (the front door's trust settings) is appended to it.
-    reloadable: list[Reconfigure] = [scheduler.reconfigure]
-    reloader = Reloader(read_config or (lambda: config), config, reloadable)
-    registry_pool = QuietPool(reactor)
-    http = HTTPClient(Agent(reactor, pool=registry_pool))
-    # Docker's config and credential helpers, after [registry.auth]; helpers see the daemon's environment.
-    credentials = Credentials(config.registry.auth, reactor, os.environ)
+    return scheduler, devices
+
+
+def _operations(
+    config: configuration.Config,
+    reactor: Any,
+    store: ModelStore,
+    scheduler: Scheduler,
+    metrics: Metrics,
+    http: HTTPClient,
+    credentials: Credentials,
+) -> ModelOperations:
+    """Pulls and pushes, from the registries and Hugging Face, over C{http}."""
     registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout, credentials)
     hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
-    operations = ModelOperations(
+    return ModelOperations(
         store,
         scheduler,
         Puller(store, registry, config.registry.max_pulls, hub=hub, read_timeout=config.store.read_timeout),
@@ -195,16 +277,22 @@ def make_parts(
         reactor,
         metrics.moved,
     )
-    models = ModelsAPI(store, operations)
-    followers = Followers(config)  # /logs and /engines/requests follows, under one cap
-    reloadable.append(followers.configure)
-    logs = LogsAPI(home.logs, reactor, followers)
+
+
+def _gateway(
+    config: configuration.Config,
+    reactor: Any,
+    store: ModelStore,
+    scheduler: Scheduler,
+    metrics: Metrics,
+    reloadable: list[Reconfigure],
+) -> tuple[Gateway, Records | None, Teams]:
+    """The gateway with what it keeps per request: records, aliases, named keys' usage (reloadable)."""
     records = (
         Records(config.records.per_model, config.records.max_bytes, config.records.max_body, reactor.seconds)
         if config.records.enabled
         else None
     )
-    history = RecordsAPI(records, followers)
     aliases = Aliases(config.aliases, store)
     reloadable.append(aliases.configure)
     usage_book = UsageBook(config.home, reactor, reactor.seconds, store.resolve, keeping=bool(config.keys))
@@ -214,29 +302,7 @@ def make_parts(
     gateway = Gateway(
         scheduler, store, metrics, reactor, config.max_request_bytes, records, aliases=aliases, teams=teams
     )
-    responses = config.responses
-    groups = route_groups(
-        gateway=gateway,
-        store=store,
-        forwarder=Forwarder(runner_pool, openai_stream_error),
-        responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
-        models=models,
-        operations=operations,
-        metrics=metrics.registry,
-        scraper=scraper,
-        logs=logs,
-        history=history,
-        backends=backends,
-        max_request_bytes=config.max_request_bytes,
-        reload=reloader.reload,
-        devices=devices,
-        usage=teams.book,
-        docker_config=credentials.config_file,
-    )
-    site = GatedSite(Routes(groups), config, reactor, sinks=declared.sinks({"upload": models.upload}))
-    reloadable.append(site.configure)
-    closers = (runner_pool.close, registry_pool.closeCachedConnections)
-    return Parts(site, scheduler, logs, history, closers, reloader, teams)
+    return gateway, records, teams
 
 
 def make_service(

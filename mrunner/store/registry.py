@@ -231,6 +231,13 @@ class RegistryClient:
             raise Unauthorized(f"registry {repo.host} sent an unusable challenge {challenge!r}")
         query = {"service": params.get("service", ""), "scope": params.get("scope", scope)}
         realm = params["realm"]
+        self._check_realm(repo, realm)
+        token = await self._fetch_token(repo, realm, {k: v for k, v in query.items() if v}, credential, basic)
+        repo.auth[scope] = b"Bearer " + token.encode("ascii")
+        self.log.debug("token for {scope} at {host} from {realm}", scope=scope, host=repo.host, realm=realm)
+
+    def _check_realm(self, repo: Repository, realm: str) -> None:
+        """Refuse a token service that is not a URL, or is plain http on a host not in [registry] insecure."""
         try:
             realm_url = urlsplit(realm)
         except ValueError:  # an unclosed IPv6 bracket, say
@@ -244,10 +251,19 @@ class RegistryClient:
                 f"registry {repo.host} names the token service {realm[:200]!r}, which is neither https"
                 " nor on a host in [registry] insecure; refusing to send a request there"
             )
+
+    async def _fetch_token(
+        self,
+        repo: Repository,
+        realm: str,
+        query: dict[str, str],
+        credential: Credential | None,
+        basic: bytes | None,
+    ) -> str:
+        """A Bearer token from C{realm}: for an identity token by OAuth2's refresh, else by GET."""
         headers: dict[bytes | str, bytes | str] = {}
         if basic:
             headers["Authorization"] = basic
-        query = {k: v for k, v in query.items() if v}
         if credential and credential.token:  # Docker's identity token: OAuth2's refresh token, POSTed
             form = {**query, "grant_type": "refresh_token", "refresh_token": credential.secret}
             sending = self._http.post(
@@ -278,8 +294,7 @@ class RegistryClient:
                 f"token service {realm} answered a token that cannot be sent in a header (it must be"
                 " visible ASCII, without spaces)"
             )
-        repo.auth[scope] = b"Bearer " + token.encode("ascii")
-        self.log.debug("token for {scope} at {host} from {realm}", scope=scope, host=repo.host, realm=realm)
+        return token
 
     # The v2 API
 

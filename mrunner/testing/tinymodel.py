@@ -56,24 +56,15 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def _write(
-    path: str | os.PathLike[str],
+def _write_metadata(
+    writer: gguf.GGUFWriter,
     arch: str,
     pooling: gguf.PoolingType,
-    seed: int,
-    shard_tensors: int = 0,
-    context: int = CONTEXT,
+    context: int,
+    vocabulary: tuple[list[str], list[float], list[int]],
 ) -> None:
-    tokens, scores, types = _vocabulary()
-    rng = np.random.default_rng(seed)
-
-    def weights(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    writer = gguf.GGUFWriter(os.fspath(path), arch, split_max_tensors=shard_tensors)
+    """The model's shape, its tokenizer and its chat template: what llama-server reads before the tensors."""
+    tokens, scores, types = vocabulary
     writer.add_name(f"tiny-{arch}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(context)
@@ -96,6 +87,27 @@ def _write(
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(pooling == gguf.PoolingType.RANK)
     writer.add_chat_template(CHATML)
+
+
+def _write(
+    path: str | os.PathLike[str],
+    arch: str,
+    pooling: gguf.PoolingType,
+    seed: int,
+    shard_tensors: int = 0,
+    context: int = CONTEXT,
+) -> None:
+    tokens, scores, types = _vocabulary()
+    rng = np.random.default_rng(seed)
+
+    def weights(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    writer = gguf.GGUFWriter(os.fspath(path), arch, split_max_tensors=shard_tensors)
+    _write_metadata(writer, arch, pooling, context, (tokens, scores, types))
 
     embedding = weights(len(tokens), EMBED)
     embedding[:, 0] = 1.0

@@ -7,6 +7,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
 from mrunner.api.aliases import Aliases, stored_name
+from mrunner.config.tables import build
 from mrunner.errors import NotFound
 from tests.support.fakes import FakeStore, model
 
@@ -48,7 +49,7 @@ class StoredNameTests(SynchronousTestCase):
 
 class ConfigTests(SynchronousTestCase):
     def test_table(self) -> None:
-        loaded = config._config({"aliases": {"gpt-4o-mini": "smollm2", "claude": "ai/qwen3:8B"}})
+        loaded = build({"aliases": {"gpt-4o-mini": "smollm2", "claude": "ai/qwen3:8B"}})
         self.assertEqual(loaded.aliases, {"gpt-4o-mini": SMOL, "claude": "ai/qwen3:8B"})
 
     def test_refused(self) -> None:
@@ -60,7 +61,7 @@ class ConfigTests(SynchronousTestCase):
             ("x", "aliases: expected a table"),
         ]:
             with self.assertRaises(config.ConfigError) as caught:
-                config._config({"aliases": table})
+                build({"aliases": table})
             self.assertIn(words, str(caught.exception), table)
 
 
@@ -93,9 +94,7 @@ class AliasesTests(SynchronousTestCase):
     def test_reconfigure(self) -> None:
         store = FakeStore({SMOL: model(SMOL), "ai/x:latest": model("ai/x:latest")})
         aliases = Aliases({}, store)
-        aliases.configure(
-            config._config({"aliases": {"gpt-4o-mini": "ai/x", "smollm2": "ai/x", "y": "ai/z"}})
-        )
+        aliases.configure(build({"aliases": {"gpt-4o-mini": "ai/x", "smollm2": "ai/x", "y": "ai/z"}}))
         self.assertEqual(
             aliases.table,
             {"ai/gpt-4o-mini:latest": "ai/x:latest", SMOL: "ai/x:latest", "ai/y:latest": "ai/z:latest"},

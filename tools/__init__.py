@@ -1,0 +1,1 @@
+"""The project's own dev checks, run by ``make lint``; not installed with mrunner."""
