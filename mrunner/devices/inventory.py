@@ -115,8 +115,9 @@ class Devices:
         return [*gpus, Device(CPU, "host memory", total, free, self._ram_budget(), used.get(CPU, 0))]
 
     def watch(self, budgets: Callable[[Budgets], object]) -> None:
+        self._push()
         self._watchers.append(budgets)
-        budgets(self._budgets())
+        budgets(self._pushed)
 
     def _push(self) -> None:
         """Tell the watchers the GPUs' budgets, when a new listing changed them."""

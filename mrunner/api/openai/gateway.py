@@ -104,6 +104,12 @@ def _resolved(lookup: Resolved | MrunnerError) -> Resolved:
     return lookup
 
 
+def _each(result: object, ends: list[Callable[[object], object]]) -> None:
+    """The answer is over (C{result}: None, or the failure of a client gone): end each step begun."""
+    for end in ends:
+        end(result)
+
+
 class Gateway:
     """Begins and leases for a route; the route decides what to send the runner."""
 
@@ -153,7 +159,7 @@ class Gateway:
         can last minutes, and a forwarded request already holds its body as bytes.
         """
         ends: list[Callable[[object], object]] = []  # what ends with the answer, as each step begins
-        request.notifyFinish().addBoth(lambda result: [end(result) for end in ends])
+        request.notifyFinish().addBoth(_each, ends)
         ends.append(self._measure(request, mode))
         name = self.scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
