@@ -16,6 +16,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from mrunner.api.observe.records import Records
 from mrunner.api.openai.gateway import Gateway
 from mrunner.config import Config, GPUConfig, SchedulerConfig
+from mrunner.devices.inventory import Devices
 from mrunner.errors import NotFound, Unprocessable
 from mrunner.metrics import Metrics
 from mrunner.scheduling.scheduler import Scheduler
@@ -23,7 +24,7 @@ from mrunner.values import Device
 from mrunner.values.backend import COMPLETION
 from mrunner.values.model import Model
 from mrunner.values.request import Resolved
-from tests.support.devices import CUDA0, devices
+from tests.support.devices import CUDA0, GIB, FakeSource
 from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeSpawner, FakeStore, model
 
 A, B = "ai/a:latest", "ai/b:latest"
@@ -113,8 +114,13 @@ class SchedulerTakesTheResolvedRequestTests(SynchronousTestCase):
 class DevicesPushTheirBudgetsTests(SynchronousTestCase):
     def test_pushed_at_once_and_when_listed_again(self) -> None:
         used: list[int] = []
-        inventory, source = devices([CUDA0], GPUConfig(memory_budget=0.5))
-        inventory._used = lambda: used.append(1) or {}  # type: ignore[assignment, func-returns-value]
+
+        def held() -> dict[str, int]:
+            used.append(1)
+            return {}
+
+        source = FakeSource([CUDA0])
+        inventory = Devices(source, GPUConfig(memory_budget=0.5), lambda: 0, held, host=lambda: (GIB, GIB))
         pushed: list[tuple[tuple[str, int], ...]] = []
         inventory.watch(pushed.append)
         self.assertEqual(pushed, [(("CUDA0", CUDA0.total // 2),)])
