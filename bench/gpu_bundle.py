@@ -38,7 +38,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from mrunner.backends import build
+from mrunner.backends.llamacpp.source import LLAMA_CPP_PYTHON
 
 BUNDLE = Path(".gpu-bundle")
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -64,7 +64,7 @@ MARKERS = {
 }
 #: glibc 2.28 and older: any current Linux distribution runs these.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
-SDIST = f"llama_cpp_python-{build.LLAMA_CPP_PYTHON}"
+SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
 #: Parts of the sdist no build of llama-server reads (CMake is told to skip tests and
 #: examples; the other GPU backends are added only when asked for).
 DROPPED = re.compile(
@@ -166,7 +166,7 @@ def trim_sdist(dest: Path) -> Path:
                 *(
                     "--no-binary",
                     "llama-cpp-python",
-                    f"llama-cpp-python=={build.LLAMA_CPP_PYTHON}",
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
                     "-d",
                     work,
                 ),
@@ -229,7 +229,7 @@ def make(bundle: Path) -> dict[str, object]:
     manifest: dict[str, object] = {
         "python": PYTHON,
         "requirements": requirements,
-        "llama_cpp_python": build.LLAMA_CPP_PYTHON,
+        "llama_cpp_python": LLAMA_CPP_PYTHON,
         "smollm2": {"head": "smollm2.head", "size": size},
         "files": {
             str(p.relative_to(bundle)): p.stat().st_size for p in sorted(bundle.rglob("*")) if p.is_file()

@@ -132,7 +132,7 @@ enough_time() {
 
 checks() {
 	local server
-	server=$("$PYTHON" -c 'import sys; from mrunner.backends.llamacpp import cached_executable
+	server=$("$PYTHON" -c 'import sys; from mrunner.backends.llamacpp.source import cached_executable
 print(cached_executable(variant=sys.argv[1]))' "$VARIANT")
 	MRUNNER_CUDA_LLAMA_SERVER=$server "$PYTHON" -m bench.gpu_check --gguf "$WORK/smollm2.gguf" --out "$OUT" \
 		--logs "$LOGS"

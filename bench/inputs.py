@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from mrunner.backends.llamacpp import cached_executable
+from mrunner.backends.llamacpp.source import cached_executable
 
 #: Overrides the executable, e.g. a finished build that is not in the shared cache yet.
 EXECUTABLE_VARIABLE = "MRUNNER_BENCH_LLAMA_SERVER"

@@ -84,57 +84,12 @@ def mrunner_cli(mrunner: Target, *args: str) -> list[str]:
 
 
 def measure(mrunner: Target, rounds: int, tmp: Path) -> list[Row]:
+    """Scenarios 7 and 8's rows: MB/s of a pull and of an import, each beside the tools that do as much."""
     gguf_path = tmp / "big.gguf"
     size = big_gguf(gguf_path)
-    with registry(tmp / "registry") as host:
-        reference = f"{host}/{MODEL}"
-        subprocess.run(
-            mrunner_cli(mrunner, "package", "--gguf", str(gguf_path), reference),
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(mrunner_cli(mrunner, "push", reference), check=True, capture_output=True)
-        digest = blob_digest(host)
-        url = f"http://{host}/v2/{MODEL.split(':')[0]}/blobs/{digest}"
-
-        def pull() -> float:
-            remove(mrunner, reference)
-            return timed(mrunner_cli(mrunner, "pull", reference))[0]
-
-        def curl_hashed() -> float:
-            seconds, out = timed(["bash", "-o", "pipefail", "-c", f"curl -sf '{url}' | sha256sum"])
-            if out.split()[0] != digest.removeprefix("sha256:"):
-                raise ServerFailed(f"curl | sha256sum of {url} gave {out.split()[0]}, not {digest}")
-            return seconds
-
-        pulls = medians(
-            interleave(
-                {
-                    "direct": curl_hashed,
-                    "curl": lambda: timed(["curl", "-sf", "-o", "/dev/null", url])[0],
-                    "mrunner": pull,
-                },
-                rounds,
-                call,
-            )
-        )
-    copy = tmp / "copy.gguf"
-
-    def package() -> float:
-        remove(mrunner, "bench/imported")
-        return timed(mrunner_cli(mrunner, "package", "--gguf", str(gguf_path), "bench/imported"))[0]
-
-    def cat_hashed() -> float:
-        return timed(["bash", "-o", "pipefail", "-c", f"cat '{gguf_path}' | sha256sum"])[0]
-
-    def cp() -> float:
-        copy.unlink(missing_ok=True)
-        return timed(["cp", str(gguf_path), str(copy)])[0]
-
-    imports = medians(interleave({"direct": cat_hashed, "cp": cp, "mrunner": package}, rounds, call))
-    copy.unlink(missing_ok=True)
+    pull_rates = throughput(size, pulls(mrunner, rounds, tmp, gguf_path))
+    import_rates = throughput(size, imports(mrunner, rounds, tmp, gguf_path))
     mb = f"{size / 1e6:.0f} MB"
-    pull_rates, import_rates = throughput(size, pulls), throughput(size, imports)
     return [
         Row(
             f"7 pull, {mb}",
@@ -161,6 +116,62 @@ def measure(mrunner: Target, rounds: int, tmp: Path) -> list[Row]:
             NO_GOAL,
         ),
     ]
+
+
+def pulls(mrunner: Target, rounds: int, tmp: Path, gguf_path: Path) -> dict[str, float]:
+    """Median seconds of a pull of C{gguf_path}, pushed to a local registry, and of curl's of its blob."""
+    with registry(tmp / "registry") as host:
+        reference = f"{host}/{MODEL}"
+        subprocess.run(
+            mrunner_cli(mrunner, "package", "--gguf", str(gguf_path), reference),
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(mrunner_cli(mrunner, "push", reference), check=True, capture_output=True)
+        digest = blob_digest(host)
+        url = f"http://{host}/v2/{MODEL.split(':')[0]}/blobs/{digest}"
+
+        def pull() -> float:
+            remove(mrunner, reference)
+            return timed(mrunner_cli(mrunner, "pull", reference))[0]
+
+        def curl_hashed() -> float:
+            seconds, out = timed(["bash", "-o", "pipefail", "-c", f"curl -sf '{url}' | sha256sum"])
+            if out.split()[0] != digest.removeprefix("sha256:"):
+                raise ServerFailed(f"curl | sha256sum of {url} gave {out.split()[0]}, not {digest}")
+            return seconds
+
+        return medians(
+            interleave(
+                {
+                    "direct": curl_hashed,
+                    "curl": lambda: timed(["curl", "-sf", "-o", "/dev/null", url])[0],
+                    "mrunner": pull,
+                },
+                rounds,
+                call,
+            )
+        )
+
+
+def imports(mrunner: Target, rounds: int, tmp: Path, gguf_path: Path) -> dict[str, float]:
+    """Median seconds of an import of C{gguf_path}, and of hashing or copying it with cat and cp."""
+    copy = tmp / "copy.gguf"
+
+    def package() -> float:
+        remove(mrunner, "bench/imported")
+        return timed(mrunner_cli(mrunner, "package", "--gguf", str(gguf_path), "bench/imported"))[0]
+
+    def cat_hashed() -> float:
+        return timed(["bash", "-o", "pipefail", "-c", f"cat '{gguf_path}' | sha256sum"])[0]
+
+    def cp() -> float:
+        copy.unlink(missing_ok=True)
+        return timed(["cp", str(gguf_path), str(copy)])[0]
+
+    seconds = medians(interleave({"direct": cat_hashed, "cp": cp, "mrunner": package}, rounds, call))
+    copy.unlink(missing_ok=True)
+    return seconds
 
 
 def keep(values: dict[str, float], baseline: str) -> dict[str, float]:

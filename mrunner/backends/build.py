@@ -1,8 +1,10 @@
-"""Build llama-server from the pinned llama.cpp source, once per machine, atomically.
+"""Build a backend's server from a pinned sdist with CMake, once per machine, atomically.
 
-The source is the llama.cpp tree vendored in the llama-cpp-python sdist, which
-pins one llama.cpp commit and is fetched by pip, so no other download path is
-needed. Every step is a child process of the reactor. The build runs in a
+A L{Source} names the sdist (llama.cpp's is the tree vendored in the
+llama-cpp-python sdist, which pins one llama.cpp commit), fetched by pip, so no
+other download path is needed; builds are shared under
+C{~/.cache/mrunner/backends/<name>/<pin>} (L{cache_root}, L{directory}). Every
+step is a child process of the reactor. The build runs in a
 temporary directory beside the destination and is renamed into place only
 when complete; a lock file keeps two daemons from building at once, and a
 failed or interrupted build leaves nothing behind but its error.
@@ -20,28 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import attrs
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from mrunner.backends import childprocess
-
-LLAMA_CPP_PYTHON = "0.3.36"
-#: The llama.cpp commit vendored in that llama-cpp-python release.
-PIN = "0c1e570"
-
-CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=OFF",
-    "-DBUILD_SHARED_LIBS=OFF",
-    "-DLLAMA_BUILD_SERVER=ON",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_BUILD_UI=OFF",
-    "-DLLAMA_CURL=OFF",
-    # The sdist has no git history; without this, `--version` would say "unknown".
-    f"-DLLAMA_BUILD_COMMIT={PIN}",
-)
 
 #: Seconds between "compiling" reports, so a fast build does not flood the status.
 REPORT_INTERVAL = 1.0
@@ -54,9 +39,45 @@ _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 
 
-def executable_in(directory: Path) -> Path:
-    """Where a build directory (ours, or cmake's) keeps ``llama-server``."""
-    return directory / "bin" / "llama-server"
+@attrs.frozen
+class Source:
+    """What to build and from where: one CMake target of a source tree inside a pinned sdist."""
+
+    #: The backend's name, in messages and as its directory under the cache.
+    name: str
+    #: The sdist's package and version on the package index, fetched with ``pip download``.
+    package: str
+    version: str
+    #: The CMake source tree inside the sdist's top directory.
+    tree: str
+    #: The upstream commit that sdist vendors; a build's directory is named after it.
+    pin: str
+    #: The CMake target, and the executable it produces.
+    target: str
+    cmake_flags: Sequence[str]
+
+    @property
+    def top(self) -> str:
+        """The sdist's name without ``.tar.gz``, and its top directory."""
+        return f"{self.package.replace('-', '_')}-{self.version}"
+
+
+def executable_in(directory: Path, source: Source) -> Path:
+    """Where a build directory (ours, or cmake's) keeps C{source}'s executable."""
+    return directory / "bin" / source.target
+
+
+def cache_root(settings: Mapping[str, Any], environ: Mapping[str, str]) -> Path:
+    """Where every daemon of this user shares builds: the ``cache`` key, else the XDG cache."""
+    if settings.get("cache"):
+        return Path(str(settings["cache"])).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", "~"), ".cache")
+    return Path(xdg).expanduser() / "mrunner"
+
+
+def directory(root: Path, source: Source, leaf: str) -> Path:
+    """A build of C{source} under C{root} ($MRUNNER_HOME or L{cache_root}): C{backends/<name>/<leaf>}."""
+    return root / "backends" / source.name / leaf
 
 
 class InstallFailed(Exception):
@@ -91,13 +112,14 @@ class Throttle:
 
 
 class Build:
-    """Builds llama-server so that C{dest}/bin/llama-server appears complete or not at all."""
+    """Builds C{source} so that C{dest}/bin/<target> appears complete or not at all."""
 
     log = Logger()
 
     def __init__(
         self,
         reactor: Any,
+        source: Source,
         dest: Path,
         report: Callable[[str], object],
         *,
@@ -106,6 +128,7 @@ class Build:
         flags: Sequence[str] = (),
     ):
         self._reactor = reactor
+        self._source = source
         self._flags = tuple(flags)
         self._dest = dest
         self._report = report
@@ -115,7 +138,7 @@ class Build:
 
     @property
     def executable(self) -> Path:
-        return executable_in(self._dest)
+        return executable_in(self._dest, self._source)
 
     async def run(self) -> None:
         """Build, unless another daemon's build put the executable in place while we waited.
@@ -143,9 +166,9 @@ class Build:
         found = {name: shutil.which(name, path=path) for name in ("cmake", "ninja", "make", "tar")}
         for name in ("cmake", "tar"):
             if found[name] is None:
-                raise InstallFailed(f"cannot build llama.cpp: {name} not found on PATH")
+                raise InstallFailed(f"cannot build {self._source.name}: {name} not found on PATH")
         if found["ninja"] is None and found["make"] is None:
-            raise InstallFailed("cannot build llama.cpp: neither ninja nor make found on PATH")
+            raise InstallFailed(f"cannot build {self._source.name}: neither ninja nor make found on PATH")
         return {name: tool for name, tool in found.items() if tool is not None}
 
     async def _lock(self) -> IO[bytes]:
@@ -166,32 +189,15 @@ class Build:
                 raise
 
     async def _build(self, work: Path, tools: Mapping[str, str]) -> None:
-        self._report("downloading source")
-        # The sdist of llama-cpp-python only: pip prepares its metadata, and with ":all:" it
-        # would build each build dependency from source too (CMake itself, 30+ minutes here).
-        await self._step(
-            [
-                *(self._python, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python"),
-                *("--no-input", "--disable-pip-version-check"),
-                *(f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)),
-            ],
-            "downloading llama-cpp-python",
-        )
-        top = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
-        sdists = sorted(work.glob(f"{top}.tar.gz"))
-        if not sdists:
-            raise InstallFailed(f"pip download did not produce {top}.tar.gz")
-        self._report("extracting source")
-        tree = f"{top}/vendor/llama.cpp"
-        await self._step([tools["tar"], "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
-        source, build = work / tree, work / "build"
+        source = self._source
+        tree_dir, build = await self._fetch(work, tools["tar"]), work / "build"
 
         ninja = "ninja" in tools
         self._report("configuring")
         await self._step(
             [
-                *(tools["cmake"], "-S", str(source), "-B", str(build)),
-                *("-G", "Ninja" if ninja else "Unix Makefiles", *CMAKE_FLAGS, *self._flags),
+                *(tools["cmake"], "-S", str(tree_dir), "-B", str(build)),
+                *("-G", "Ninja" if ninja else "Unix Makefiles", *source.cmake_flags, *self._flags),
             ],
             "configuring",
             # Keep CMake's git lookup from taking an enclosing repository's history for ours.
@@ -209,28 +215,54 @@ class Build:
 
         generator = tools["ninja" if ninja else "make"]
         await self._step(
-            [generator, "-C", str(build), f"-j{self._cores}", "llama-server"],
+            [generator, "-C", str(build), f"-j{self._cores}", source.target],
             "compiling",
             on_line=compiling,
         )
 
         self._report("verifying build")
         staged = work / "install"
-        executable_in(staged).parent.mkdir(parents=True)
-        os.rename(executable_in(build), executable_in(staged))
-        await self._step([str(executable_in(staged)), "--version"], "verifying build")
+        built = executable_in(staged, source)
+        built.parent.mkdir(parents=True)
+        os.rename(executable_in(build, source), built)
+        await self._step([str(built), "--version"], "verifying build")
         if self._dest.exists():
             # A broken earlier install: set it aside so the rename below can take its place.
             os.rename(self._dest, work / "replaced")
         os.rename(staged, self._dest)
-        self.log.info("built llama-server {pin} into {dest}", pin=PIN, dest=self._dest)
+        self.log.info(
+            "built {target} {pin} into {dest}", target=source.target, pin=source.pin, dest=self._dest
+        )
+
+    async def _fetch(self, work: Path, tar: str) -> Path:
+        """The sdist's source tree, downloaded and extracted under C{work}."""
+        source = self._source
+        self._report("downloading source")
+        # The sdist only: pip prepares its metadata, and with ":all:" it would build
+        # each build dependency from source too (CMake itself, 30+ minutes here).
+        await self._step(
+            [
+                *(self._python, "-m", "pip", "download", "--no-deps", "--no-binary", source.package),
+                *("--no-input", "--disable-pip-version-check"),
+                *(f"{source.package}=={source.version}", "-d", str(work)),
+            ],
+            f"downloading {source.package}",
+        )
+        sdists = sorted(work.glob(f"{source.top}.tar.gz"))
+        if not sdists:
+            raise InstallFailed(f"pip download did not produce {source.top}.tar.gz")
+        self._report("extracting source")
+        tree = f"{source.top}/{source.tree}"
+        await self._step([tar, "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
+        return work / tree
 
     async def _step(self, argv: Sequence[str], what: str, **kwargs: Any) -> None:
         self.log.info("build step: {argv}", argv=" ".join(argv))
         try:
             await childprocess.run(self._reactor, argv, keep=ERROR_TAIL, **kwargs)
         except (childprocess.ChildFailed, OSError) as e:
-            raise InstallFailed(f"building llama.cpp {PIN} failed while {what}: {e}") from None
+            source = self._source
+            raise InstallFailed(f"building {source.name} {source.pin} failed while {what}: {e}") from None
 
     async def _remove_stale(self) -> None:
         """Remove what crashed builds left; we hold the lock, so none of them is running."""

@@ -2,7 +2,7 @@
 a device ran out.
 
 llama.cpp logs every buffer it allocates while loading (at ``-lv 4`` in the
-pinned build, which L{mrunner.backends.llamacpp.placement_args} asks for)::
+pinned build, which L{mrunner.backends.llamacpp.arguments.placement_args} asks for)::
 
     load_tensors:        CUDA0 model buffer size =   92.10 MiB
     load_tensors:   CPU_Mapped model buffer size =   12.00 MiB

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from rich.console import Console
 
@@ -25,6 +25,14 @@ from mrunner.cli.errors import CommandError, explain
 PIPE_WIDTH = 10_000  # a listing written to a pipe or file is never wrapped
 STORED = "a model in the store, e.g. ai/smollm2"
 Command = Callable[[Context, argparse.Namespace], None]
+
+
+class Add(Protocol):
+    """Adds one subcommand, its help and its C{--json} if it has one; returns its parser."""
+
+    def __call__(
+        self, name: str, run: Command, summary: str, *aliases: str, json: bool = False
+    ) -> argparse.ArgumentParser: ...
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -89,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", parser_class=CommandParser, title="commands"
     )
 
-    def command(
+    def add(
         name: str, run: Command, summary: str, *aliases: str, json: bool = False
     ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, aliases=aliases, help=summary, description=summary, parents=[common])
@@ -98,13 +106,20 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument("--json", action="store_true", help="print JSON, for scripts")
         return sub
 
-    command("pull", models.pull, "pull a model from a registry, one bar per layer").add_argument(
+    for group in COMMAND_GROUPS:  # in this order, which `mrunner --help` lists them in
+        group(add)
+    return top
+
+
+def _model_commands(add: Add) -> None:
+    """Pulling, pushing, running and naming the store's models."""
+    add("pull", models.pull, "pull a model from a registry, one bar per layer").add_argument(
         "model", help="ai/smollm2 (Docker Hub), HOST:PORT/REPO[:TAG] or hf.co/ORG/REPO[:QUANT]"
     )
-    command("push", models.push, "push a model to the registry its name points at").add_argument(
+    add("push", models.push, "push a model to the registry its name points at").add_argument(
         "model", help=f"{STORED}, named HOST[:PORT]/REPO[:TAG] (see `mrunner tag`)"
     )
-    run = command("run", engines.run, "answer PROMPT and exit; without one, chat until Ctrl-D")
+    run = add("run", engines.run, "answer PROMPT and exit; without one, chat until Ctrl-D")
     run.add_argument("model", help=f"{STORED} (pulled first if it is not), or an alias")
     run.add_argument("prompt", nargs="?", help="the question (default: piped input, else a chat)")
     run.add_argument(
@@ -116,26 +131,28 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_TOKENS,
         help=f"the most tokens an answer may have (default: {DEFAULT_MAX_TOKENS}; 0: no limit)",
     )
-    command("ls", models.ls, "list the models in the store", "list", json=True)
-    command("inspect", models.inspect, "show a model's details as JSON").add_argument("model", help=STORED)
-    command("verify", models.verify, "re-hash a model's files (all models without NAME)").add_argument(
+    add("ls", models.ls, "list the models in the store", "list", json=True)
+    add("inspect", models.inspect, "show a model's details as JSON").add_argument("model", help=STORED)
+    add("verify", models.verify, "re-hash a model's files (all models without NAME)").add_argument(
         "model", nargs="?", metavar="NAME", help=f"{STORED} (default: every model)"
     )
-    rm = command("rm", models.rm, "remove a model from the store (and unload it)", "remove")
+    rm = add("rm", models.rm, "remove a model from the store (and unload it)", "remove")
     rm.add_argument("model", help=f"{STORED}, or its id")
     rm.add_argument("--force", action="store_true", help="remove it under all of its tags")
-    tag = command("tag", models.tag, "give a model another name")
+    tag = add("tag", models.tag, "give a model another name")
     tag.add_argument("model", metavar="SOURCE", help=STORED)
     tag.add_argument("target", metavar="TARGET", help="its new name, e.g. localhost:5000/ai/smollm2:v1")
-    command("ps", engines.ps, "list the running models", json=True)
-    command("df", engines.df, "show disk usage of models and backends", json=True)
-    command("devices", devices.devices, "show the GPUs and RAM runners use: memory, budget, use", json=True)
-    unload = command("unload", engines.unload, "unload the named models' runners, or all of them")
+
+
+def _runner_commands(add: Add) -> None:
+    """The running models: listing, disk and devices, unloading, their settings."""
+    add("ps", engines.ps, "list the running models", json=True)
+    add("df", engines.df, "show disk usage of models and backends", json=True)
+    add("devices", devices.devices, "show the GPUs and RAM runners use: memory, budget, use", json=True)
+    unload = add("unload", engines.unload, "unload the named models' runners, or all of them")
     unload.add_argument("models", nargs="*", metavar="MODEL", help="a loaded model (`mrunner ps` lists them)")
     unload.add_argument("--all", action="store_true", help="unload every runner")
-    configure = command(
-        "configure", engines.configure, "set a model's runner settings (docker model configure)"
-    )
+    configure = add("configure", engines.configure, "set a model's runner settings (docker model configure)")
     configure.add_argument("model", help=STORED)
     pin = configure.add_mutually_exclusive_group()
     pin.add_argument(
@@ -152,18 +169,24 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help='a model in the store that drafts for it; "" for none',
     )
-    command("reload", engines.reload, "make the daemon read its tap.conf again (as SIGHUP does)")
-    command("status", engines.status, "is the daemon running, and its backends' install state", json=True)
-    logs = command("logs", engines.logs, "show the daemon's and the runners' logs")
+
+
+def _daemon_commands(add: Add) -> None:
+    """The daemon itself: reload, status, logs, recorded requests, usage."""
+    add("reload", engines.reload, "make the daemon read its tap.conf again (as SIGHUP does)")
+    add("status", engines.status, "is the daemon running, and its backends' install state", json=True)
+    logs = add("logs", engines.logs, "show the daemon's and the runners' logs")
     logs.add_argument("-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C")
     logs.add_argument("--model", help="only this model's runners' logs ('daemon' for the daemon's own)")
-    requests = command("requests", engines.requests, "show the recorded requests, newest first", json=True)
+    requests = add("requests", engines.requests, "show the recorded requests, newest first", json=True)
     requests.add_argument("--model", help="only this model's requests")
     requests.add_argument("-f", "--follow", action="store_true", help="show each new request as it ends")
-    usage.add_arguments(command("usage", usage.usage, "show usage per day, key and model", json=True))
-    package = command(
-        "package", models.package, "store a GGUF file (or shard set) as a model, with its files"
-    )
+    usage.add_arguments(add("usage", usage.usage, "show usage per day, key and model", json=True))
+
+
+def _package_commands(add: Add) -> None:
+    """Making a model from local files, and the registries' credentials."""
+    package = add("package", models.package, "store a GGUF file (or shard set) as a model, with its files")
     package.add_argument("model", metavar="NAME", help="its name in the store, e.g. ai/mymodel:v1")
     package.add_argument(
         "--gguf",
@@ -175,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
     package.add_argument("--chat-template", help="a Jinja chat template file that replaces the GGUF's")
     package.add_argument("--context-size", type=_positive, help="the model's default context size")
     package.add_argument("--push", action="store_true", help="push it to its registry afterwards")
-    log_in = command("login", login.login, "store a registry's credentials where `docker login` would")
+    log_in = add("login", login.login, "store a registry's credentials where `docker login` would")
     log_in.epilog = login.WHERE
     log_in.add_argument(
         "registry", metavar="REGISTRY", type=login.registry, help="host[:port] of the registry"
@@ -186,10 +209,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read the password from stdin (the default off a terminal)",
     )
-    command("logout", login.logout, "remove a registry's stored credentials").add_argument(
+    add("logout", login.logout, "remove a registry's stored credentials").add_argument(
         "registry", metavar="REGISTRY", type=login.registry, help="host[:port] of the registry"
     )
-    timing = command(
+
+
+def _tool_commands(add: Add) -> None:
+    """Benchmarks, launching other tools, versions, waiting for the daemon."""
+    timing = add(
         "bench",
         bench.bench,
         "tokens per second at several concurrencies, and the time to first token",
@@ -214,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
         default=bench.DEFAULT_MAX_TOKENS,
         help=f"tokens each answer makes (default: {bench.DEFAULT_MAX_TOKENS})",
     )
-    launch_tool = command(
+    launch_tool = add(
         "launch", launch.launch, "start a coding agent or chat UI pointed at mrunner (claude, codex, ...)"
     )
     launch_tool.add_argument(
@@ -225,17 +252,18 @@ def parser() -> argparse.ArgumentParser:
         "--env", action="store_true", help="print its environment as export lines instead"
     )
     launch_tool.add_argument("args", nargs="*", metavar="ARG", help="passed on to the tool (after --)")
-    command("version", engines.version, "show the client's and the daemon's versions")
-    wait = command(
-        "wait", engines.wait, "wait until the daemon answers, then print its address (for scripts)"
-    )
+    add("version", engines.version, "show the client's and the daemon's versions")
+    wait = add("wait", engines.wait, "wait until the daemon answers, then print its address (for scripts)")
     wait.add_argument("--timeout", type=float, default=60, help="seconds (default: 60)")
     wait.add_argument(
         "--pid",
         type=_positive,
         help="the daemon's process: wait for the address it writes, and give up as soon as it ends",
     )
-    return top
+
+
+#: Every subcommand, group by group.
+COMMAND_GROUPS = (_model_commands, _runner_commands, _daemon_commands, _package_commands, _tool_commands)
 
 
 def _positive(text: str) -> int:

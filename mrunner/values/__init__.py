@@ -177,7 +177,7 @@ HOST = "CPU"
 
 @attrs.frozen
 class Footprint:
-    """What a runner needs, in the units llama.cpp places (L{mrunner.backends.llamacpp.footprint}).
+    """What a runner needs, in the units llama.cpp places (L{mrunner.backends.llamacpp.sizing.footprint}).
 
     C{layers} offloadable layers (the repeating blocks and the output layer, as
     C{-ngl} counts them) of C{per_layer} bytes each (weights and KV cache); a

@@ -15,13 +15,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from mrunner.backends import build, childprocess
-from mrunner.backends.llamacpp import (
-    BASE_RSS,
-    LlamaCppBackend,
-    cache_root,
-    context_size,
-    memory_estimate,
-)
+from mrunner.backends.build import cache_root
+from mrunner.backends.llamacpp import source
+from mrunner.backends.llamacpp.backend import LlamaCppBackend
+from mrunner.backends.llamacpp.sizing import BASE_RSS, context_size, memory_estimate
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
@@ -165,7 +162,7 @@ class BuildTests(SynchronousTestCase):
         self.dest = self.fixture.pinned(self.fixture.cache)
 
     def work(self) -> Path:
-        (work,) = self.dest.parent.glob(f".{build.PIN}.build-*")
+        (work,) = self.dest.parent.glob(f".{source.PIN}.build-*")
         return work
 
     def start(self) -> Deferred[str]:
@@ -186,7 +183,7 @@ class BuildTests(SynchronousTestCase):
         tar.finish(0)
         cmake = self.reactor.next("cmake")
         self.assertEqual(cmake.argv[5:7], ("-G", "Ninja"))
-        self.assertEqual(cmake.argv[7:], build.CMAKE_FLAGS)
+        self.assertEqual(cmake.argv[7:], source.CMAKE_FLAGS)
         assert cmake.env is not None
         self.assertEqual(cmake.env["GIT_CEILING_DIRECTORIES"], str(self.work()))
         cmake.finish(0)
@@ -265,7 +262,7 @@ class BuildTests(SynchronousTestCase):
     def test_waits_for_another_build(self) -> None:
         """A build in progress elsewhere is awaited; its result is used, not rebuilt."""
         self.dest.parent.mkdir(parents=True)
-        with open(self.dest.with_name(f"{build.PIN}.lock"), "wb") as other:
+        with open(self.dest.with_name(f"{source.PIN}.lock"), "wb") as other:
             fcntl.flock(other, fcntl.LOCK_EX)
             installing = self.fixture.install()
             self.reactor.advance(build.LOCK_POLL)
@@ -278,7 +275,7 @@ class BuildTests(SynchronousTestCase):
 
     def test_stale_work_removed(self) -> None:
         self.dest.parent.mkdir(parents=True)
-        stale = self.dest.parent / f".{build.PIN}.build-crashed"
+        stale = self.dest.parent / f".{source.PIN}.build-crashed"
         stale.mkdir()
         installing = self.fixture.install()
         rm = self.reactor.next("rm")

@@ -17,8 +17,9 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from mrunner.backends import build, childprocess
-from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.backends import childprocess
+from mrunner.backends.llamacpp import source
+from mrunner.backends.llamacpp.backend import LlamaCppBackend
 from mrunner.config import Config
 from mrunner.store import gguf_meta
 from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_reranker
@@ -38,7 +39,7 @@ class CachedInstallTests(TestCase):
         backend = LlamaCppBackend(Config(home=home), reactor, environ)
         reports: list[str] = []
 
-        self.assertEqual(await backend.install(reports.append), f"llama.cpp {build.PIN}")
+        self.assertEqual(await backend.install(reports.append), f"llama.cpp {source.PIN}")
         self.assertEqual(backend.executable, executable)
         self.assertEqual(reports, ["looking for llama-server"])
         self.assertGreater(backend.disk_usage(), 1_000_000)

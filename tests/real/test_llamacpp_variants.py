@@ -13,7 +13,8 @@ from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends import build
-from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.backends.llamacpp import source
+from mrunner.backends.llamacpp.backend import LlamaCppBackend
 from mrunner.config import Config
 from mrunner.scheduling.installer import Installer
 from mrunner.values import InstallState
@@ -29,7 +30,7 @@ class VariantInstallTests(SynchronousTestCase):
         cpu = executable(fixture.pinned(fixture.cache) / "bin" / "llama-server")
         installer = Installer({"llama.cpp": fixture.backend}, MemoryReactorClock())
         waiting = installer.wait("llama.cpp", None)
-        (work,) = fixture.cache.glob(f"backends/llama.cpp/.{build.PIN}-vulkan.build-*")
+        (work,) = fixture.cache.glob(f"backends/llama.cpp/.{source.PIN}-vulkan.build-*")
         pip = reactor.next(os.path.basename(sys.executable))
         (work / "llama_cpp_python-0.3.36.tar.gz").write_bytes(b"sdist")
         pip.finish(0)
@@ -56,7 +57,7 @@ class VariantInstallTests(SynchronousTestCase):
         )
         self.assertIn("Could NOT find Vulkan (missing: glslc)", status.detail)
         self.assertEqual((fixture.backend.variant, fixture.backend.executable), ("cpu", cpu))
-        self.assertFalse(any(fixture.cache.glob(f"backends/llama.cpp/{build.PIN}-vulkan")))
+        self.assertFalse(any(fixture.cache.glob(f"backends/llama.cpp/{source.PIN}-vulkan")))
 
         # The next start does not spend a build failing again: it says why, and how to try again.
         reactor = FakeProcessReactor()
@@ -73,7 +74,7 @@ class VariantInstallTests(SynchronousTestCase):
 
     def test_earlier_gpu_build_is_used_and_lists_its_devices(self) -> None:
         fixture = Fixture(self, variant="cuda")
-        built = fixture.cache / "backends" / "llama.cpp" / f"{build.PIN}-cuda" / "bin" / "llama-server"
+        built = fixture.cache / "backends" / "llama.cpp" / f"{source.PIN}-cuda" / "bin" / "llama-server"
         executable(built)
         installing = fixture.install()
         fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)

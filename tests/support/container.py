@@ -32,7 +32,8 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
-from mrunner.backends.llamacpp import cache_root, cached_executable
+from mrunner.backends.build import cache_root
+from mrunner.backends.llamacpp.source import cached_executable
 
 ROOT = Path(__file__).parents[2]
 #: The base's Debian release, and the CPython its wheels are for (bookworm's python3).

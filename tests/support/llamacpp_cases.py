@@ -12,7 +12,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, TestCase
 
-from mrunner.backends.llamacpp import cached_executable
+from mrunner.backends.llamacpp.source import cached_executable
 from mrunner.testing.tinymodel import write_tiny_llama
 from tests.support.daemon import InProcessDaemon, http, short_home, sleep
 

@@ -15,8 +15,8 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.backends import build
-from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.backends.llamacpp import source
+from mrunner.backends.llamacpp.backend import LlamaCppBackend
 from mrunner.config import Config
 
 VERSION_OUTPUT = b"version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0\n"
@@ -95,7 +95,7 @@ class Fixture:
         self.backend = LlamaCppBackend(config, self.reactor, self.environ)
 
     def pinned(self, root: Path) -> Path:
-        return root / "backends" / "llama.cpp" / build.PIN
+        return root / "backends" / "llama.cpp" / source.PIN
 
     def install(self) -> Deferred[str]:
         return self.backend.install(self.reports.append)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.backends import llamacpp
+from mrunner.backends.llamacpp import arguments, sizing
 from mrunner.runners.runner import held_on_gpus
 from mrunner.scheduling import policy
 from mrunner.scheduling.policy import Limits, State
@@ -239,18 +239,18 @@ class GpuPlanPropertyTests(SynchronousTestCase):
 
 class PlacementArgsTests(SynchronousTestCase):
     def test_whole(self) -> None:
-        args = llamacpp.placement_args(place_on(MODEL, {"CUDA1": 9}))
+        args = arguments.placement_args(place_on(MODEL, {"CUDA1": 9}))
         self.assertEqual(args, ["--fit", "off", "-lv", "4", "--device", "CUDA1", "--n-gpu-layers", "9"])
 
     def test_spread(self) -> None:
-        args = llamacpp.placement_args(place_on(MODEL, {"CUDA0": 5, "CUDA1": 4}), draft=True)
+        args = arguments.placement_args(place_on(MODEL, {"CUDA0": 5, "CUDA1": 4}), draft=True)
         expected = ["--fit", "off", "-lv", "4", "--device", "CUDA0,CUDA1", "--n-gpu-layers", "9"]
         expected += ["--tensor-split", "5,4"]
         self.assertEqual(args, [*expected, "--gpu-layers-draft", "0"])
 
     def test_cpu_only(self) -> None:
         """On a GPU machine, a runner planned for RAM alone is told to offload nothing."""
-        args = llamacpp.placement_args(place_on(MODEL, {}))
+        args = arguments.placement_args(place_on(MODEL, {}))
         self.assertEqual(args, ["--fit", "off", "-lv", "4", "--device", "none", "--n-gpu-layers", "0"])
 
 
@@ -269,15 +269,15 @@ class FootprintTests(SynchronousTestCase):
         }
         described = attrs.evolve(model(), config={"gguf": metadata}, gguf=path)
         settings = RunnerSettings(context_size=4096)
-        footprint = llamacpp.footprint(described, settings)
-        self.assertEqual(footprint.total, llamacpp.memory_estimate(described, settings))
+        footprint = sizing.footprint(described, settings)
+        self.assertEqual(footprint.total, sizing.memory_estimate(described, settings))
         kv = 30 * 4096 * 3 * (64 + 64) * 2
         self.assertEqual((footprint.layers, footprint.per_layer), (31, (310_000 + kv) // 31))
         self.assertGreater(footprint.per_device, 0)
 
     def test_no_metadata(self) -> None:
         """Nothing known of its layers: nothing to offload, the whole estimate in RAM."""
-        footprint = llamacpp.footprint(model(), RunnerSettings())
+        footprint = sizing.footprint(model(), RunnerSettings())
         self.assertEqual(
-            (footprint.layers, footprint.total), (0, llamacpp.memory_estimate(model(), RunnerSettings()))
+            (footprint.layers, footprint.total), (0, sizing.memory_estimate(model(), RunnerSettings()))
         )

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.backends.llamacpp import BASE_RSS, LlamaCppBackend, memory_estimate
+from mrunner.backends.llamacpp.backend import LlamaCppBackend
+from mrunner.backends.llamacpp.sizing import BASE_RSS, memory_estimate
 from mrunner.cli.package import TarStream, members
 from mrunner.config import Config
 from mrunner.errors import BadRequest

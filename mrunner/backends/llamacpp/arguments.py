@@ -1,0 +1,113 @@
+"""The ``llama-server`` command line of a runner: its model's files, its settings, its placement."""
+
+from __future__ import annotations
+
+from mrunner.backends.llamacpp.sizing import context_size
+from mrunner.errors import BadRequest
+from mrunner.values import Placement
+from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
+from mrunner.values.model import Model
+
+#: Model files llama-server loads beside the weights, by role, and the flag that names each.
+FILE_FLAGS = {"mmproj": "--mmproj", "chat_template": "--chat-template-file"}
+
+_MODE_FLAGS = {
+    COMPLETION: (),
+    EMBEDDING: ("--embeddings",),
+    RERANKING: ("--embeddings", "--reranking"),
+}
+
+
+def command(executable: str, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
+    """C{executable} (``llama-server``) serving C{model} in C{mode} on the UNIX socket C{socket}.
+
+    The model's projector and chat template layers are passed as ``--mmproj``
+    and ``--chat-template-file``; a split model is opened at its first shard;
+    a draft model in the settings as ``--model-draft``.
+
+    ``--kv-unified`` lets every parallel slot use the whole context (llama-server
+    otherwise splits it into ``-np`` equal parts once ``-np`` is given), so the
+    KV cache, and the memory estimate, do not grow with C{settings.parallel}.
+    """
+    if not socket.endswith(".sock"):
+        raise ValueError(f"llama-server listens on a UNIX socket only if it ends in .sock: {socket}")
+    args = [
+        *("--model", model.gguf, "--host", socket, "--alias", model.name),
+        *("--ctx-size", str(context_size(model, settings))),
+        *("--parallel", str(settings.parallel), "--kv-unified"),
+        *("--metrics", "--jinja", "--no-webui"),
+    ]
+    for role, flag in FILE_FLAGS.items():
+        if role in model.files:
+            args += [flag, model.files[role]]
+    if settings.draft is not None:  # a plain model as the draft: say which kind of drafting
+        args += ["--model-draft", settings.draft.gguf, "--spec-type", "draft-simple"]
+    if settings.threads > 0:
+        args += ["--threads", str(settings.threads)]
+    if settings.placement is not None:
+        args += placement_args(settings.placement, draft=settings.draft is not None)
+    if mode == RERANKING and not can_rerank(model):
+        raise BadRequest(
+            f"model {model.name} cannot rerank: it has no ranking head (GGUF pooling type"
+            " 'rank'); use a reranker model",
+            code="model_cannot_rerank",
+        )
+    if mode == EMBEDDING and not can_embed(model):
+        raise BadRequest(
+            f"model {model.name} is not an embedding model: its GGUF gives it no pooling type, so"
+            " llama-server has no sentence embedding to answer with; use an embedding model",
+            code="model_cannot_embed",
+        )
+    args += [*_MODE_FLAGS[mode], *settings.flags]
+    return Command(executable, tuple(args))
+
+
+def placement_args(placement: Placement, draft: bool = False) -> list[str]:
+    """The flags that put a runner's layers where the plan says: ``--device`` lists the GPUs it
+    uses, ``-ngl`` counts the layers they hold, ``--tensor-split`` shares them out.
+
+    ``--fit off``: the pinned llama-server otherwise changes every unset
+    argument to fit the memory free when it starts, which another runner may
+    be about to take; mrunner has done the arithmetic against its budgets, so
+    two runners never plan for the same free memory. A flag of the model's
+    own ``runtime_flags`` comes later and still wins. ``-lv 4``: the pinned
+    build logs each device's buffers only at that verbosity, and the measured
+    use is read from those lines (L{mrunner.backends.loadlines}); it adds
+    about 30 lines to a runner's log per request.
+    """
+    devices = [device for device, _ in placement.layers]
+    args = ["--fit", "off", "-lv", "4", "--device", ",".join(devices) or "none"]
+    args += ["--n-gpu-layers", str(placement.gpu_layers)]
+    if len(devices) > 1:
+        args += ["--tensor-split", ",".join(str(n) for _, n in placement.layers)]
+    if draft:
+        args += ["--gpu-layers-draft", "0"]
+    return args
+
+
+def can_rerank(model: Model) -> bool:
+    """Only rank pooling has a classification head: llama-server scores any other model with noise."""
+    from gguf import PoolingType  # on first use, as in gguf_meta: gguf brings numpy
+
+    return _pooling(model) == str(int(PoolingType.RANK))
+
+
+def can_embed(model: Model) -> bool:
+    """Whether the GGUF gives a pooling type other than none (a chat model gives none).
+
+    Without one, llama-server refuses C{/v1/embeddings} ("Pooling type 'none' is not OAI
+    compatible"). A model whose GGUF metadata is unknown is let through.
+    """
+    from gguf import PoolingType
+
+    if not model.config.get("gguf"):
+        return True
+    return _pooling(model) not in (None, str(int(PoolingType.NONE)))
+
+
+def _pooling(model: Model) -> str | None:
+    """The GGUF's C{<architecture>.pooling_type}, as text; None when it gives none."""
+    metadata = model.config.get("gguf") or {}
+    architecture = model.config.get("architecture") or metadata.get("general.architecture")
+    value = metadata.get(f"{architecture}.pooling_type")
+    return None if value is None else str(value)
