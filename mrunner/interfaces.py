@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from mrunner.values.backend import Command, RunnerSettings
     from mrunner.values.model import Deletion, Model, Reference, Reports
+    from mrunner.values.request import Resolved
 
 
 class IProgress(Interface):
@@ -94,8 +95,8 @@ class IModelStore(Interface):
     def partials_usage() -> int:
         """Bytes of partial downloads (kept so a pull resumes; removed when old)."""
 
-    def ready(name: str) -> Deferred[Model]:
-        """The L{Model} named C{name}, checked for loading: its blobs' sizes, and their
+    def ready(model: Model) -> Deferred[Model]:
+        """C{model} (as L{resolve} found it), checked for loading: its blobs' sizes, and their
         digests the first time since start.
 
         @raise ModelCorrupt: (in the Deferred) a blob is missing or corrupt; it is quarantined.
@@ -218,6 +219,13 @@ class IDevices(Interface):
     def check() -> None:
         """Warn of the C{[gpu] devices} the build does not list (after an install, when it is known)."""
 
+    def watch(budgets: Callable[[tuple[tuple[str, int], ...]], object]) -> None:
+        """Call C{budgets} with each GPU's budget (id, bytes) now, and again whenever they change.
+
+        A budget is a share of a GPU's memory, which no runner's use moves: it changes only
+        when the devices are listed again, so a load needs no look at them.
+        """
+
 
 class IRunnerProcess(Interface):
     """One runner's process, as its machine drives it (see L{mrunner.runners.process}): no state, no timer."""
@@ -299,14 +307,12 @@ class IScheduler(Interface):
     def backend_statuses() -> dict[str, InstallStatus]:
         """Each backend's install status."""
 
-    def acquire(
-        backend: str | None, model: str, mode: str, keep_alive: float | None = None, rank: int = 1
-    ) -> Deferred[ILease]:
-        """An L{ILease} on a ready runner for C{model} in C{mode}.
+    def acquire(request: Resolved) -> Deferred[ILease]:
+        """An L{ILease} on a ready runner for C{request}, taken as resolved (nothing is looked up again).
 
-        A C{keep_alive} (seconds, -1 for ever) replaces the runner's own from
-        this request on. C{rank} is the request's priority class (0 high, 1
-        normal, 2 low): waiters are served best class first. Cancelling the result drops the request from the
+        Its C{keep_alive} (seconds, -1 for ever) replaces the runner's own from
+        this request on. Its C{rank} is the priority class (0 high, 1 normal,
+        2 low): waiters are served best class first. Cancelling the result drops the request from the
         wait queue. Every failure comes through the Deferred.
         """
 

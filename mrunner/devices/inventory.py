@@ -3,7 +3,8 @@
 A GPU's budget is ``[gpu] memory_budget`` of its total memory (a share, or bytes): a
 number that runners' own use, or another process's, never moves. The RAM's budget is
 the scheduler's ``memory_budget``. What runners hold on each device comes from
-L{used_by_runners}.
+L{used_by_runners}. The GPUs' budgets change only when the devices are listed
+again, so they are pushed then (L{Devices.watch}), and a load never looks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from mrunner.interfaces import IDevices
 from mrunner.values import Device, RunnerSnapshot
 
 CPU = "CPU"
+#: Each GPU's budget in bytes, by device id, in the build's order.
+Budgets = tuple[tuple[str, int], ...]
 #: Seconds a ``--list-devices`` answers refreshes for: any caller of C{/engines/devices} (the page
 #: polls it every 5 s, from each tab) would otherwise start a llama-server each time.
 LISTING_MAX_AGE = 10.0
@@ -93,6 +96,8 @@ class Devices:
     _unlisted: tuple[str, ...] = attrs.field(default=(), init=False)
     _live: dict[str, tuple[int, int]] = attrs.field(factory=dict, init=False)
     _waiters: list[Deferred[list[Device]]] = attrs.field(factory=list, init=False)
+    _watchers: list[Callable[[Budgets], object]] = attrs.field(factory=list, init=False)
+    _pushed: Budgets = attrs.field(default=(), init=False)
 
     @property
     def variant(self) -> str:
@@ -103,10 +108,30 @@ class Devices:
         gpus = []
         for listed in self._allowed(self._source.listed()):
             total, free = self._live.get(listed.id, (listed.total, listed.free))
-            budget = self._budget(total)
-            gpus.append(Device(listed.id, listed.name, total, free, budget, used.get(listed.id, 0)))
+            gpus.append(
+                Device(listed.id, listed.name, total, free, self._budget(total), used.get(listed.id, 0))
+            )
         total, free = self._host()
         return [*gpus, Device(CPU, "host memory", total, free, self._ram_budget(), used.get(CPU, 0))]
+
+    def watch(self, budgets: Callable[[Budgets], object]) -> None:
+        self._push()
+        self._watchers.append(budgets)
+        budgets(self._pushed)
+
+    def _push(self) -> None:
+        """Tell the watchers the GPUs' budgets, when a new listing changed them."""
+        budgets = self._budgets()
+        if budgets != self._pushed:
+            self._pushed = budgets
+            for watcher in self._watchers:
+                watcher(budgets)
+
+    def _budgets(self) -> Budgets:
+        return tuple(
+            (listed.id, self._budget(self._live.get(listed.id, (listed.total, listed.free))[0]))
+            for listed in self._allowed(self._source.listed())
+        )
 
     def used_by(self, pid: int) -> dict[str, int]:
         """NVML's bytes for process C{pid} on each GPU; none where NVML does not load."""
@@ -126,6 +151,7 @@ class Devices:
                 listed=", ".join(listed) or "no GPU",
             )
         self._unlisted = unlisted
+        self._push()  # the build is installed: its list is known
 
     def refresh(self) -> Deferred[list[Device]]:
         """NVML's numbers when it answers for every listed NVIDIA GPU, else the build's list again
@@ -135,8 +161,10 @@ class Devices:
             wanted = {listed.id for listed in self._source.listed()}
             if live and wanted <= live.keys():
                 self._live = live
+                self._push()
                 return succeed(self.devices())
         self._live = {}
+        self._push()
         if self._listed_at is not None and self._now() - self._listed_at < LISTING_MAX_AGE:
             return succeed(self.devices())
         waiter: Deferred[list[Device]] = Deferred()
@@ -148,6 +176,7 @@ class Devices:
     def _listed_again(self, _: object) -> None:
         waiters, self._waiters = self._waiters, []
         self._listed_at = self._now()
+        self._push()
         for waiter in waiters:
             waiter.callback(self.devices())
 

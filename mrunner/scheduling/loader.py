@@ -30,7 +30,7 @@ from mrunner.scheduling.lease import Lease, Waiter, first, instances, least_busy
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import NoEvents, Roster
 from mrunner.scheduling.smaller import Estimate, same_estimate
-from mrunner.values import HOST, Footprint, Placement, RunnerKey, State
+from mrunner.values import Footprint, Placement, RunnerKey, State
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
 
@@ -62,8 +62,8 @@ class Loader:
     ):
         self._clock = clock
         self._estimate = estimate
-        self._devices = devices
-        self._gpus: tuple[tuple[str, int], ...] | None = None
+        #: Each GPU's budget, as the devices last pushed them (L{IDevices.watch}); none without GPUs.
+        self.gpus: tuple[tuple[str, int], ...] = ()
         #: Seconds of waiting after which a waiter moves up a priority class (L{priority}).
         self.starvation = starvation
         self._spawn = spawn
@@ -81,6 +81,8 @@ class Loader:
         self._leased = 0
         self._pumping = False
         self._repump = False
+        if devices is not None:
+            devices.watch(self._budgets)
 
     @property
     def queued(self) -> int:
@@ -102,7 +104,7 @@ class Loader:
 
         With GPUs, C{footprint} is placed as the plan would place it in what each has free.
         """
-        return self.roster.fits(memory, attrs.evolve(self._limits, gpus=self.gpus()), footprint)
+        return self.roster.fits(memory, attrs.evolve(self._limits, gpus=self.gpus), footprint)
 
     def admit(self) -> None:
         """Raise L{Unavailable} when this loader takes no new requests: closed, or draining."""
@@ -309,7 +311,7 @@ class Loader:
             while self._repump:
                 self._repump = False
                 stopping = self.roster.stopping()
-                limits = attrs.evolve(self._limits, gpus=self.gpus(fresh=bool(self._queue)))
+                limits = attrs.evolve(self._limits, gpus=self.gpus)
                 on_gpus = Counter[str]()
                 for runner in stopping:
                     on_gpus.update(runner.on_gpus)
@@ -320,18 +322,10 @@ class Loader:
         finally:
             self._pumping = False
 
-    def gpus(self, fresh: bool = True) -> tuple[tuple[str, int], ...]:
-        """Each GPU's budget; none on a machine without GPUs.
-
-        Asking the devices costs a snapshot of every runner, so a caller that
-        will not load (a request for a runner that is there, a plan with no one
-        waiting) takes the answer of the last caller that asked afresh.
-        """
-        if self._devices is None:
-            return ()
-        if fresh or self._gpus is None:
-            self._gpus = tuple((d.id, d.budget) for d in self._devices.devices() if d.id != HOST)
-        return self._gpus
+    def _budgets(self, gpus: tuple[tuple[str, int], ...]) -> None:
+        """The devices were listed again: plan with their budgets from now on."""
+        self.gpus = gpus
+        self.replan()
 
     def _instances(self, waiter: Waiter) -> list[RunnerKey]:
         """The runners that may serve C{waiter}, less other instances whose load failed just now."""

@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
-#: The class of a request whose key names none (config.PRIORITIES: high, normal, low).
-NORMAL = 1
+from mrunner.values.request import NORMAL as NORMAL  # the class of a request whose key names none
 
 
 class Ranked(Protocol):

@@ -101,8 +101,7 @@ class ModelStore:
     def partials_usage(self) -> int:
         return self.blobs.partials_usage()
 
-    def ready(self, name: str) -> Deferred[Model]:
-        model = self.resolve(name)
+    def ready(self, model: Model) -> Deferred[Model]:
         if model.problem is None and all(self.integrity.known_good(b) for b in self.manifest(model.id).blobs):
             self._link_shards(model.id)
             return succeed(model)  # every request but the first: a stat per blob, no hashing

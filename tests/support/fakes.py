@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -119,7 +120,7 @@ def model(name: str = "ai/smollm2:latest", digest: str = "a" * 64) -> Model:
 @attrs.define
 class FakeStore:
     models: dict[str, Model] = attrs.field(factory=dict)
-    checked: list[str] = attrs.field(factory=list)  # names L{ready} was asked for
+    checked: list[str] = attrs.field(factory=list)  # the names of the models L{ready} was asked for
 
     def resolve(self, name: str) -> Model:
         for candidate in (name, f"ai/{name}:latest", f"{name}:latest"):
@@ -136,9 +137,9 @@ class FakeStore:
     def partials_usage(self) -> int:
         return 0
 
-    def ready(self, name: str) -> Deferred[Model]:
-        self.checked.append(name)
-        return succeed(self.resolve(name))
+    def ready(self, model: Model) -> Deferred[Model]:
+        self.checked.append(model.name)
+        return succeed(model)
 
 
 @implementer(IBackend)
@@ -212,6 +213,9 @@ class FakeDeviceBudgets:
 
     def check(self) -> None:
         pass
+
+    def watch(self, budgets: Callable[[tuple[tuple[str, int], ...]], object]) -> None:
+        budgets(tuple(self.gpus.items()))
 
 
 def unreachable_runners(socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:

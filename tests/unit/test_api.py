@@ -19,6 +19,7 @@ from mrunner.errors import RunnerFailed
 from mrunner.metrics import Metrics
 from mrunner.runners.forwarder import forwarded_headers
 from mrunner.scheduling.scheduler import Scheduler
+from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups
 
@@ -402,7 +403,7 @@ class APITests(SynchronousTestCase):
         self.install()
         url = f"{BASE}/engines/_configure"
         self.answer(self.request("POST", url, {"model": "smollm2", "context-size": 1024}))
-        d = self.scheduler.acquire(None, "smollm2", "completion")
+        d = acquire(self.scheduler, self.store, None, "smollm2", "completion")
         self.spawn.processes[-1].ready.callback(None)
         self.successResultOf(d)
         code, body, _ = self.answer(self.request("POST", url, {"model": "smollm2", "context-size": 1024}))
@@ -525,7 +526,7 @@ class APITests(SynchronousTestCase):
         d = self.request("POST", CHAT, {"model": "smollm2"}, headers={"X-Preload-Only": "true"})
         self.spawn.processes[0].ready.callback(None)
         self.assertEqual(self.answer(d)[0], 200)
-        held = self.successResultOf(self.scheduler.acquire(None, "smollm2", "completion"))
+        held = self.successResultOf(acquire(self.scheduler, self.store, None, "smollm2", "completion"))
         code, body, _ = self.answer(self.request("POST", f"{BASE}/engines/_drain"))
         self.assertEqual((code, body), (200, {"draining": True, "in_flight": 1}))
         waiting = self.request("POST", f"{BASE}/engines/_drain?wait=true")

@@ -17,6 +17,7 @@ from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
+from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.loading import request
 
@@ -70,18 +71,19 @@ class StopDrainsTests(SynchronousTestCase):
         self.clock = Clock()
         self.spawn = FakeSpawner()
         self.backend = FakeBackend()
+        self.store = FakeStore({"ai/smollm2:latest": model()})
         self.scheduler = Scheduler(
             self.clock,
             Config(),
             {"llama.cpp": self.backend},
-            FakeStore({"ai/smollm2:latest": model()}),
+            self.store,
             self.spawn.start_runner,
         )
         self.scheduler.installer.start("llama.cpp")
         self.backend.installs[-1].callback("llama.cpp test")
 
     def serving(self):
-        d = self.scheduler.acquire(None, "ai/smollm2", "completion")
+        d = acquire(self.scheduler, self.store, None, "ai/smollm2", "completion")
         self.spawn.processes[0].ready.callback(None)
         return self.successResultOf(d)
 
@@ -94,7 +96,9 @@ class StopDrainsTests(SynchronousTestCase):
         lease = self.serving()
         stopped = self.service(30).stopService()
         self.assertTrue(self.scheduler.draining())
-        self.failureResultOf(self.scheduler.acquire(None, "ai/smollm2", "completion"), Unavailable)
+        self.failureResultOf(
+            acquire(self.scheduler, self.store, None, "ai/smollm2", "completion"), Unavailable
+        )
         self.clock.advance(29)
         self.assertEqual(self.spawn.processes[0].stops, 0, "the runner serves on while it drains")
         lease.release()

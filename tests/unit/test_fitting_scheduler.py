@@ -16,6 +16,7 @@ from mrunner.errors import RunnerFailed, Unprocessable
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings
 from mrunner.values.backend import COMPLETION
+from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeSpawner, FakeStore, model
 
 A, B = "ai/a:latest", "ai/b:latest"
@@ -77,7 +78,7 @@ class GpuSchedulerTests(SynchronousTestCase):
 
     def test_whole_on_the_gpu_that_fits_best(self) -> None:
         scheduler = self.make({"CUDA0": 40 * MIB, "CUDA1": 24 * MIB})
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.assertEqual(self.layers(), [("CUDA1", 9)])
         self.spawn.processes[-1].ready.callback(None)
         self.successResultOf(d).release()
@@ -88,12 +89,12 @@ class GpuSchedulerTests(SynchronousTestCase):
     def test_spread(self) -> None:
         """A model no one GPU holds is spread over both, in proportion to their room."""
         scheduler = self.make({"CUDA0": 12 * MIB, "CUDA1": 12 * MIB})
-        scheduler.acquire(None, "a", COMPLETION)
+        acquire(scheduler, self.store, None, "a", COMPLETION)
         self.assertEqual(self.layers(), [("CUDA0", 5), ("CUDA1", 4)])
 
     def test_measured_buffers_correct_the_plan(self) -> None:
         scheduler = self.make({"CUDA0": 40 * MIB})
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         process = self.spawn.processes[-1]
         process.load_report.read(
             [
@@ -109,14 +110,14 @@ class GpuSchedulerTests(SynchronousTestCase):
         # Pinned, it stays: the next model plans for what is left after what was measured,
         # 14 MiB, six layers (an estimate of 20 MiB would have left room for seven).
         self.successResultOf(scheduler.configure(None, "a", ModelSettings(pinned=True)))
-        scheduler.acquire(None, "b", COMPLETION)
+        acquire(scheduler, self.store, None, "b", COMPLETION)
         self.assertEqual(self.layers(), [("CUDA0", 6)])
 
     def test_nvml_corrects_the_plan(self) -> None:
         """NVML's use of the runner's process (pid 1) counts the GPU runtime's own memory too: larger
         than its load output (26 MiB), it is what `ps` shows and what the next plan leaves room for."""
         scheduler = self.make({"CUDA0": 40 * MIB}, nvml={1: {"CUDA0": 30 * MIB}, 2: {"CUDA0": 9 * MIB}})
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         process = self.spawn.processes[-1]
         process.load_report.read(["load_tensors:        CUDA0 model buffer size =    26.00 MiB"])
         process.ready.callback(None)
@@ -124,12 +125,12 @@ class GpuSchedulerTests(SynchronousTestCase):
         [runner] = scheduler.snapshot()
         self.assertEqual(dict(runner.devices)["CUDA0"], 30 * MIB)
         self.successResultOf(scheduler.configure(None, "a", ModelSettings(pinned=True)))
-        scheduler.acquire(None, "b", COMPLETION)
+        acquire(scheduler, self.store, None, "b", COMPLETION)
         self.assertEqual(self.layers(), [("CUDA0", 4)], "10 MiB left: a 2 MiB buffer and four layers")
 
     def test_out_of_memory_retries_with_fewer_layers_once(self) -> None:
         scheduler = self.make({"CUDA0": 40 * MIB, "CUDA1": 24 * MIB})
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.assertEqual(self.run_out(2), [[("CUDA1", 9)], [("CUDA1", 6)]])
         self.assertEqual(len(self.spawn.processes), 2)
         error = self.failureResultOf(d, RunnerFailed).value
@@ -138,7 +139,7 @@ class GpuSchedulerTests(SynchronousTestCase):
     def test_once_with_fewer_layers_and_half_the_context_when_none_was_set(self) -> None:
         self.backend.default_context = 4096
         scheduler = self.make({"CUDA0": 40 * MIB})
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.assertEqual(self.run_out(2), [[("CUDA0", 9)], [("CUDA0", 6)]])
         self.assertEqual([s.context_size for s in self.backend.started], [None, 2048])
         self.assertEqual(len(self.spawn.processes), 2)
@@ -149,13 +150,13 @@ class GpuSchedulerTests(SynchronousTestCase):
         """It runs with 2048 tokens, as `ps` says; it is not stale: the configuration did not change."""
         self.backend.default_context = 4096
         scheduler = self.make({"CUDA0": 40 * MIB})
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.run_out(1)
         self.spawn.processes[-1].ready.callback(None)
         self.successResultOf(d).release()
         [runner] = scheduler.snapshot()
         self.assertEqual((runner.context.asked, runner.stale), (2048, False))
-        self.successResultOf(scheduler.acquire(None, "a", COMPLETION)).release()
+        self.successResultOf(acquire(scheduler, self.store, None, "a", COMPLETION)).release()
         self.assertEqual(len(self.spawn.processes), 2, "later requests go to it")
 
     def test_the_trained_context_in_its_config_is_no_choice(self) -> None:
@@ -164,7 +165,7 @@ class GpuSchedulerTests(SynchronousTestCase):
         self.store.models[A] = attrs.evolve(self.store.models[A], config=trained)
         self.backend.default_context = 8192
         scheduler = self.make({"CUDA0": 40 * MIB})
-        scheduler.acquire(None, "a", COMPLETION)
+        acquire(scheduler, self.store, None, "a", COMPLETION)
         self.run_out(1)
         self.assertEqual([s.context_size for s in self.backend.started], [None, 4096])
 
@@ -182,7 +183,7 @@ class GpuSchedulerTests(SynchronousTestCase):
                 self.store.models[A] = attrs.evolve(self.store.models[A], config={"context_size": 4096})
             scheduler = self.make({"CUDA0": 40 * MIB})
             self.successResultOf(scheduler.configure(None, "a", settings))
-            d = scheduler.acquire(None, "a", COMPLETION)
+            d = acquire(scheduler, self.store, None, "a", COMPLETION)
             self.run_out(2)
             self.assertNotIn("halved", self.failureResultOf(d, RunnerFailed).value.message, why)
             self.successResultOf(scheduler.close())
@@ -191,7 +192,9 @@ class GpuSchedulerTests(SynchronousTestCase):
     def test_too_large_names_the_shortfall(self) -> None:
         """What the GPUs cannot hold must fit in RAM, else a 422 says how far over it is."""
         scheduler = self.make({"CUDA0": 8 * MIB}, budget=10 * MIB)
-        error = self.failureResultOf(scheduler.acquire(None, "a", COMPLETION), Unprocessable).value
+        error = self.failureResultOf(
+            acquire(scheduler, self.store, None, "a", COMPLETION), Unprocessable
+        ).value
         self.assertEqual(error.code, "model_too_large")
         self.assertIn(
             "with 3 of its 9 layers on the GPUs (CUDA0 8.00 MiB), CPU needs 13.00 MiB, 3.00 MiB over",
@@ -208,7 +211,7 @@ class GpuSchedulerTests(SynchronousTestCase):
     def test_without_gpus_nothing_changes(self) -> None:
         """Only the host's RAM among the devices: no placement, the command line as before GPUs."""
         scheduler = self.make({})
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.spawn.processes[-1].ready.callback(None)
         self.successResultOf(d).release()
         self.assertIsNone(self.backend.started[-1].placement)
@@ -247,14 +250,18 @@ class InstancesTests(SynchronousTestCase):
 
     def test_another_instance_when_busy_and_the_least_busy_serves(self) -> None:
         scheduler = self.make(FakeBackend(need=4), {}, budget=10)
-        first = scheduler.acquire(None, "a", COMPLETION)
+        first = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.spawn.processes[0].ready.callback(None)
         held = self.successResultOf(first)
-        second = scheduler.acquire(None, "a", COMPLETION)  # the first is busy: a second runner starts
+        second = acquire(
+            scheduler, self.store, None, "a", COMPLETION
+        )  # the first is busy: a second runner starts
         self.assertEqual(len(self.spawn.processes), 2)
         self.spawn.processes[1].ready.callback(None)
         self.assertEqual(self.successResultOf(second).socket, self.spawn.processes[1].socket)
-        third = scheduler.acquire(None, "a", COMPLETION)  # both busy, no third instance: it waits
+        third = acquire(
+            scheduler, self.store, None, "a", COMPLETION
+        )  # both busy, no third instance: it waits
         self.assertNoResult(third)
         self.assertEqual(len(self.spawn.processes), 2)
         held.release()
@@ -264,10 +271,10 @@ class InstancesTests(SynchronousTestCase):
     def test_an_instance_that_does_not_fit_is_not_started(self) -> None:
         """Nothing is evicted for another instance: the request waits for the one running."""
         scheduler = self.make(FakeBackend(need=6), {}, budget=10)
-        first = scheduler.acquire(None, "a", COMPLETION)
+        first = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.spawn.processes[0].ready.callback(None)
         held = self.successResultOf(first)
-        second = scheduler.acquire(None, "a", COMPLETION)
+        second = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.assertEqual(len(self.spawn.processes), 1)
         held.release()
         self.successResultOf(second).release()
@@ -275,10 +282,10 @@ class InstancesTests(SynchronousTestCase):
     def test_another_instance_that_fails_is_not_retried_at_once(self) -> None:
         """Its waiter is not failed: the first instance serves it; the other waits out a back-off."""
         scheduler = self.make(FakeBackend(need=4), {}, budget=10)
-        first = scheduler.acquire(None, "a", COMPLETION)
+        first = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.spawn.processes[0].ready.callback(None)
         held = self.successResultOf(first)
-        second = scheduler.acquire(None, "a", COMPLETION)
+        second = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.spawn.processes[1].exit()  # the second instance fails to start
         self.assertNoResult(second)
         self.assertEqual(len(self.spawn.processes), 2, "not started again at once")
@@ -288,10 +295,10 @@ class InstancesTests(SynchronousTestCase):
     def test_instances_on_gpus_of_their_own(self) -> None:
         backend = FakeBackend(need=NEED, layers=LAYERS, per_layer=PER_LAYER, per_device=PER_DEVICE)
         scheduler = self.make(backend, {"CUDA0": 40 * MIB, "CUDA1": 40 * MIB}, budget=100 * MIB)
-        first = scheduler.acquire(None, "a", COMPLETION)
+        first = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.spawn.processes[0].ready.callback(None)
         self.successResultOf(first)
-        scheduler.acquire(None, "a", COMPLETION)
+        acquire(scheduler, self.store, None, "a", COMPLETION)
         placements = [settings.placement for settings in backend.started]
         self.assertEqual([p.layers for p in placements if p], [(("CUDA0", 9),), (("CUDA1", 9),)])
 

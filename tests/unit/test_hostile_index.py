@@ -74,7 +74,7 @@ class RebuildTests(StoreTestCase):
                 self.assertTrue(aside.exists(), "kept for a person to look at")
                 shutil.rmtree(aside) if aside.is_dir() else aside.unlink()
                 store.tag(self.first.id, "ai/x")  # as the warning says: named again, and usable
-                self.assertEqual(self.successResultOf(store.ready("x")).id, self.first.id)
+                self.assertEqual(self.successResultOf(store.ready(store.resolve("x"))).id, self.first.id)
 
     def test_a_removed_index(self) -> None:
         self.index.unlink()

@@ -61,7 +61,7 @@ class StoreTests(FilesTestCase):
 
     def test_shards_are_links_with_llama_cpps_names_beside_the_first(self) -> None:
         model = self.package("big", self.shards()[0])
-        self.successResultOf(self.store.ready("big"))
+        self.successResultOf(self.store.ready(self.store.resolve("big")))
         first = Path(model.gguf)
         self.assertEqual(first.name, "model-00001-of-00002.gguf")
         links = sorted(first.parent.iterdir())
@@ -76,7 +76,7 @@ class StoreTests(FilesTestCase):
         directory = Path(model.gguf).parent
         for link in directory.iterdir():
             link.unlink()
-        self.successResultOf(self.store.ready("big"))
+        self.successResultOf(self.store.ready(self.store.resolve("big")))
         self.assertTrue(Path(model.gguf).exists())
         self.store.delete("big")
         self.assertFalse(directory.exists())

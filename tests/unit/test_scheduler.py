@@ -18,6 +18,7 @@ from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
 from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, Preload, PreloadState, State
 from mrunner.values.backend import COMPLETION
+from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.moves import pairs
 
@@ -53,7 +54,7 @@ class SchedulerTests(SynchronousTestCase):
         """Start, install, and load model a (then idle)."""
         self.scheduler.start()
         self.install()
-        d = self.scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(self.scheduler, self.store, None, "a", COMPLETION)
         self.ready()
         self.successResultOf(d).release()
 
@@ -65,7 +66,7 @@ class SchedulerTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IScheduler, scheduler))
         scheduler.start()
         self.install()
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.ready()
         lease = self.successResultOf(d)
         self.assertTrue(verifyObject(ILease, lease))
@@ -74,16 +75,16 @@ class SchedulerTests(SynchronousTestCase):
     def test_a_models_files_are_checked_before_a_load_not_on_every_request(self) -> None:
         self.make()
         self.load_a()
-        self.successResultOf(self.scheduler.acquire(None, "a", COMPLETION)).release()
-        self.assertEqual(self.store.checked, ["a"])
+        self.successResultOf(acquire(self.scheduler, self.store, None, "a", COMPLETION)).release()
+        self.assertEqual(self.store.checked, [A])
         self.store.models[A] = attrs.evolve(self.store.models[A], problem="a blob was corrupt")
-        self.successResultOf(self.scheduler.acquire(None, "a", COMPLETION)).release()
-        self.assertEqual(self.store.checked, ["a", "a"])
+        self.successResultOf(acquire(self.scheduler, self.store, None, "a", COMPLETION)).release()
+        self.assertEqual(self.store.checked, [A, A])
 
     def test_failures_come_through_the_deferred(self) -> None:
         scheduler = self.make()
-        self.failureResultOf(scheduler.acquire("vllm", "a", COMPLETION), NotFound)
-        self.failureResultOf(scheduler.acquire(None, "nothing", COMPLETION), NotFound)
+        self.failureResultOf(acquire(scheduler, self.store, "vllm", "a", COMPLETION), NotFound)
+        self.failureResultOf(acquire(scheduler, self.store, None, "nothing", COMPLETION), NotFound)
         self.failureResultOf(scheduler.configure("vllm", "a", ModelSettings(keep_alive=1)), NotFound)
         self.failureResultOf(scheduler.configure(None, "nothing", ModelSettings(keep_alive=1)), NotFound)
 
@@ -182,7 +183,7 @@ class SchedulerTests(SynchronousTestCase):
         self.assertEqual(self.states(), {B: PreloadState.LOADED}, "the new preload loads beside a")
         self.assertEqual(self.spawn.processes[0].stops, 0, "no runner is dropped by a reload")
         self.successResultOf(scheduler.unload(None, ["a"], False))
-        d = scheduler.acquire(None, "a", COMPLETION)
+        d = acquire(scheduler, self.store, None, "a", COMPLETION)
         self.ready()
         self.successResultOf(d).release()
         self.assertEqual(scheduler.configuration(None, "a")["context_size"], 512)

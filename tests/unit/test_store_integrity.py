@@ -26,10 +26,10 @@ class IntegrityTests(StoreTestCase):
 
     def test_size_is_checked_on_every_load(self) -> None:
         model = self.import_model("x")
-        self.assertEqual(self.successResultOf(self.store.ready("x")), model)
+        self.assertEqual(self.successResultOf(self.store.ready(self.store.resolve("x"))), model)
         with open(model.gguf, "ab") as f:
             f.write(b"garbage")
-        error = self.failureResultOf(self.store.ready("x"), ModelCorrupt).value
+        error = self.failureResultOf(self.store.ready(self.store.resolve("x")), ModelCorrupt).value
         self.assertEqual(error.status, 409)
         self.assertIn("pull it again", error.message)
         self.assertIn("weights", error.message)
@@ -40,14 +40,15 @@ class IntegrityTests(StoreTestCase):
         model = self.import_model("x")
         self.corrupt(model)
         restarted = ModelStore(self.home, self.clock)
-        self.failureResultOf(restarted.ready("x"), ModelCorrupt)
+        self.failureResultOf(restarted.ready(restarted.resolve("x")), ModelCorrupt)
         (listed,) = restarted.list()
         self.assertIn("corrupt", str(listed.problem))
         self.assertEqual(listed.tags, ("ai/x:latest",))
 
     def test_a_good_model_is_ready_after_restart(self) -> None:
         model = self.import_model("x")
-        self.assertEqual(self.successResultOf(ModelStore(self.home, self.clock).ready("x")), model)
+        restarted = ModelStore(self.home, self.clock)
+        self.assertEqual(self.successResultOf(restarted.ready(restarted.resolve("x"))), model)
 
     def test_verify_rehashes_and_reports(self) -> None:
         good = self.import_model("good")
@@ -75,7 +76,7 @@ class IntegrityTests(StoreTestCase):
         self.import_model("x")
         self.assertIsNone(self.store.resolve(model.id).problem)
         self.assertEqual(os.listdir(quarantine), [])
-        self.successResultOf(self.store.ready("x"))
+        self.successResultOf(self.store.ready(self.store.resolve("x")))
 
     def test_missing_manifest_or_config_is_shown_not_raised(self) -> None:
         model = self.import_model("x")
@@ -86,7 +87,7 @@ class IntegrityTests(StoreTestCase):
         os.unlink(self.store.blobs.path(model.id))
         restarted = ModelStore(self.home, self.clock)
         self.assertIn("cannot be read", str(restarted.resolve("x").problem))
-        self.failureResultOf(restarted.ready("x"), ModelCorrupt)
+        self.failureResultOf(restarted.ready(restarted.resolve("x")), ModelCorrupt)
         restarted.delete("x")
         self.assertEqual(restarted.list(), [])
 

@@ -20,7 +20,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.aliases import Aliases, stored_name
-from mrunner.api.door.callers import caller
+from mrunner.api.door.callers import Caller, caller
 from mrunner.api.observe.records import Record, Records, record_key
 from mrunner.api.reading.bodies import (
     check_vision,
@@ -30,6 +30,7 @@ from mrunner.api.reading.bodies import (
     model_name,
     read_body,
 )
+from mrunner.errors import MrunnerError
 from mrunner.interfaces import ILease, IModelStore, IScheduler
 from mrunner.metrics import Metrics
 from mrunner.runners.relay import Observer, record_writes
@@ -38,25 +39,34 @@ from mrunner.store.names import DIGEST, SHORT_ID, normal_name
 from mrunner.teams.access import check_usable
 from mrunner.teams.admission import Teams, Ticket
 from mrunner.teams.lengths import NONE, Length
+from mrunner.values.request import Resolved
 
 T = TypeVar("T")
 
 
 @attrs.frozen
 class Asked(Generic[T]):
-    """What an inference request asks for, once L{Gateway.begin} has read and checked it."""
+    """What an inference request asks for, once L{Gateway.begin} has read, checked and resolved it."""
 
-    backend: str | None
-    mode: str
+    #: The model's name as the store knows it (an alias's target), which the routes and the answer use.
     model: str
+    #: C{keep_alive} as the request gave it (seconds; None when it gave none).
     keep_alive: float | None
     #: The body as it was received.
     body: bytes
     record: Record | None
     #: What the route's check returned of the payload (None for a body forwarded as it came).
     checked: T
+    #: What the scheduler takes (L{resolved}), or why the store has no such model.
+    lookup: Resolved | MrunnerError
     #: The key's admission (L{Teams.admit}); None where no teams are kept.
     ticket: Ticket | None = None
+
+    @property
+    def resolved(self) -> Resolved:
+        """The request as C{IScheduler.acquire} takes it; raises, once it is needed, why the model
+        is not found (a request refused so is recorded first)."""
+        return _resolved(self.lookup)
 
     @property
     def named(self) -> str | None:
@@ -86,6 +96,18 @@ class Asked(Generic[T]):
         if self.ticket is None or self.ticket.grant.cap is None:
             return self.body
         return json.dumps(self.ticket.runner_body(json.loads(self.body))).encode()
+
+
+def _resolved(lookup: Resolved | MrunnerError) -> Resolved:
+    if isinstance(lookup, MrunnerError):
+        raise lookup
+    return lookup
+
+
+def _each(result: object, ends: list[Callable[[object], object]]) -> None:
+    """The answer is over (C{result}: None, or the failure of a client gone): end each step begun."""
+    for end in ends:
+        end(result)
 
 
 class Gateway:
@@ -136,42 +158,65 @@ class Gateway:
         The decoded payload is dropped here unless C{check} returns it: a stream
         can last minutes, and a forwarded request already holds its body as bytes.
         """
-        self._measure(request, mode)
-        self.scheduler.backend_name(backend)
+        ends: list[Callable[[object], object]] = []  # what ends with the answer, as each step begins
+        request.notifyFinish().addBoth(_each, ends)
+        ends.append(self._measure(request, mode))
+        name = self.scheduler.backend_name(backend)
         body = read_body(request, self._max_request_bytes)
         payload = json_object(body)
         model = stored_name(named(payload), self.aliases.table, self._store)
-        check_usable(caller(request).member, self._store, model)
+        who = caller(request)
+        check_usable(who.member, self._store, model)
         seconds = keep_alive(payload.get("keep_alive"))
         checked = check(payload)
+        lookup = self._lookup(name, model, mode, who.keep_alive(seconds), who.rank)
         if has_image_parts(payload):
-            check_vision(self._store, model)
-        ticket = self._admit(request, model, payload, length)
-        record = self._record(request, model, mode, body)
+            check_vision(_resolved(lookup).model)
+        ticket = self._admit(request, who, model, payload, length, ends)
+        record = self._record(request, model, mode, body, ends)
         if record is not None and ticket is not None:
             record.key = ticket.key
-        return Asked(backend, mode, model, seconds, body, record, checked, ticket)
+        return Asked(model, seconds, body, record, checked, lookup, ticket)
 
-    def _admit(self, request: Request, model: str, payload: dict[str, Any], length: Length) -> Ticket | None:
+    def _lookup(
+        self, backend: str, name: str, mode: str, seconds: float | None, rank: int
+    ) -> Resolved | MrunnerError:
+        """The request the scheduler takes, with the store's model for C{name}; or why it has none."""
+        try:
+            return Resolved(backend, self._store.resolve(name), mode, seconds, rank)
+        except MrunnerError as e:  # a missing model, an ambiguous id: refused once it is recorded
+            return e
+
+    def _admit(
+        self,
+        request: Request,
+        who: Caller,
+        model: str,
+        payload: dict[str, Any],
+        length: Length,
+        ends: list[Callable[[object], object]],
+    ) -> Ticket | None:
         """The key's limits (L{Teams.admit}), its headers, and its end when the answer ends."""
         if self._teams is None:
             return None
-        ticket = self._teams.admit(caller(request).member, normal_name(model), payload, length)
+        ticket = self._teams.admit(who.member, normal_name(model), payload, length)
         for name, value in ticket.headers:
             request.setHeader(name, value)
-        request.notifyFinish().addBoth(lambda result: ticket.end(request.code))
+        ends.append(lambda result: ticket.end(request.code))
         return ticket
 
-    def _measure(self, request: Request, mode: str) -> None:
-        """Count C{request} in C{/metrics} by C{mode} and final status, and time it."""
+    def _measure(self, request: Request, mode: str) -> Callable[[object], None]:
+        """Count C{request} in C{/metrics} by C{mode} and status, and time it: what to call at its end."""
         started = self.clock.seconds()
 
         def finished(result: object) -> None:
             self._metrics.finished(mode, request.code, self.clock.seconds() - started)
 
-        request.notifyFinish().addBoth(finished)
+        return finished
 
-    def _record(self, request: Request, model: str, mode: str, body: bytes) -> Record | None:
+    def _record(
+        self, request: Request, model: str, mode: str, body: bytes, ends: list[Callable[[object], object]]
+    ) -> Record | None:
         """A record of this request, kept once its answer ends; None with records off."""
         if self._records is None:
             return None
@@ -179,7 +224,7 @@ class Gateway:
         record = records.start(
             record_key(model), mode, request.method, request.path, request.requestHeaders, body
         )
-        request.notifyFinish().addBoth(lambda result: records.end(record, request.code, result is None))
+        ends.append(lambda result: records.end(record, request.code, result is None))
         record_writes(request, record)
         return record
 
@@ -194,9 +239,7 @@ class Gateway:
         key's C{keep_alive} is bounded here, whichever API asked (L{Caller.keep_alive}).
         """
         started = self.clock.seconds()
-        who = caller(request)
-        seconds = who.keep_alive(asked.keep_alive)
-        lease = await self.scheduler.acquire(asked.backend, asked.model, asked.mode, seconds, who.rank)
+        lease = await self.scheduler.acquire(asked.resolved)
         leased = self.clock.seconds()
         self._metrics.waited(lease.model, leased - started)
         if asked.record is not None:

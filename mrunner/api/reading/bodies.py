@@ -11,7 +11,7 @@ from twisted.web.iweb import IRequest
 from mrunner.api.reading.strict_json import parse_json
 from mrunner.config import ConfigError, parse_keep_alive
 from mrunner.errors import BadRequest, PayloadTooLarge
-from mrunner.interfaces import IModelStore
+from mrunner.values.model import Model
 
 
 def read_body(request: IRequest, limit: int) -> bytes:
@@ -64,9 +64,8 @@ def has_image_parts(payload: Mapping[str, Any]) -> bool:
     )
 
 
-def check_vision(store: IModelStore, name: str) -> None:
+def check_vision(model: Model) -> None:
     """A request with images needs a projector: say so before any runner loads."""
-    model = store.resolve(name)
     if "mmproj" not in model.files:
         raise BadRequest(
             f"model {model.name} cannot read images: it has no multimodal projector (mmproj) layer;"

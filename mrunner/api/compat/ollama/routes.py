@@ -97,7 +97,7 @@ class OllamaAPI:
         payload, name = asked.checked, asked.model
         shapes.refuse_unsupported(payload)
         sampling, num_ctx = shapes.options(payload)
-        model = self._store.resolve(name)
+        model = asked.resolved.model
         path, body = self._upstream(kind, payload, model)
         body.update(sampling)
         body.update(shapes.response_format(payload.get("format")))

@@ -147,7 +147,7 @@ class ResponsesAPI:
         conversation = history + shapes.chat_messages(items)
         model = model_name(payload)
         if shapes.has_images(conversation):
-            check_vision(self._store, model)
+            check_vision(self._store.resolve(model))
         instructions = typed(payload, "instructions", str, "a string")
         system = [{"role": "system", "content": instructions}] if instructions else []
         chat = {

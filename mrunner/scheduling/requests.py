@@ -1,0 +1,88 @@
+"""From a resolved request to what the loader needs: the model's files checked, the install waited
+for, the runner's settings and memory estimate, and the fit checked when a load is needed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from mrunner.interfaces import IBackend, IModelStore
+from mrunner.runners.request import LoadRequest
+from mrunner.scheduling.configured import Configured
+from mrunner.scheduling.fitting import check_fits
+from mrunner.scheduling.installer import Installer
+from mrunner.scheduling.loader import Loader
+from mrunner.values import ContextSize, RunnerKey
+from mrunner.values.backend import RunnerSettings
+from mrunner.values.model import Model
+from mrunner.values.request import Resolved
+
+#: llama-server's flags that set the context size: a model given one in its flags has it fixed.
+CONTEXT_FLAGS = {"-c", "--ctx-size"}
+
+
+@attrs.define
+class Requests:
+    """Builds the loader's L{LoadRequest}s, taking the resolved request as it is."""
+
+    _backends: Mapping[str, IBackend]
+    _store: IModelStore
+    _installer: Installer
+    _loader: Loader
+    _configured: Configured
+
+    async def build(self, asked: Resolved, install_wait: float | None) -> LoadRequest:
+        """What the loader needs for C{asked}: the backend installed, the model's files checked
+        before a load, the settings and estimate, and (for a load) whether it fits at all."""
+        backend, model = asked.backend, asked.model
+        # The store checks a model's files (sizes; digests once since start) before a load,
+        # not on every request a runner already holding the model serves.
+        runner = self._loader.runners.get(RunnerKey(backend, model.id, asked.mode))
+        if model.problem is not None or runner is None:
+            runner = None
+            model = await self._store.ready(model)
+        await self._installer.wait(backend, install_wait)
+        configured = self._configured.model(backend, model)
+        settings = self._configured.runner(configured)
+        if settings.draft is not None and runner is None:
+            await self._store.ready(settings.draft)
+        request = LoadRequest(
+            RunnerKey(backend, model.id, asked.mode),
+            model,
+            settings,
+            self._configured.keep_alive(configured) if asked.keep_alive is None else asked.keep_alive,
+            sets_keep_alive=asked.keep_alive is not None,
+            pinned=bool(configured.pinned),
+            instances=self._configured.instances(model),
+        )
+        if runner is not None and runner.request.asked == settings:  # the same estimate, already made
+            old = runner.request
+            return attrs.evolve(
+                request,
+                settings=old.settings,
+                memory=old.memory,
+                footprint=old.footprint,
+                context=old.context,
+            )
+        request = self.estimated(attrs.evolve(request, context=self._context_left(backend, model, settings)))
+        if runner is None:  # a load: whether it could fit at all, before it queues for one
+            check_fits(request, self._loader.gpus, self._configured.config.scheduler.memory_budget)
+        return request
+
+    def estimated(self, request: LoadRequest) -> LoadRequest:
+        """C{request} with the memory and footprint its backend estimates for its settings."""
+        backend, mode = self._backends[request.key.backend], request.key.mode
+        return attrs.evolve(
+            request,
+            memory=backend.memory(request.model, mode, request.settings),
+            footprint=backend.footprint(request.model, mode, request.settings),
+        )
+
+    def _context_left(self, backend: str, model: Model, settings: RunnerSettings) -> ContextSize | None:
+        """The context a runner of C{model} gets when no one fixed its size (not its settings, its
+        flags nor a choice in its config), which a load out of device memory may halve; else None."""
+        flags = {flag.partition("=")[0] for flag in settings.flags}
+        if settings.context_size or model.chosen_context or flags & CONTEXT_FLAGS:
+            return None
+        return self._backends[backend].context(model, settings)
