@@ -264,7 +264,7 @@ class RegistrySizeLieTests(RegistryTestCase):
             self.assertIn(f"but it is {len(self.weights)} bytes", error.message)
             self.assertEqual(os.listdir(side.store.blobs.quarantine_root), [])
             self.assertEqual(Path(model.gguf).read_bytes(), self.weights)
-            self.assertEqual(await side.store.ready(good), model)
+            self.assertEqual(await side.store.ready(side.store.resolve(good)), model)
 
     async def test_a_held_blob_its_own_bytes_condemn_is_still_quarantined(self) -> None:
         good, lie = await self.serve_lie()
@@ -294,7 +294,7 @@ class HostileHubTests(HubTestCase):
         error = await self.assertFailure(ensureDeferred(self.pull(puller, self.q8)), BadGateway)
         self.assertIn(f"announces blob sha256:{self.sha} as {2 * GiB} bytes", error.message)
         self.assertEqual(os.listdir(self.store.blobs.quarantine_root), [])
-        self.assertEqual(await self.store.ready(model.id), model)
+        self.assertEqual(await self.store.ready(self.store.resolve(model.id)), model)
 
     async def test_a_file_that_is_not_gguf_is_refused_and_removed(self) -> None:
         self.hub.add("team/junk", Repo({"junk-Q4_K_M.gguf": b"0123456789"}))

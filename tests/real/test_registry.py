@@ -97,7 +97,7 @@ class RealRegistryTests(RegistryTestCase):
         self.assertEqual(
             [Path(p).read_bytes() for p in pulled.shards], [Path(p).read_bytes() for p in model.shards]
         )
-        await other.store.ready(name)
+        await other.store.ready(other.store.resolve(name))
         self.assertEqual(Path(pulled.gguf).resolve(), Path(pulled.shards[0]).resolve())
 
     async def test_repull_and_repush_transfer_no_blobs(self) -> None:
