@@ -307,6 +307,12 @@ class IScheduler(Interface):
     def backend_statuses() -> dict[str, InstallStatus]:
         """Each backend's install status."""
 
+    def admit() -> None:
+        """Raise L{mrunner.errors.Unavailable} (503) when no new request is taken: draining or closed.
+
+        Asked before anything about the request itself, so a node on its way out says so first.
+        """
+
     def acquire(request: Resolved) -> Deferred[ILease]:
         """An L{ILease} on a ready runner for C{request}, taken as resolved (nothing is looked up again).
 

@@ -120,6 +120,9 @@ class Scheduler:
     def in_flight(self) -> int:
         return self.loader.in_flight
 
+    def admit(self) -> None:
+        self.loader.admit()
+
     def acquire(self, request: Resolved) -> Deferred[ILease]:
         return ensureDeferred(self._acquire(request))
 

@@ -533,6 +533,8 @@ class APITests(SynchronousTestCase):
         self.assertNoResult(waiting)
         headers = self.assertError(self.request("POST", CHAT, CHAT_BODY), 503, "draining")
         self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
+        missing = {"model": "ai/nothing-here", "messages": CHAT_BODY["messages"]}
+        self.assertError(self.request("POST", CHAT, missing), 503, "draining")  # not 404: ask elsewhere
         code, body, _ = self.answer(self.request("GET", f"{BASE}/ready"))
         self.assertEqual((code, body["ready"], body["draining"]), (503, False, True))
         held.release()

@@ -239,6 +239,7 @@ class Gateway:
         key's C{keep_alive} is bounded here, whichever API asked (L{Caller.keep_alive}).
         """
         started = self.clock.seconds()
+        self.scheduler.admit()  # a draining node says so before it says a model is missing
         lease = await self.scheduler.acquire(asked.resolved)
         leased = self.clock.seconds()
         self._metrics.waited(lease.model, leased - started)
