@@ -3,7 +3,7 @@
 The address can come from C{--listen}, C{MRUNNER_LISTEN} or tap.conf, and a
 port 0 is chosen by the system, so a client cannot work it out from the
 defaults. Once the daemon listens it writes its URL and pid there (removed
-when it stops, L{mrunner.listening}); C{mrunner} without C{--host} or
+when it stops, L{mrunner.daemon.listening}); C{mrunner} without C{--host} or
 C{MRUNNER_HOST} reads it. The standard library alone: the CLI imports this,
 and a command should not pay for Twisted's start-up.
 """

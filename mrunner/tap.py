@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # First: the imports below load Twisted without pyOpenSSL, until TLS is used (see lazytls).
-import mrunner.lazytls  # isort: skip
+import mrunner.daemon.lazytls  # isort: skip
 
 import gc
 import os
@@ -25,43 +25,43 @@ from mrunner.api.door import declared
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.errors import openai_stream_error
+from mrunner.api.manage.model_operations import ModelOperations
+from mrunner.api.manage.models import ModelsAPI
 from mrunner.api.observe.follow import Followers
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.records import Records
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.route_groups import route_groups
-from mrunner.api.service.model_operations import ModelOperations
-from mrunner.api.service.models import ModelsAPI
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
-from mrunner.clientpool import QuietPool
+from mrunner.daemon.listening import AddressFile, uses_tls
+from mrunner.daemon.logfiles import DaemonLogFile
+from mrunner.daemon.metrics import Metrics
+from mrunner.daemon.reload import Reconfigure, Reloader, ReloadOnHangup
+from mrunner.daemon.router_signals import RouterSignals
+from mrunner.daemon.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
 from mrunner.devices.inventory import Devices, used_by_runners
 from mrunner.devices.metrics import DeviceCollector
 from mrunner.devices.nvml import Nvml
 from mrunner.home import PRIVATE_UMASK, Home
 from mrunner.interfaces import IBackend
-from mrunner.listening import AddressFile, uses_tls
-from mrunner.logfiles import DaemonLogFile
-from mrunner.metrics import Metrics
-from mrunner.reload import Reconfigure, Reloader, ReloadOnHangup
-from mrunner.router_metrics import RouterSignals
 from mrunner.runners.checks import RunnerChecks
 from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.metrics import RunnerScraper
 from mrunner.runners.pool import RunnerPool, unix_connect
 from mrunner.runners.process import RunnerOptions, new_process
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.facade import Scheduler
 from mrunner.scheduling.service import SchedulerService
-from mrunner.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
+from mrunner.store.clientpool import QuietPool
 from mrunner.store.credentials import Credentials
 from mrunner.store.errors import StoreCorrupt
 from mrunner.store.huggingface import HubClient
+from mrunner.store.local import ModelStore
 from mrunner.store.names import parse
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
-from mrunner.store.store import ModelStore
 from mrunner.teams.admission import Teams
 from mrunner.teams.key_metrics import KeyMetrics
 from mrunner.teams.usage import UsageBook, UsageCollector, UsageService
@@ -94,7 +94,7 @@ class Options(usage.Options):
         except configuration.ConfigError as e:
             raise StartupError(str(e)) from None
         if uses_tls(self.config.listen):
-            mrunner.lazytls.arm()
+            mrunner.daemon.lazytls.arm()
         check_listen(self.config.listen)
 
     def read_config(self) -> configuration.Config:

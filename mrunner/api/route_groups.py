@@ -13,18 +13,18 @@ from mrunner.api.compat.ollama.routes import OllamaAPI
 from mrunner.api.compat.responses.response_store import ResponseStore
 from mrunner.api.compat.responses.routes import ResponsesAPI
 from mrunner.api.door.route_group import RouteGroup
+from mrunner.api.manage.admin import AdminAPI
+from mrunner.api.manage.devices import DevicesAPI
+from mrunner.api.manage.model_operations import ModelOperations
+from mrunner.api.manage.models import ModelsAPI
+from mrunner.api.manage.openapi import OpenAPI
+from mrunner.api.manage.status import StatusAPI
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.page import PageAPI
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.observe.usage_api import UsageAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
-from mrunner.api.service.admin import AdminAPI
-from mrunner.api.service.devices import DevicesAPI
-from mrunner.api.service.model_operations import ModelOperations
-from mrunner.api.service.models import ModelsAPI
-from mrunner.api.service.openapi import OpenAPI
-from mrunner.api.service.status import StatusAPI
 from mrunner.interfaces import IBackend, IDevices, IModelStoreAdmin
 from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.metrics import RunnerScraper

@@ -6,7 +6,7 @@ from argparse import Namespace
 
 from mrunner.cli.context import Context
 from mrunner.cli.output import table
-from mrunner.sizes import format_size
+from mrunner.values.sizes import format_size
 
 
 def devices(ctx: Context, args: Namespace) -> None:

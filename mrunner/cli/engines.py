@@ -22,7 +22,7 @@ from mrunner.cli.context import Context
 from mrunner.cli.errors import NEAREST, CommandError, DaemonError, explain
 from mrunner.cli.models import show_transfer
 from mrunner.cli.output import duration, table
-from mrunner.sizes import format_size
+from mrunner.values.sizes import format_size
 
 #: How alike a name must be to a loaded one (both without C{ai/} and C{:latest}) to be offered instead.
 NEAR = 0.6

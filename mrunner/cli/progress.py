@@ -21,7 +21,7 @@ from rich.progress import (
 )
 
 from mrunner.cli.client import Daemon
-from mrunner.sizes import format_size
+from mrunner.values.sizes import format_size
 
 PLAIN_STEPS = 4  # a plain line at each quarter of a layer
 INSTALL_POLL_SECONDS = 0.5

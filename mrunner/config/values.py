@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from mrunner import durations
+from mrunner.values import durations
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

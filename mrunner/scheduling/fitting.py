@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from mrunner.errors import Unprocessable
 from mrunner.runners.request import LoadRequest
 from mrunner.scheduling.policy import place
-from mrunner.sizes import format_size
 from mrunner.values import Footprint
+from mrunner.values.sizes import format_size
 
 
 def check_fits(request: LoadRequest, gpus: Sequence[tuple[str, int]], budget: int) -> None:

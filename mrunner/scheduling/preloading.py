@@ -13,10 +13,10 @@ from mrunner.interfaces import IModelStore
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.preloads import Preloads
 from mrunner.scheduling.requests import Requests
-from mrunner.sizes import format_size
 from mrunner.values import Preload
 from mrunner.values.backend import COMPLETION
 from mrunner.values.request import Resolved
+from mrunner.values.sizes import format_size
 
 #: Fetches a model that is not in the store from its registry (a preload's, at start).
 PullModel = Callable[[str], Awaitable[object]]

@@ -10,7 +10,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from mrunner.runners.process import clean_stale
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.facade import Scheduler
 
 
 class SchedulerService(Service):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mrunner.errors import BadRequest
-from mrunner.sizes import format_size
+from mrunner.values.sizes import format_size
 
 if TYPE_CHECKING:
     from mrunner.store.gguf_header import Tensor

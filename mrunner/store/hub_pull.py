@@ -22,7 +22,7 @@ from mrunner.interfaces import IProgress
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import GGUF, MMPROJ, MODEL_CONFIG, Descriptor, Manifest, model_config
 from mrunner.store.huggingface import HubClient, HubFile, hub_reference, select
-from mrunner.store.store import ModelStore
+from mrunner.store.local import ModelStore
 from mrunner.values.model import Model, Reference
 
 #: A blob's body from an offset: 206 when the range was honoured, 200 for all of it, 416 refused.

@@ -31,18 +31,18 @@ from zope.interface import implementer
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.interfaces import IModelPuller, IProgress
-from mrunner.sizes import format_size
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
 from mrunner.store.hub_pull import HubPuller, Open
 from mrunner.store.huggingface import HubClient, is_hub
 from mrunner.store.integrity import SizeDisagrees
+from mrunner.store.local import ModelStore
 from mrunner.store.locks import KeyedLocks
 from mrunner.store.registry import RegistryClient, Repository, registry_error
 from mrunner.store.stall import READ_TIMEOUT, Stalled, Timeout, collect
-from mrunner.store.store import ModelStore
 from mrunner.store.upload import StoreWriteFailed
 from mrunner.values.model import Model, Reference
+from mrunner.values.sizes import format_size
 
 #: A registry's or the Hub's pull of one model.
 PullOne = Callable[[Reference, IProgress], Coroutine[Any, Any, Model]]

@@ -16,8 +16,8 @@ from mrunner.errors import BadRequest
 from mrunner.interfaces import IModelPusher, IProgress
 from mrunner.store.artifact import Descriptor
 from mrunner.store.huggingface import is_hub
+from mrunner.store.local import ModelStore
 from mrunner.store.registry import RegistryClient, Repository
-from mrunner.store.store import ModelStore
 from mrunner.values.model import Reference
 
 

@@ -34,11 +34,11 @@ from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
-from mrunner.clientpool import QuietPool
 from mrunner.config import RegistryConfig
 from mrunner.docker_config import Credential
 from mrunner.errors import BadGateway, MrunnerError, NotFound
 from mrunner.store.artifact import MANIFEST_TYPES
+from mrunner.store.clientpool import QuietPool
 from mrunner.store.credentials import Credentials
 from mrunner.store.names import DOCKER_HUB
 from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_limited

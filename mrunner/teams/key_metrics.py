@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 
 class KeyMetrics:
-    """Requests, tokens and refusals per key name; labelled children kept, as in L{mrunner.metrics}."""
+    """Requests, tokens and refusals per key name; labelled children kept, as in L{mrunner.daemon.metrics}."""
 
     def __init__(self, registry: CollectorRegistry):
         self._requests = Counter(

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from twisted.logger import Logger
 
+from mrunner.daemon.startup import StartupError
 from mrunner.home import private_file
-from mrunner.startup import StartupError
 
 #: The columns of the table, in order: a table with others is another program's.
 FIELDS = ("day", "key", "model", "requests", "prompt_tokens", "completion_tokens", "errors", "seconds")

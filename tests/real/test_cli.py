@@ -23,7 +23,7 @@ from twisted.web.server import Request, Site
 
 import mrunner
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
-from mrunner.store.store import ModelStore
+from mrunner.store.local import ModelStore
 from tests.support.cli_cases import MRUNNER, WAIT, CLITestCase
 from tests.support.daemon import (
     InProcessDaemon,

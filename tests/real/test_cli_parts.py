@@ -27,10 +27,10 @@ from mrunner.cli.models import split_tag
 from mrunner.cli.output import ago
 from mrunner.cli.package import TarStream, members
 from mrunner.cli.progress import PlainLayers
+from mrunner.daemon.listening import url_of
+from mrunner.daemon.logfiles import DaemonLogFile, LogTail
 from mrunner.home import Home
-from mrunner.listening import url_of
-from mrunner.logfiles import DaemonLogFile, LogTail
-from mrunner.sizes import format_size
+from mrunner.values.sizes import format_size
 
 
 def untar(data: bytes) -> dict[str, bytes]:

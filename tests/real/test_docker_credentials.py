@@ -26,12 +26,12 @@ from twisted.trial.unittest import TestCase
 from mrunner.config import RegistryConfig
 from mrunner.store.artifact import OCI_MANIFEST
 from mrunner.store.credentials import Credentials
+from mrunner.store.local import ModelStore
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient, Unauthorized
-from mrunner.store.store import ModelStore
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.registry_server import SKIP, RealRegistry, StandInRegistry
 

@@ -17,7 +17,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 
 from mrunner.store.artifact import OCI_MANIFEST
-from mrunner.store.store import ModelStore
+from mrunner.store.local import ModelStore
 from tests.support.daemon import http
 from tests.support.daemon_cases import DaemonTestCase
 from tests.support.ggufs import write_tiny_gguf

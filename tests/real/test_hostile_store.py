@@ -41,12 +41,12 @@ from mrunner.store.artifact import OCI_MANIFEST
 from mrunner.store.blobs import Blobs, BlobWriter
 from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_header
 from mrunner.store.huggingface import HubClient
+from mrunner.store.local import ModelStore
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.registry import RegistryClient, Repository
 from mrunner.store.stall import Stalled
-from mrunner.store.store import ModelStore
 from mrunner.testing.tinymodel import write_tiny_llama, write_tiny_mmproj
 from tests.support.cli_cases import MRUNNER, CLITestCase
 from tests.support.daemon import InProcessDaemon, eventually, http

@@ -1,4 +1,4 @@
-"""pyOpenSSL (and C{cryptography}) loaded only when the daemon uses TLS (L{mrunner.lazytls}).
+"""pyOpenSSL (and C{cryptography}) loaded only when the daemon uses TLS (L{mrunner.daemon.lazytls}).
 
 Each case runs a fresh Python or a real ``twistd``: what a process has imported
 cannot be undone in this one, whose reactor loaded pyOpenSSL long ago.
@@ -19,7 +19,7 @@ from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
-from mrunner.lazytls import TLS_METHODS, TLS_NAMES
+from mrunner.daemon.lazytls import TLS_METHODS, TLS_NAMES
 from tests.support.daemon import eventually, free_port, short_home, spawn_twistd, stop_twistd, write_config
 from tests.support.front_door import self_signed
 
@@ -86,7 +86,7 @@ class LazyTLSTests(TestCase):
             "import json, sys", "import mrunner.tap", "from twisted.internet import reactor", LOADED
         )
         self.assertEqual(json.loads(loaded), [])
-        armed = await python("import json, sys, mrunner.tap", "mrunner.lazytls.arm()", LOADED)
+        armed = await python("import json, sys, mrunner.tap", "mrunner.daemon.lazytls.arm()", LOADED)
         self.assertEqual(json.loads(armed), ["OpenSSL", "cryptography"])
 
     async def test_armed_modules_bind_what_a_normal_import_binds(self) -> None:
@@ -94,7 +94,9 @@ class LazyTLSTests(TestCase):
         names = (json.dumps([list(TLS_NAMES), TLS_METHODS]),)
         normal = json.loads(await python(DUMP, argv=names))
         deferred = json.loads(await python("import mrunner.tap", DUMP, argv=names))
-        armed = json.loads(await python("import mrunner.tap", "mrunner.lazytls.arm()", DUMP, argv=names))
+        armed = json.loads(
+            await python("import mrunner.tap", "mrunner.daemon.lazytls.arm()", DUMP, argv=names)
+        )
         self.assertNotEqual(deferred, normal)  # or this test would prove nothing
         self.assertEqual(armed, normal)
 

@@ -20,8 +20,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Site
 
-from mrunner.api.service.model_operations import ModelOperations
-from mrunner.api.service.models import ModelsAPI
+from mrunner.api.manage.model_operations import ModelOperations
+from mrunner.api.manage.models import ModelsAPI
 from mrunner.cli.package import TarStream, members
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, NotFound
@@ -34,11 +34,11 @@ from mrunner.store.artifact import (
     canonical,
     sha256,
 )
+from mrunner.store.local import ModelStore
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.registry import MAX_TOKEN_ANSWER, RegistryClient, Repository, Unauthorized
-from mrunner.store.store import ModelStore
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.registry_cases import RegistryTestCase, StandInTestCase
 from tests.support.registry_server import SKIP, RealRegistry, StandInRegistry

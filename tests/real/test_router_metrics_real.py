@@ -7,7 +7,7 @@ import json
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
 
-from mrunner.router_metrics import kv_tokens
+from mrunner.daemon.router_signals import kv_tokens
 from mrunner.runners.checks import RunnerChecks
 from mrunner.runners.pool import RunnerPool, unix_connect
 from tests.support.daemon import http

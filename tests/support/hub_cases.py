@@ -13,11 +13,11 @@ from twisted.web.client import Agent
 
 from mrunner.config import HuggingFaceConfig, RegistryConfig
 from mrunner.store.huggingface import HubClient
+from mrunner.store.local import ModelStore
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.registry import RegistryClient
-from mrunner.store.store import ModelStore
 from mrunner.values.model import Model
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.hub_server import Repo, StandInHub

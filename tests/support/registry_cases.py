@@ -15,12 +15,12 @@ from twisted.web.client import Agent
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway
 from mrunner.store.artifact import OCI_MANIFEST, Manifest
+from mrunner.store.local import ModelStore
 from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
-from mrunner.store.store import ModelStore
 from mrunner.values.model import Model
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.registry_server import StandInRegistry

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.store.store import ModelStore
+from mrunner.store.local import ModelStore
 from mrunner.values.model import Model
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.sync_reactor import SyncThreadsClock

@@ -8,7 +8,7 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.logfiles import AccessLog
+from mrunner.daemon.logfiles import AccessLog
 
 
 class AccessLogTests(SynchronousTestCase):

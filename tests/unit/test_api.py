@@ -15,10 +15,10 @@ from twisted.web.http_headers import Headers
 
 from mrunner.api.door.routing import Routes
 from mrunner.config import Config, SchedulerConfig
+from mrunner.daemon.metrics import Metrics
 from mrunner.errors import RunnerFailed
-from mrunner.metrics import Metrics
 from mrunner.runners.forwarder import forwarded_headers
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.facade import Scheduler
 from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups

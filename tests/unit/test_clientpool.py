@@ -12,7 +12,7 @@ from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from mrunner.clientpool import QuietPool
+from mrunner.store.clientpool import QuietPool
 
 
 class Health(Resource):

@@ -18,10 +18,10 @@ from mrunner.api.errors import openai_stream_error
 from mrunner.api.observe.records import Records
 from mrunner.api.openai.gateway import Gateway
 from mrunner.config import Config, SchedulerConfig
+from mrunner.daemon.metrics import Metrics
 from mrunner.errors import RunnerFailed
-from mrunner.metrics import Metrics
 from mrunner.runners.forwarder import Forwarder
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.facade import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups
 

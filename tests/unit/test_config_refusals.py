@@ -12,8 +12,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config as configuration
 from mrunner.config import ConfigError
+from mrunner.daemon.reload import Reloader
 from mrunner.errors import Unprocessable
-from mrunner.reload import Reloader
 
 DIGEST = "sha256:" + "ab" * 32
 

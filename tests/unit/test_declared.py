@@ -14,7 +14,7 @@ from mrunner.api.door.declared import MAX_CREATE_BODY, ROUTES, Reach
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.trust import ADMIN, METRICS, OPEN_PATHS, is_admin
 from mrunner.api.errors import ErrorShape, anthropic_shape, ollama_shape, openai_shape, shape_for
-from mrunner.api.service.openapi import routed
+from mrunner.api.manage.openapi import routed
 from mrunner.config import HTTPConfig
 from mrunner.tap import make_parts
 

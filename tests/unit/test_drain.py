@@ -13,9 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.config import Config
 from mrunner.errors import Unavailable
+from mrunner.scheduling.facade import Scheduler
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
-from mrunner.scheduling.scheduler import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model

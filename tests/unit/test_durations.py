@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner import durations
+from mrunner.values import durations
 
 
 class DurationTests(SynchronousTestCase):

@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner import config
 from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import RunnerFailed, Unprocessable
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.facade import Scheduler
 from mrunner.values import ModelSettings
 from mrunner.values.backend import COMPLETION
 from tests.support.asking import acquire

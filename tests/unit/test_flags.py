@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.api.service.flags import MAX_THREADS, runtime_flags
+from mrunner.api.manage.flags import MAX_THREADS, runtime_flags
 from mrunner.errors import BadRequest
 
 

@@ -29,7 +29,7 @@ from twisted.web.server import Request
 
 from mrunner import docker_config as dc
 from mrunner.api.errors import handle_json_errors
-from mrunner.api.service.status import StatusAPI
+from mrunner.api.manage.status import StatusAPI
 from mrunner.cli.context import Context
 from mrunner.cli.engines import status
 from mrunner.cli.errors import DaemonError, explain

@@ -10,7 +10,7 @@ from pathlib import Path
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
 from mrunner.store.errors import StoreCorrupt
-from mrunner.store.store import ModelStore
+from mrunner.store.local import ModelStore
 from tests.support.store_cases import StoreTestCase
 
 DAMAGES = ("empty", "half written", "random", "[ x 100,000", "a directory", "not an index", "tags not a list")

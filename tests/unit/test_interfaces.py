@@ -19,7 +19,7 @@ from mrunner.interfaces import (
     IScheduler,
     IUpload,
 )
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.facade import Scheduler
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher

@@ -10,8 +10,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
+from mrunner.daemon.metrics import Metrics
 from mrunner.interfaces import ILoaderEvents
-from mrunner.metrics import Metrics
 from mrunner.runners.metrics import RunnerScraper, metric_name
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits

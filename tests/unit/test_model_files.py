@@ -14,11 +14,11 @@ from mrunner.backends.llamacpp.sizing import BASE_RSS, memory_estimate
 from mrunner.cli.package import TarStream, members
 from mrunner.config import Config
 from mrunner.errors import BadRequest
-from mrunner.sizes import format_size
 from mrunner.store import artifact
-from mrunner.store.store import ModelStore
+from mrunner.store.local import ModelStore
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
+from mrunner.values.sizes import format_size
 from tests.support.ggufs import write_tiny_gguf
 from tests.support.sync_reactor import SyncThreadsClock
 

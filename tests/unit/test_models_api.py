@@ -12,11 +12,11 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api.compat.ollama.models import OllamaModelsAPI
-from mrunner.api.service.model_operations import ModelOperations
-from mrunner.api.service.models import ModelsAPI
+from mrunner.api.manage.model_operations import ModelOperations
+from mrunner.api.manage.models import ModelsAPI
 from mrunner.errors import NotFound
+from mrunner.store.local import ModelStore
 from mrunner.store.progress import Progress
-from mrunner.store.store import ModelStore
 from mrunner.values.model import Reference
 from tests.support.ggufs import flip_last_byte, package, write_tiny_gguf
 from tests.support.metrics import snapshot

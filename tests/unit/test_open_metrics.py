@@ -10,8 +10,8 @@ from twisted.web.http_headers import Headers
 
 from mrunner.api.door.trust import Trust
 from mrunner.config import ClusterConfig, Config, HTTPConfig, KeyConfig
+from mrunner.daemon.router_signals import load_signals
 from mrunner.errors import Unauthorized
-from mrunner.router_metrics import load_signals
 
 KEYS = {"alice": KeyConfig(key="alice-key")}
 

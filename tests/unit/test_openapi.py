@@ -11,7 +11,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config as configuration
-from mrunner.api.service.openapi import OpenAPI, described, routed
+from mrunner.api.manage.openapi import OpenAPI, described, routed
 from mrunner.tap import make_parts
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config as configuration
+from mrunner.daemon.reload import Reloader
 from mrunner.errors import Unprocessable
-from mrunner.reload import Reloader
 
 
 class ReloaderTests(SynchronousTestCase):

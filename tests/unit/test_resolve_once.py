@@ -16,10 +16,10 @@ from twisted.web.test.requesthelper import DummyRequest
 from mrunner.api.observe.records import Records
 from mrunner.api.openai.gateway import Gateway
 from mrunner.config import Config, GPUConfig, SchedulerConfig
+from mrunner.daemon.metrics import Metrics
 from mrunner.devices.inventory import Devices
 from mrunner.errors import NotFound, Unprocessable
-from mrunner.metrics import Metrics
-from mrunner.scheduling.scheduler import Scheduler
+from mrunner.scheduling.facade import Scheduler
 from mrunner.values import Device
 from mrunner.values.backend import COMPLETION
 from mrunner.values.model import Model

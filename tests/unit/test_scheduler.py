@@ -14,8 +14,8 @@ from mrunner.config import Config, ModelConfig, ModelsConfig, SchedulerConfig
 from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
 from mrunner.moves import IllegalMove
+from mrunner.scheduling.facade import Scheduler
 from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
-from mrunner.scheduling.scheduler import Scheduler
 from mrunner.values import ModelSettings, Preload, PreloadState, State
 from mrunner.values.backend import COMPLETION
 from tests.support.asking import acquire

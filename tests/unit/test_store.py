@@ -12,7 +12,7 @@ from zope.interface.verify import verifyClass, verifyObject
 from mrunner.errors import BadRequest, Conflict, NotFound
 from mrunner.interfaces import IModelStore, IModelStoreAdmin
 from mrunner.store import artifact
-from mrunner.store.store import ModelStore
+from mrunner.store.local import ModelStore
 from tests.support.store_cases import StoreTestCase, tiny_gguf
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from mrunner.errors import BadRequest, NotFound
 from mrunner.store import blobs as blobs_module
 from mrunner.store.errors import ModelCorrupt
+from mrunner.store.local import ModelStore
 from mrunner.store.package import MAX_LICENSES
-from mrunner.store.store import ModelStore
 from mrunner.values.model import Model
 from tests.support.ggufs import flip_last_byte, package
 from tests.support.store_cases import StoreTestCase, tiny_gguf

@@ -14,7 +14,7 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
-from mrunner.startup import HomeLock, StartupError
+from mrunner.daemon.startup import HomeLock, StartupError
 from mrunner.tap import Options, make_service, makeService
 from mrunner.values import InstallStatus
 

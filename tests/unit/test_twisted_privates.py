@@ -3,9 +3,9 @@
 They are reached in one module per layer, and only there (L{PLACES}):
 mrunner/runners/fastio.py writes to and connects sockets past Twisted's public
 API for speed, mrunner/api/door/webprivate.py gives the front door twisted.web's
-parser state and body decoder under public names, mrunner/clientpool.py swaps
-the pool's private factory, mrunner/startup.py makes a failed listen raise,
-and mrunner/lazytls.py names Twisted's private SNI module (pinned by
+parser state and body decoder under public names, mrunner/store/clientpool.py swaps
+the pool's private factory, mrunner/daemon/startup.py makes a failed listen raise,
+and mrunner/daemon/lazytls.py names Twisted's private SNI module (pinned by
 tests/real/test_lazytls.py). pyproject.toml bounds Twisted to the releases these
 tests passed on; raise the bound only with them passing on the new release.
 """
@@ -52,9 +52,9 @@ PLACES = {
         "_version",
     },
     "mrunner.runners.fastio": {"_makeTransport", "_tempDataBuffer"},
-    "mrunner.clientpool": {"_HTTP11ClientFactory", "_factory"},
-    "mrunner.startup": {"_raiseSynchronously", "_waitingForPort"},
-    "mrunner.lazytls": {"twisted.protocols._sni"},
+    "mrunner.store.clientpool": {"_HTTP11ClientFactory", "_factory"},
+    "mrunner.daemon.startup": {"_raiseSynchronously", "_waitingForPort"},
+    "mrunner.daemon.lazytls": {"twisted.protocols._sni"},
 }
 
 
@@ -173,7 +173,7 @@ class Sizes(http._ChunkedTransferDecoder):
 
 
 class WebTests(SynchronousTestCase):
-    """twisted.web's private names that the front door (api/door/webprivate.py) and clientpool.py use."""
+    """twisted.web's private names that api/door/webprivate.py and store/clientpool.py use."""
 
     def channel(self, head: bytes) -> Recording:
         channel = Recording()
@@ -219,7 +219,7 @@ class WebTests(SynchronousTestCase):
 
 
 class ApplicationTests(SynchronousTestCase):
-    """twisted.application's private names that startup.py's L{Listener} uses to raise a failed listen."""
+    """twisted.application's private names that daemon/startup.py's L{Listener} uses on a failed listen."""
 
     def test_the_endpoint_service_raises_and_keeps_the_listen(self) -> None:
         self.assertIs(StreamServerEndpointService._raiseSynchronously, False)

@@ -7,7 +7,7 @@ from typing import Any
 
 from klein import Klein
 
-from mrunner.api.service.openapi import (
+from mrunner.api.manage.openapi import (
     ERROR,
     Piece,
     answer,

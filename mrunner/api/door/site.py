@@ -25,18 +25,18 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 
 from mrunner.api.door.channel import GatedChannel, GatedRequest, Sink
-from mrunner.api.door.lean import LeanChannel
+from mrunner.api.door.httptools_channel import HttptoolsChannel
 from mrunner.api.door.trust import Trust, beyond_loopback, route_path
 from mrunner.api.errors import Refusal
 from mrunner.config import Config
-from mrunner.logfiles import BatchedLogSite
+from mrunner.daemon.logfiles import BatchedLogSite
 
 ALLOWED_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
 PREFLIGHT_MAX_AGE = b"600"
 # Sweeps per header_timeout: a trickler is cut off at most a quarter of it late.
 SWEEPS_PER_TIMEOUT = 4
 #: The channel for each C{[http] head_parser}: httptools' C parser, or twisted.web's own.
-CHANNELS: dict[str, type[GatedChannel]] = {"httptools": LeanChannel, "twisted": GatedChannel}
+CHANNELS: dict[str, type[GatedChannel]] = {"httptools": HttptoolsChannel, "twisted": GatedChannel}
 
 
 class Preflight(Resource):

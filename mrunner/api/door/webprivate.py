@@ -5,7 +5,7 @@ fills a request from a head httptools read, so it needs some of L{HTTPChannel}'s
 private state: the request line it parsed (C{_command}, C{_path}, C{_version}),
 the header counts, the body decoder it chose (C{_transferDecoder}) and the hooks
 around it. L{PrivateChannel} is L{HTTPChannel} with those under public names and
-hooks, so L{mrunner.api.door.channel} and L{mrunner.api.door.lean} use no
+hooks, so L{mrunner.api.door.channel} and L{mrunner.api.door.httptools_channel} use no
 private name. Each one used here is pinned by tests/unit/test_twisted_privates.py,
 and pyproject.toml bounds Twisted to the releases that test has passed on.
 """

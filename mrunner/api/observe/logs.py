@@ -21,14 +21,14 @@ from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors
+from mrunner.api.manage.openapi import TEXT, Piece, answer, operation, parameter
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import record_key
 from mrunner.api.reading.bodies import flag, query
-from mrunner.api.service.openapi import TEXT, Piece, answer, operation, parameter
 from mrunner.config import Config
+from mrunner.daemon.logfiles import DAEMON, LogTail
 from mrunner.errors import NotFound
 from mrunner.home import log_name
-from mrunner.logfiles import DAEMON, LogTail
 
 POLL_SECONDS = 0.25
 

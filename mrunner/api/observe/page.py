@@ -15,8 +15,8 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
-from mrunner.api.service.scheduler_json import runner_json
+from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
+from mrunner.api.manage.scheduler_json import runner_json
 from mrunner.errors import NotFound
 from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.teams.access import visible_runners

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 from twisted.web.http_headers import Headers
 
-from mrunner.api.service.scheduler_json import timestamp
+from mrunner.api.manage.scheduler_json import timestamp
 from mrunner.errors import BadRequest
 from mrunner.runners.wire import ChunkedEnd, Malformed
 from mrunner.store.names import parse

@@ -19,10 +19,10 @@ from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import Record, Records, record_key
 from mrunner.api.reading.bodies import flag, query, whole
-from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.config import Config
 from mrunner.errors import BadRequest, NotFound
 

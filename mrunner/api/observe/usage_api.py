@@ -19,8 +19,8 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.reading.bodies import count, query
-from mrunner.api.service.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.errors import BadRequest, Forbidden, NotFound
 from mrunner.store.names import normal_name
 from mrunner.teams.usage import FIELDS, Page, Query, UsageBook

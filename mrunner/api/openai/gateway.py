@@ -30,9 +30,9 @@ from mrunner.api.reading.bodies import (
     model_name,
     read_body,
 )
+from mrunner.daemon.metrics import Metrics
 from mrunner.errors import MrunnerError
 from mrunner.interfaces import ILease, IModelStore, IScheduler
-from mrunner.metrics import Metrics
 from mrunner.runners.relay import Observer, record_writes
 from mrunner.runners.rename import Renaming, renaming
 from mrunner.store.names import DIGEST, SHORT_ID, normal_name

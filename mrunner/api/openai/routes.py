@@ -13,9 +13,7 @@ from mrunner.api.aliases import stored_name
 from mrunner.api.door.callers import caller
 from mrunner.api.door.direct import Direct
 from mrunner.api.errors import handle_json_errors, json_body, openai_shape
-from mrunner.api.openai.gateway import Gateway
-from mrunner.api.reading import validate
-from mrunner.api.service.openapi import (
+from mrunner.api.manage.openapi import (
     NAME,
     Piece,
     answer,
@@ -25,7 +23,9 @@ from mrunner.api.service.openapi import (
     template,
     with_backend,
 )
-from mrunner.api.service.scheduler_json import failed_preload_statuses, install_text
+from mrunner.api.manage.scheduler_json import failed_preload_statuses, install_text
+from mrunner.api.openai.gateway import Gateway
+from mrunner.api.reading import validate
 from mrunner.interfaces import IModelStore
 from mrunner.runners.forwarder import Forwarder
 from mrunner.teams.access import check_usable, may_use, visible, visible_name

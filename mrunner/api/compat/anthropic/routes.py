@@ -17,10 +17,10 @@ from twisted.web.server import Request
 
 from mrunner.api.compat.openapi import ANTHROPIC_ERROR, describe
 from mrunner.api.errors import MethodNotAllowed, anthropic_shape, anthropic_stream_error, handle_json_errors
+from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import route_every
 from mrunner.api.reading import validate
-from mrunner.api.service.openapi import Piece
 from mrunner.errors import NotFound
 from mrunner.runners.forwarder import Forwarder, relayed
 from mrunner.teams.lengths import ANTHROPIC, NONE, Length

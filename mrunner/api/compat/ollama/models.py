@@ -25,10 +25,10 @@ from mrunner.api.compat.openapi import OLLAMA_ERROR, describe
 from mrunner.api.door.callers import caller
 from mrunner.api.door.declared import MAX_CREATE_BODY
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
+from mrunner.api.manage.model_operations import ModelOperations
+from mrunner.api.manage.models import NDJSONStream
+from mrunner.api.manage.openapi import Piece
 from mrunner.api.reading.bodies import json_object, read_body
-from mrunner.api.service.model_operations import ModelOperations
-from mrunner.api.service.models import NDJSONStream
-from mrunner.api.service.openapi import Piece
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IScheduler
 from mrunner.store.names import parse

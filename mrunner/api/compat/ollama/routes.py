@@ -23,11 +23,11 @@ from mrunner.api.compat.ollama import shapes as shapes
 from mrunner.api.compat.openapi import OLLAMA_ERROR, describe
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body, ollama_shape
+from mrunner.api.manage.models import NDJSONStream
+from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Asked, Gateway
 from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import typed
-from mrunner.api.service.models import NDJSONStream
-from mrunner.api.service.openapi import Piece
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
 from mrunner.runners.answer import Answer

@@ -27,11 +27,11 @@ from mrunner.api.compat.responses import shapes as shapes
 from mrunner.api.compat.responses.response_store import ResponseStore, StoredResponse
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import route_every
 from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import check_vision, count, model_name, query, typed
-from mrunner.api.service.openapi import Piece
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
 from mrunner.runners.answer import Answer

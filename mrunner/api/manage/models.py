@@ -21,9 +21,9 @@ from twisted.web.server import Request
 from mrunner.api.door.callers import caller
 from mrunner.api.door.declared import MAX_CREATE_BODY
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.manage.model_operations import ModelOperations
+from mrunner.api.manage.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
-from mrunner.api.service.model_operations import ModelOperations
-from mrunner.api.service.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IUpload
 from mrunner.store.names import parse

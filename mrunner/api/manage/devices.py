@@ -9,7 +9,7 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.service.openapi import Piece, answer, json_content, operation
+from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.interfaces import IDevices
 
 DEVICE = {

@@ -3,7 +3,7 @@
 twisted.web reads a head a line at a time in Python: splitting the buffer,
 then for each header splitting, checking and canonicalising its name, and
 storing it; for the twenty-odd headers the openai client sends, about
-80 µs of a request's CPU here. L{LeanChannel} waits for the blank line that
+80 µs of a request's CPU here. L{HttptoolsChannel} waits for the blank line that
 ends the head, hands the whole head to httptools (uvicorn's parser), and fills
 the same L{GatedRequest} twisted.web would, with the same checks after: the
 trust rules, bodies, routes, answers and framing are L{GatedChannel}'s and
@@ -14,7 +14,7 @@ reads otherwise than twisted.web would (a bare LF, which the twisted.web side
 refuses, two spaces, HTTP/2.0, a size over the limits), is read by twisted.web's
 own parser: a malformed or oversized request gets exactly the answer it got
 before, and a trickled head the answer to each line as it comes.
-tests/unit/test_lean.py checks that both parsers answer any stream of requests,
+tests/unit/test_httptools_channel.py checks that both parsers answer any stream of requests,
 cut anywhere, alike.
 """
 
@@ -50,7 +50,7 @@ class Head:
         self.count += 1
 
 
-class LeanChannel(GatedChannel):
+class HttptoolsChannel(GatedChannel):
     """A L{GatedChannel} whose request heads are parsed by httptools, each at once."""
 
     _twisted_heads = False  # twisted.web's parser is reading the pending head

@@ -87,7 +87,7 @@ class HomeLock(Service):
 class Listener(StreamServerEndpointService):
     """Listens at start, and raises L{StartupError} if it cannot, rather than logging and going on.
 
-    C{listening} is given the listening port, to say where it is (L{mrunner.listening.AddressFile}).
+    C{listening} is given the listening port, to say where it is (L{mrunner.daemon.listening.AddressFile}).
     """
 
     _raiseSynchronously = True

@@ -20,7 +20,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
-from mrunner.api.door.lean import LeanChannel
+from mrunner.api.door.httptools_channel import HttptoolsChannel
 from mrunner.api.door.site import GatedSite
 from mrunner.config import Config, HTTPConfig
 
@@ -168,9 +168,9 @@ class SameAnswerTests(SynchronousTestCase):
 class ParserChoiceTests(SynchronousTestCase):
     def test_httptools_reads_heads_unless_configured_otherwise(self) -> None:
         site = GatedSite(Echo(), Config(), MemoryReactorClock())
-        self.assertIs(site.protocol, LeanChannel)
+        self.assertIs(site.protocol, HttptoolsChannel)
         site.configure(attrs.evolve(Config(), http=HTTPConfig(head_parser="twisted")))
-        self.assertNotIsInstance(site.buildProtocol(None), LeanChannel)
+        self.assertNotIsInstance(site.buildProtocol(None), HttptoolsChannel)
 
 
 class BareLineFeedTests(SynchronousTestCase):

@@ -10,11 +10,11 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
+from mrunner.api.manage.flags import runtime_flags
+from mrunner.api.manage.openapi import BACKEND, Piece, answer, errors, json_content, operation, parameter
+from mrunner.api.manage.scheduler_json import failed_preload_json, failed_preloads, runner_json
 from mrunner.api.reading import validate
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
-from mrunner.api.service.flags import runtime_flags
-from mrunner.api.service.openapi import BACKEND, Piece, answer, errors, json_content, operation, parameter
-from mrunner.api.service.scheduler_json import failed_preload_json, failed_preloads, runner_json
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.store.names import parse

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mrunner.durations import timestamp
 from mrunner.values import InstallState, InstallStatus, Preload, PreloadState, RunnerSnapshot, State
 from mrunner.values.backend import COMPLETION
+from mrunner.values.durations import timestamp
 
 
 def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:

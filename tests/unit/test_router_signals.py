@@ -11,7 +11,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.router_metrics import RouterSignals, kv_tokens, resident_names, router_families
+from mrunner.daemon.router_signals import RouterSignals, kv_tokens, resident_names, router_families
 from mrunner.values import State
 from tests.support.metrics import LLAMA_METRICS, snapshot
 

@@ -1,0 +1,1 @@
+"""The daemon's plumbing: starting, listening, reloading, logs, lazy TLS and its own metrics."""
