@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from mrunner.errors import Unprocessable
 from mrunner.runners.request import LoadRequest
-from mrunner.scheduling.policy import place
+from mrunner.scheduling.placing import place
 from mrunner.values import Footprint
 from mrunner.values.sizes import format_size
 

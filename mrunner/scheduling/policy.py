@@ -8,6 +8,8 @@ from typing import Generic, Protocol, TypeVar
 
 import attrs
 
+from mrunner.scheduling.placing import place
+from mrunner.scheduling.room import Room
 from mrunner.values import HOST, ContextSize, Footprint, Placement, State, place_on
 
 __all__ = [
@@ -17,7 +19,6 @@ __all__ = [
     "State",
     "drained",
     "next_backoff",
-    "place",
     "plan",
     "smaller",
 ]
@@ -90,46 +91,6 @@ class Plan(Generic[W, K]):
     load_as: tuple[K, ...] = ()
 
 
-Memory = dict[str, float]
-
-
-@attrs.define
-class _Room:
-    """Slots and memory free now on each device, and what stopping or draining runners will free."""
-
-    slots: float
-    memory: Memory
-    coming_slots: float = 0
-    coming_memory: Memory = attrs.Factory(dict)
-
-    def fits(self, need: Mapping[str, int]) -> bool:
-        return self.slots >= 1 and all(self.memory[d] >= n for d, n in need.items())
-
-    def short(self, need: Mapping[str, int]) -> set[str]:
-        """The devices (and C{slots}) that even what is coming leaves short of C{need}."""
-        slots = {"slots"} if self.slots + self.coming_slots < 1 else set()
-        return slots | {d for d, n in need.items() if self.memory[d] + self.coming_memory.get(d, 0) < n}
-
-    def take(self, need: Mapping[str, int]) -> None:
-        """Reserve a slot and C{need}, from what is free now before what is coming."""
-        self.slots, self.coming_slots = _take(1, self.slots, self.coming_slots)
-        for d, n in need.items():
-            self.memory[d], self.coming_memory[d] = _take(n, self.memory[d], self.coming_memory.get(d, 0))
-
-    def reclaim(self, held: Mapping[str, int]) -> None:
-        self.coming_slots += 1
-        for d, n in held.items():
-            self.coming_memory[d] = self.coming_memory.get(d, 0) + n
-
-    def copy(self) -> _Room:
-        return _Room(self.slots, dict(self.memory), self.coming_slots, dict(self.coming_memory))
-
-
-def _take(amount: float, free: float, coming: float) -> tuple[float, float]:
-    now = min(max(free, 0), amount)
-    return free - now, coming - (amount - now)
-
-
 def plan(
     queue: Sequence[W],
     runners: Mapping[K, RunnerView],
@@ -166,104 +127,148 @@ def plan(
     GPUs, whole on GPUs its siblings do not use; else the waiter waits for a
     slot, and holds no one else up.
     """
-    free = {
-        key: runner.parallel - runner.in_use for key, runner in runners.items() if runner.state is State.READY
-    }
-    gpus = [device for device, _ in limits.gpus]
-
-    def held(runner: RunnerView) -> dict[str, int]:
-        return {HOST: runner.memory, **({d: runner.on_gpus.get(d, 0) for d in gpus} if gpus else {})}
-
-    budgets: dict[str, float] = {HOST: limits.memory_budget or math.inf, **dict(limits.gpus)}
-    gone = {HOST: sum(stopping), **(stopping_gpus or {})}
-    holding = [held(runner) for runner in runners.values()]
-    draining = [held(runner) for runner in runners.values() if runner.state is State.DRAINING]
-    room = _Room(
-        slots=limits.max_runners - len(runners) - len(stopping),
-        memory={d: budget - sum(h[d] for h in holding) - gone.get(d, 0) for d, budget in budgets.items()},
-        coming_slots=len(stopping) + len(draining),
-        coming_memory={d: gone.get(d, 0) + sum(h[d] for h in draining) for d in budgets},
-    )
-    by_age = sorted(
-        (key for key in free if not runners[key].pinned), key=lambda key: runners[key].finished_at
-    )
-    claimed: set[Hashable] = set(runners)
-    on_devices = {key: set(runner.on_gpus) if gpus else set() for key, runner in runners.items()}
-    assign: list[W] = []
-    assign_to: list[K] = []
-    load: list[W] = []
-    load_as: list[K] = []
-    placements: list[Placement] = []
-    evict: list[K] = []
-    drain: list[K] = []
-    blocked = False
+    planner: _Planner[W, K] = _Planner.start(runners, stopping, limits, stopping_gpus or {})
     for waiter in queue:
         keys: Sequence[K] = instances(waiter) if instances else (waiter.key,)  # type: ignore[assignment]
-        serving = [k for k in keys if free.get(k, 0) > 0]
+        planner.take(waiter, keys)
+    return planner.plan()
+
+
+@attrs.define
+class _Planner(Generic[W, K]):
+    """One plan's working state: what is free, claimed and chosen so far, waiter by waiter."""
+
+    runners: Mapping[K, RunnerView]
+    gpus: list[str]
+    budgets: dict[str, float]
+    room: Room
+    #: Free slots of each ready runner.
+    free: dict[K, int]
+    #: The runners that may be stopped, least recently finished first.
+    by_age: list[K]
+    claimed: set[Hashable]
+    on_devices: dict[Hashable, set[str]]
+    assign: list[W] = attrs.Factory(list)
+    assign_to: list[K] = attrs.Factory(list)
+    load: list[W] = attrs.Factory(list)
+    load_as: list[K] = attrs.Factory(list)
+    placements: list[Placement] = attrs.Factory(list)
+    evict: list[K] = attrs.Factory(list)
+    drain: list[K] = attrs.Factory(list)
+    blocked: bool = False
+
+    @classmethod
+    def start(
+        cls,
+        runners: Mapping[K, RunnerView],
+        stopping: Sequence[int],
+        limits: Limits,
+        stopping_gpus: Mapping[str, int],
+    ) -> _Planner[W, K]:
+        free = {key: r.parallel - r.in_use for key, r in runners.items() if r.state is State.READY}
+        gpus = [device for device, _ in limits.gpus]
+        budgets: dict[str, float] = {HOST: limits.memory_budget or math.inf, **dict(limits.gpus)}
+        gone = {HOST: sum(stopping), **stopping_gpus}
+        holding = [_held(runner, gpus) for runner in runners.values()]
+        draining = [_held(runner, gpus) for runner in runners.values() if runner.state is State.DRAINING]
+        room = Room(
+            slots=limits.max_runners - len(runners) - len(stopping),
+            memory={d: budget - sum(h[d] for h in holding) - gone.get(d, 0) for d, budget in budgets.items()},
+            coming_slots=len(stopping) + len(draining),
+            coming_memory={d: gone.get(d, 0) + sum(h[d] for h in draining) for d in budgets},
+        )
+        by_age = sorted((k for k in free if not runners[k].pinned), key=lambda k: runners[k].finished_at)
+        on_devices = {key: set(runner.on_gpus) if gpus else set() for key, runner in runners.items()}
+        return cls(runners, gpus, budgets, room, free, by_age, set(runners), on_devices)  # type: ignore[arg-type]
+
+    def held(self, key: K) -> dict[str, int]:
+        return _held(self.runners[key], self.gpus)
+
+    def take(self, waiter: W, keys: Sequence[K]) -> None:
+        """Serve C{waiter} from a free slot, or claim a runner for it, or leave it waiting."""
+        serving = [k for k in keys if self.free.get(k, 0) > 0]
         if serving:
-            key = max(serving, key=lambda k: free[k])
-            free[key] -= 1
-            assign.append(waiter)
-            assign_to.append(key)
-            continue
-        unclaimed = [k for k in keys if k not in claimed]
-        if blocked or not unclaimed:
-            continue
-        key = unclaimed[0]
-        siblings = [k for k in keys if k in claimed]
+            key = max(serving, key=lambda k: self.free[k])
+            self.free[key] -= 1
+            self.assign.append(waiter)
+            self.assign_to.append(key)
+            return
+        unclaimed = [k for k in keys if k not in self.claimed]
+        if self.blocked or not unclaimed:
+            return
+        siblings = [k for k in keys if k in self.claimed]
         if siblings:
-            taken = set().union(*(on_devices.get(k, set()) for k in siblings))
-            placement = _extra(waiter, room, gpus, taken)
-            if placement is not None:
-                load.append(waiter)
-                load_as.append(key)
-                placements.extend([placement] if gpus else [])
-                room.take(_need(placement))
-                claimed.add(key)
-                on_devices[key] = set(placement.on_gpus)
-            continue
-        need: dict[str, int] = {HOST: waiter.memory}
-        placement = None
-        if gpus:
-            reach = room.copy()
-            for victim in by_age:
-                reach.reclaim(held(runners[victim]))
-            possible = {d: reach.memory[d] + reach.coming_memory.get(d, 0) for d in budgets}
-            placement = place(waiter.footprint, possible, gpus)
-            now = place(waiter.footprint, room.memory, gpus)
-            if now.gpu_layers >= placement.gpu_layers and room.fits(_need(now)):
-                placement = now
-            need = _need(placement)
-            on_devices[key] = set(placement.on_gpus)
-        if not room.fits(need):
-            victims = _victims(need, room, by_age, runners, free, held, bool(gpus))
-            if victims is None:
-                blocked = True
-                continue
-            for victim in victims:
-                by_age.remove(victim)
-                (evict if free[victim] == runners[victim].parallel else drain).append(victim)
-                free[victim] = 0
-                room.reclaim(held(runners[victim]))
+            self._another(waiter, unclaimed[0], siblings)
         else:
-            load.append(waiter)
-            load_as.append(key)
-            if placement is not None:
-                placements.append(placement)
-        room.take(need)
-        claimed.add(key)
-    return Plan(
-        tuple(assign),
-        tuple(load),
-        tuple(evict),
-        tuple(drain),
-        tuple(placements),
-        tuple(assign_to),
-        tuple(load_as),
-    )
+            self._claim(waiter, unclaimed[0])
+
+    def _another(self, waiter: W, key: K, siblings: Sequence[K]) -> None:
+        """Load another instance beside C{siblings} only if it fits now; else C{waiter} waits for a slot."""
+        taken = set().union(*(self.on_devices.get(k, set()) for k in siblings))
+        placement = _extra(waiter, self.room, self.gpus, taken)
+        if placement is not None:
+            self._load(waiter, key, placement if self.gpus else None)
+            self.room.take(_need(placement))
+            self.claimed.add(key)
+            self.on_devices[key] = set(placement.on_gpus)
+
+    def _claim(self, waiter: W, key: K) -> None:
+        """Claim a slot and memory for C{waiter}'s new runner: free now, else by stopping runners."""
+        need: dict[str, int] = {HOST: waiter.memory}
+        placement = self._placement(waiter) if self.gpus else None
+        if placement is not None:
+            need = _need(placement)
+            self.on_devices[key] = set(placement.on_gpus)
+        if not self.room.fits(need):
+            victims = _victims(need, self.room, self.by_age, self.runners, self.free, self.held, self.gpus)
+            if victims is None:
+                self.blocked = True
+                return
+            for victim in victims:
+                self.by_age.remove(victim)
+                idle = self.free[victim] == self.runners[victim].parallel
+                (self.evict if idle else self.drain).append(victim)
+                self.free[victim] = 0
+                self.room.reclaim(self.held(victim))
+        else:
+            self._load(waiter, key, placement)
+        self.room.take(need)
+        self.claimed.add(key)
+
+    def _placement(self, waiter: W) -> Placement:
+        """The most GPU layers C{waiter} could get once every runner that may go has gone; now, if as good."""
+        reach = self.room.copy()
+        for victim in self.by_age:
+            reach.reclaim(self.held(victim))
+        possible = {d: reach.memory[d] + reach.coming_memory.get(d, 0) for d in self.budgets}
+        placement = place(waiter.footprint, possible, self.gpus)
+        now = place(waiter.footprint, self.room.memory, self.gpus)
+        return now if now.gpu_layers >= placement.gpu_layers and self.room.fits(_need(now)) else placement
+
+    def _load(self, waiter: W, key: K, placement: Placement | None) -> None:
+        self.load.append(waiter)
+        self.load_as.append(key)
+        if placement is not None:
+            self.placements.append(placement)
+
+    def plan(self) -> Plan[W, K]:
+        return Plan(
+            tuple(self.assign),
+            tuple(self.load),
+            tuple(self.evict),
+            tuple(self.drain),
+            tuple(self.placements),
+            tuple(self.assign_to),
+            tuple(self.load_as),
+        )
 
 
-def _extra(waiter: WaiterView, room: _Room, gpus: Sequence[str], taken: set[str]) -> Placement | None:
+def _held(runner: RunnerView, gpus: Sequence[str]) -> dict[str, int]:
+    """What C{runner} holds on each device the plan weighs."""
+    return {HOST: runner.memory, **({d: runner.on_gpus.get(d, 0) for d in gpus} if gpus else {})}
+
+
+def _extra(waiter: WaiterView, room: Room, gpus: Sequence[str], taken: set[str]) -> Placement | None:
     """Where another instance of C{waiter}'s model fits now, beside the ones running; None if not.
 
     With GPUs, whole on ones its siblings do not use, so each instance has
@@ -285,17 +290,17 @@ def _need(placement: Placement) -> dict[str, int]:
 
 def _victims(
     need: Mapping[str, int],
-    room: _Room,
+    room: Room,
     by_age: Sequence[K],
     runners: Mapping[K, RunnerView],
     free: Mapping[K, int],
-    held: Callable[[RunnerView], Mapping[str, int]],
-    only_concerned: bool,
+    held: Callable[[K], Mapping[str, int]],
+    gpus: Sequence[str],
 ) -> list[K] | None:
     """The runners to stop for C{need}: idle ones first, then busy ones; None if even all won't do.
 
-    With C{only_concerned}, a runner that holds nothing where C{need} is still
-    short (a slot, RAM, a GPU) is passed over: evicting it would free nothing needed.
+    With C{gpus}, a runner that holds nothing where C{need} is still short
+    (a slot, RAM, a GPU) is passed over: evicting it would free nothing needed.
     """
     idle = [key for key in by_age if free[key] == runners[key].parallel]
     chosen: list[K] = []
@@ -304,60 +309,12 @@ def _victims(
         short = trial.short(need)
         if not short:
             break
-        holds = held(runners[key])
-        if only_concerned and "slots" not in short and not any(holds.get(d, 0) > 0 for d in short):
+        holds = held(key)
+        if gpus and "slots" not in short and not any(holds.get(d, 0) > 0 for d in short):
             continue
         chosen.append(key)
         trial.reclaim(holds)
     return None if trial.short(need) else chosen
-
-
-def place(footprint: Footprint, room: Mapping[str, float], gpus: Sequence[str]) -> Placement:
-    """The best L{Placement} of C{footprint} in C{room} (bytes free on each of C{gpus}).
-
-    Every layer on the one GPU where they fit with the least room to spare,
-    so the largest gaps stay for others; else spread over the fewest GPUs,
-    largest room first, in proportion to their room (``--tensor-split``);
-    else as many layers as fit on them all, the rest in RAM. RAM is not
-    checked here: more layers on GPUs always leave less in it. At most
-    C{footprint.offloadable} layers are placed on GPUs.
-    """
-    want = footprint.offloadable
-    if not want:
-        return place_on(footprint, {})
-    fit = {d: _layers_fitting(footprint, room.get(d, 0)) for d in gpus}
-    whole = [d for d in gpus if fit[d] >= want]
-    if whole:
-        return place_on(footprint, {min(whole, key=lambda d: room[d]): want})
-    chosen: dict[str, int] = {}
-    for device in sorted((d for d in gpus if fit[d] > 0), key=lambda d: -fit[d]):
-        if sum(chosen.values()) >= want:
-            break
-        chosen[device] = fit[device]
-    share = _share(want, chosen)
-    return place_on(footprint, {d: share[d] for d in gpus if d in share})
-
-
-def _layers_fitting(footprint: Footprint, room: float) -> int:
-    """How many of C{footprint}'s layers C{room} bytes hold, beside a GPU's compute buffer."""
-    if room < footprint.per_device + footprint.per_layer:
-        return 0
-    if not footprint.per_layer or math.isinf(room):
-        return footprint.layers
-    return min(footprint.layers, int((room - footprint.per_device) // footprint.per_layer))
-
-
-def _share(layers: int, fitting: Mapping[str, int]) -> dict[str, int]:
-    """C{layers} over devices in proportion to how many each holds (largest remainders round up,
-    so none gets more than it holds); all they hold when that is fewer."""
-    total = sum(fitting.values())
-    if total <= layers:
-        return dict(fitting)
-    share = {d: layers * n // total for d, n in fitting.items()}
-    behind = sorted(fitting, key=lambda d: -(layers * fitting[d] % total))  # the largest remainders
-    for device in behind[: layers - sum(share.values())]:
-        share[device] += 1
-    return share
 
 
 @attrs.frozen

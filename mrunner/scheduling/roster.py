@@ -9,7 +9,7 @@ from zope.interface import implementer
 from mrunner.interfaces import ILoaderEvents, IRunnerProcess
 from mrunner.runners.request import LoadRequest
 from mrunner.runners.runner import GpuUse, Keeper, Runner, unmeasured
-from mrunner.scheduling import policy
+from mrunner.scheduling import placing
 from mrunner.scheduling.policy import Limits
 from mrunner.values import Footprint, Placement, RunnerKey, State
 
@@ -72,7 +72,7 @@ class Roster:
         if limits.gpus and footprint is not None:
             held = self.on_gpus()
             free = {device: budget - held.get(device, 0) for device, budget in limits.gpus}
-            placement = policy.place(footprint, free, list(free))
+            placement = placing.place(footprint, free, list(free))
             if any(size > free[device] for device, size in placement.on_gpus.items()):
                 return False
             memory = placement.in_ram

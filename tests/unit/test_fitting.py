@@ -1,4 +1,4 @@
-"""Fitting runners into GPUs and RAM together: L{policy.place}, L{policy.plan} with GPUs, the
+"""Fitting runners into GPUs and RAM together: L{placing.place}, L{policy.plan} with GPUs, the
 llama-server flags a placement gives, the estimate's split per layer, what measurements correct
 and the smaller plan a load out of device memory is retried with."""
 
@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.llamacpp import arguments, sizing
 from mrunner.runners.runner import held_on_gpus
-from mrunner.scheduling import policy
+from mrunner.scheduling import placing, policy
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
 from mrunner.values.backend import RunnerSettings
@@ -64,15 +64,15 @@ PLACES = [
 class PlaceTests(SynchronousTestCase):
     def test_cases(self) -> None:
         for why, room, expected in PLACES:
-            self.assertEqual(layers(policy.place(MODEL, room, list(room))), expected, why)
+            self.assertEqual(layers(placing.place(MODEL, room, list(room))), expected, why)
 
     def test_memory(self) -> None:
         """Each GPU holds its layers and a compute buffer; RAM the rest."""
-        placement = policy.place(MODEL, {"CUDA0": 8, "CUDA1": 6}, ["CUDA0", "CUDA1"])
+        placement = placing.place(MODEL, {"CUDA0": 8, "CUDA1": 6}, ["CUDA0", "CUDA1"])
         self.assertEqual(dict(placement.memory), {HOST: 1 + 4 * 2, "CUDA0": 3 * 2 + 2, "CUDA1": 2 * 2 + 2})
 
     def test_nothing_to_offload(self) -> None:
-        self.assertEqual(policy.place(Footprint(7), {"CUDA0": 99}, ["CUDA0"]), place_on(Footprint(7), {}))
+        self.assertEqual(placing.place(Footprint(7), {"CUDA0": 99}, ["CUDA0"]), place_on(Footprint(7), {}))
 
 
 def plan(runners: dict[str, Runner], queue: list[Waiter], ram: int = 100, **kwargs: object) -> policy.Plan:
