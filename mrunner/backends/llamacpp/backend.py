@@ -176,16 +176,7 @@ class LlamaCppBackend:
         return version
 
     def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
-        """``llama-server`` serving C{model} in C{mode} on the UNIX socket C{socket}.
-
-        The model's projector and chat template layers are passed as ``--mmproj``
-        and ``--chat-template-file``; a split model is opened at its first shard;
-        a draft model in the settings as ``--model-draft``.
-
-        ``--kv-unified`` lets every parallel slot use the whole context (llama-server
-        otherwise splits it into ``-np`` equal parts once ``-np`` is given), so the
-        KV cache, and the memory estimate, do not grow with C{settings.parallel}.
-        """
+        """The installed ``llama-server``'s command line for C{model}, as L{arguments.command} writes it."""
         if self._installed is None:
             raise RuntimeError("llama.cpp is not installed: call install() first")
         return arguments.command(str(self._installed.executable), model, mode, socket, settings)
