@@ -581,6 +581,7 @@ function usageChart(rows) {
 async function loadUsage() {
   try {
     const rows = (await getJSON("/engines/usage?limit=1000")).data;
+    $("no-usage").textContent = "No usage recorded yet.";
     $("no-usage").hidden = rows.length > 0;
     usageChart(rows);
     $("usage-rows").replaceChildren(
@@ -589,7 +590,10 @@ async function loadUsage() {
       ),
     );
   } catch (e) {
-    say("usage: " + e.message);
+    if (e.code !== "usage_off") return say("usage: " + e.message);
+    // Not an error: this daemon keeps usage only for named keys, and says how to add one.
+    $("no-usage").textContent = e.message;
+    $("no-usage").hidden = false;
   }
 }
 views.usage = loadUsage;

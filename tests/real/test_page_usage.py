@@ -1,4 +1,5 @@
-"""The page's Usage view in headless Chromium: its chart of tokens per day per key, and the table.
+"""The page's Usage view in headless Chromium: its chart of tokens per day per key, and the table;
+without named keys, the daemon's word on how to keep usage, not an error.
 
 The scripted runner (tests/support/runner_program.py) answers each chat with 1 prompt and 1
 completion token, so alice's three requests and bob's one are 6 and 2 tokens today.
@@ -51,6 +52,14 @@ def visit(base: str, screenshot: Path) -> dict[str, Any]:
         }
 
 
+def visit_unkeyed(base: str) -> dict[str, str]:
+    with chromium_page() as page:
+        page.goto(base + "/")
+        page.click('#tabs button[data-view="usage"]')
+        page.wait_for_selector("#no-usage:not([hidden])")
+        return {"notice": page.inner_text("#no-usage"), "status": page.inner_text("#status")}
+
+
 class PageUsageTests(TestCase):
     timeout = 120
     skip = None if os.path.exists(CHROMIUM) else f"{CHROMIUM} is missing: apt-get install chromium"
@@ -78,3 +87,10 @@ class PageUsageTests(TestCase):
             [row[1:6] for row in seen["rows"]],
             [["alice", MODEL, "3", "3", "3"], ["bob", MODEL, "1", "1", "1"]],
         )
+
+    async def test_usage_view_without_named_keys_says_how_to_keep_usage(self) -> None:
+        daemon = InProcessDaemon(write_config(short_home(self), ""))
+        self.addCleanup(lambda: ensureDeferred(daemon.stop()))
+        seen = await deferToThread(visit_unkeyed, daemon.url)
+        self.assertIn("named keys", seen["notice"])
+        self.assertEqual(seen["status"], "")
