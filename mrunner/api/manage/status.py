@@ -40,7 +40,7 @@ VERSION = {
 }
 
 
-def _get(summary: str, content: dict[str, Any]) -> Piece:
+def _one_answer(summary: str, content: dict[str, Any]) -> Piece:
     """A GET whose one answer is C{summary}."""
     return operation(summary, {"200": answer(summary, content)})
 
@@ -81,7 +81,7 @@ class StatusAPI:
     def openapi(self) -> Piece:
         return self.routes.openapi()
 
-    @routes.route("/", "GET", _get("mrunner is running", TEXT))
+    @routes.route("/", "GET", _one_answer("mrunner is running", TEXT))
     def root(self, request: IRequest) -> bytes:
         """API clients are told the daemon runs; a browser is sent to the page."""
         if wants_html(request):
@@ -90,7 +90,7 @@ class StatusAPI:
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         return b"mrunner is running"
 
-    @routes.route("/health", "GET", _get("The daemon answers", _strings("status")))
+    @routes.route("/health", "GET", _one_answer("The daemon answers", _strings("status")))
     def health(self, request: IRequest) -> bytes:
         return json_body(request, {"status": "ok"})
 
@@ -127,7 +127,7 @@ class StatusAPI:
     @routes.route(
         "/version",
         "GET",
-        _get(
+        _one_answer(
             "mrunner's version, and the Docker config it reads registry credentials from",
             json_content(VERSION),
         ),
@@ -135,7 +135,7 @@ class StatusAPI:
     def version(self, request: IRequest) -> bytes:
         return json_body(request, {"version": mrunner.__version__, "docker_config": self._docker_config})
 
-    @routes.route("/metrics", "GET", _get("Prometheus metrics", TEXT))
+    @routes.route("/metrics", "GET", _one_answer("Prometheus metrics", TEXT))
     async def metrics(self, request: IRequest) -> bytes:
         """The daemon's metrics, then those of every ready runner that answers in time; the load signals
         alone for a scrape without a key that C{[cluster] open_metrics} let in."""
