@@ -95,7 +95,7 @@ class Documented:
 
     def _document(self, path: str, methods: Sequence[str], operation: Operation) -> None:
         made = with_backend(path, operation(path, methods) if callable(operation) else operation)
-        for method in sorted(methods):
+        for method in sorted(methods):  # in one order, however they were declared
             if method not in IMPLICIT:
                 self._paths.setdefault(path, {})[method.lower()] = made
 

@@ -97,6 +97,7 @@ def _pieces(group: RouteGroup, prefix: str = "") -> Iterator[tuple[str, Mapping[
 
 
 def _with_common_errors(op: Piece) -> Piece:
+    """C{op} with L{COMMON_ERRORS}, as a copy: the declared operation is its group's, for every document."""
     responses = dict(op["responses"])
     for status, why in COMMON_ERRORS.items():
         responses.setdefault(status, answer(why, json_content(ERROR)))
