@@ -1,22 +1,13 @@
-"""The OpenAPI pieces of the Anthropic, Responses and Ollama route groups, each with its own error shape."""
+"""The OpenAPI operations of the Anthropic, Responses and Ollama routes, each with its API's error shape."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from klein import Klein
-
-from mrunner.api.manage.openapi import (
-    ERROR,
-    Piece,
-    answer,
-    json_content,
-    operation,
-    parameter,
-    template,
-    with_backend,
-)
+from mrunner.api.documented import Operation, parameter
+from mrunner.api.manage.openapi import ERROR, Piece, answer, json_content, operation
 
 ANTHROPIC_ERROR = {
     "type": "object",
@@ -41,6 +32,8 @@ STATUSES = {
     "502": "the runner died or could not be reached",
     "503": "busy, installing or stopping (Anthropic: 529 overloaded_error); Retry-After says when",
 }
+#: What a catch-all route takes, to name what its API serves.
+ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "DELETE")
 ANSWER = {
     "application/json": {"schema": {"type": "object"}},
     "text/event-stream": {"schema": {"type": "string"}},
@@ -48,25 +41,34 @@ ANSWER = {
 }
 
 
-def describe(app: Klein, summaries: Mapping[str, str], error: Mapping[str, Any] | None = None) -> Piece:
-    """Every route of C{app}, summarised by its endpoint's name (less any C{_N} suffix)."""
+_ARGUMENT = re.compile(r"{(\w+)}")
+
+
+def compat_operation(summary: str, error: Mapping[str, Any] | None = None) -> Operation:
+    """The operation of a route whose answer is its API's own: its path's parameters (but the backend's),
+    an object for a body where it takes POST, and C{error}'s shape for the statuses it answers itself.
+
+    C{summary} may name the route's C{{path}}.
+    """
     # A path the URL maps cannot parse (a newline in it) gets the daemon's OpenAI-shaped 404.
     either = {"anyOf": [error, ERROR]} if error else None
     errors = {status: answer(why, json_content(either)) for status, why in STATUSES.items()} if either else {}
-    paths: dict[str, Any] = {}
-    for rule in app.url_map.iter_rules():
-        path = template(rule.rule)
-        name = (
-            str(rule.endpoint).rsplit("_", 1)[0] if str(rule.endpoint)[-1].isdigit() else str(rule.endpoint)
-        )
+
+    def made(path: str, methods: Sequence[str]) -> Piece:
         params = [
             parameter(arg, "path", {"type": "string"}, arg)
-            for arg in sorted(rule.arguments)
+            for arg in sorted(_ARGUMENT.findall(path))
             if arg != "backend"
         ]
-        op = operation(summaries[name], {"200": answer("the answer", ANSWER), **errors}, parameters=params)
-        if "POST" in (rule.methods or ()):
+        op = operation(
+            summary.format(path=path), {"200": answer("the answer", ANSWER), **errors}, parameters=params
+        )
+        if "POST" in methods:
             op["requestBody"] = {"required": False, "content": json_content({"type": "object"})}
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            paths.setdefault(path, {})[method.lower()] = with_backend(path, op)
-    return {"paths": paths}
+        return op
+
+    return made
+
+
+#: The operation of each Ollama route mrunner serves.
+OLLAMAS = compat_operation("Ollama's {path}", OLLAMA_ERROR)

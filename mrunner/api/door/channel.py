@@ -277,7 +277,7 @@ class GatedChannel(PrivateChannel):
                     self._read_size = self.transport.bufferSize
                     self.transport.bufferSize = SINK_READ_SIZE
         super().allHeadersReceived()
-        if self.over_cap:  # /health, answered past the cap: then the connection closes
+        if self.over_cap:  # a route declared past_cap (the health probe): then the connection closes
             self.persistent = False
             request.setHeader(b"connection", b"close")
 

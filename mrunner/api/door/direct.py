@@ -2,8 +2,9 @@
 
 Klein binds a werkzeug map and matches the path on every request: some 7% of
 the daemon's CPU on small chats (py-spy). The paths of the inference routes
-are fixed strings, so L{Routes} finds them in a dict and renders them with the
-group's L{Direct}s, which do what Klein does with a route's result: write
+are fixed strings, so L{Routes} finds them in a dict (the routes declared hot,
+L{mrunner.api.documented.Documented.direct}) and renders them with the group's
+L{Direct}s, which do what Klein does with a route's result: write
 bytes, finish the request, render an L{MrunnerError} in the route group's
 error shape, and cancel the route when the client goes away.
 """

@@ -1,9 +1,10 @@
 """What L{Routes} and the OpenAPI document ask of a route group, and the group that answers the rest.
 
 A route group is an object with a Klein C{app} bound to it, so every module
-keeps its own routes and state, and an C{openapi()} describing them beside the
-routes. A group may also offer hot routes to be rendered without Klein
-(L{DirectGroup}), or mount another group under a prefix (L{MountingGroup}).
+keeps its own routes and state, and an C{openapi()} describing them, read back
+from the routes' declarations (L{mrunner.api.documented}). A group may also
+offer its hot routes to be rendered without Klein (L{DirectGroup}), or mount
+another group under a prefix (L{MountingGroup}).
 """
 
 from __future__ import annotations

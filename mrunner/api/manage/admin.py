@@ -8,10 +8,12 @@ from typing import Any
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
+from mrunner.api.door.route_group import Piece
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.flags import runtime_flags
-from mrunner.api.manage.openapi import BACKEND, Piece, answer, errors, json_content, operation, parameter
+from mrunner.api.manage.openapi import answer, errors, json_content, operation
 from mrunner.api.manage.scheduler_json import failed_preload_json, failed_preloads, runner_json
 from mrunner.api.reading import validate
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
@@ -57,6 +59,11 @@ RUNNER = {
         "error": {"type": ["string", "null"]},
     },
 }
+SIZES = {"type": "object", "additionalProperties": {"type": ["integer", "object"]}}
+UNLOADED = {"type": "object", "properties": {"unloaded_runners": {"type": "integer"}}}
+SETTINGS = json_content({"type": "object"})
+#: A model's settings, for the default backend or one named.
+CONFIGURED = ("/engines/_configure", "/engines/<backend>/_configure")
 
 
 def model_settings(payload: Mapping[str, Any]) -> ModelSettings:
@@ -113,6 +120,7 @@ class AdminAPI:
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(
         self,
@@ -133,75 +141,16 @@ class AdminAPI:
         return json_object(body) if body.strip() else {}
 
     def openapi(self) -> Piece:
-        def configure(path: str) -> dict[str, Any]:
-            backend = [BACKEND] if "{backend}" in path else []
-            model = parameter("model", "query", {"type": "string"}, "the model", required=True)
-            settings = {"type": "object"}
-            return {
-                "post": operation(
-                    "Set a model's context size, runtime flags and keep-alive (restarts idle runners)",
-                    {
-                        "200": answer("configured or unchanged", json_content(settings)),
-                        **errors(**{"409": "the model's runner is serving requests"}),
-                    },
-                    body=json_content(CONFIGURE.schema),
-                    parameters=backend,
-                ),
-                "get": operation(
-                    "What a model's next runner starts with",
-                    {"200": answer("its settings", json_content(settings))},
-                    parameters=[*backend, model],
-                ),
-            }
+        return self.routes.openapi()
 
-        sizes = {"type": "object", "additionalProperties": {"type": ["integer", "object"]}}
-        unloaded = {"type": "object", "properties": {"unloaded_runners": {"type": "integer"}}}
-        return {
-            "paths": {
-                "/engines/ps": {
-                    "get": operation(
-                        "Running runners, and preloads that failed (state failed, with their error)",
-                        {"200": answer("runners", json_content({"type": "array", "items": RUNNER}))},
-                    )
-                },
-                "/engines/df": {
-                    "get": operation(
-                        "Disk used by models and backends", {"200": answer("bytes", json_content(sizes))}
-                    )
-                },
-                "/engines/unload": {
-                    "post": operation(
-                        "Stop runners: idle ones now, busy ones once drained",
-                        {"200": answer("how many", json_content(unloaded))},
-                        body=json_content(UNLOAD.schema),
-                        body_required=False,
-                    )
-                },
-                "/engines/_reload": {
-                    "post": operation(
-                        "Read tap.conf again and apply it, as SIGHUP does",
-                        {
-                            "200": answer(
-                                "what changed, and what needs a restart", json_content({"type": "object"})
-                            )
-                        },
-                    )
-                },
-                "/engines/_drain": {
-                    "post": operation(
-                        "Take no new requests (503, Retry-After), finish those in flight, report not ready",
-                        {"200": answer("draining", json_content(DRAINED))},
-                        parameters=[
-                            parameter("wait", "query", {"type": "boolean"}, "answer once those in flight end")
-                        ],
-                    )
-                },
-                "/engines/_configure": configure("/engines/_configure"),
-                "/engines/{backend}/_configure": configure("/engines/{backend}/_configure"),
-            }
-        }
-
-    @app.route("/engines/ps", methods=["GET"])
+    @routes.route(
+        "/engines/ps",
+        "GET",
+        operation(
+            "Running runners, and preloads that failed (state failed, with their error)",
+            {"200": answer("runners", json_content({"type": "array", "items": RUNNER}))},
+        ),
+    )
     def ps(self, request: IRequest) -> bytes:
         """The runners, and the preloads that failed, of the models the key may use."""
         member = caller(request).member
@@ -214,7 +163,11 @@ class AdminAPI:
         ]
         return json_body(request, [runner_json(runner) for runner in runners] + failed)
 
-    @app.route("/engines/df", methods=["GET"])
+    @routes.route(
+        "/engines/df",
+        "GET",
+        operation("Disk used by models and backends", {"200": answer("bytes", json_content(SIZES))}),
+    )
     def df(self, request: IRequest) -> bytes:
         backends = {name: backend.disk_usage() for name, backend in self._backends.items()}
         return json_body(
@@ -227,7 +180,16 @@ class AdminAPI:
             },
         )
 
-    @app.route("/engines/unload", methods=["POST"])
+    @routes.route(
+        "/engines/unload",
+        "POST",
+        operation(
+            "Stop runners: idle ones now, busy ones once drained",
+            {"200": answer("how many", json_content(UNLOADED))},
+            body=json_content(UNLOAD.schema),
+            body_required=False,
+        ),
+    )
     async def unload(self, request: IRequest) -> bytes:
         payload = self._payload(request)
         UNLOAD(payload)
@@ -238,8 +200,18 @@ class AdminAPI:
         count = await self._scheduler.unload(backend, models, bool(payload.get("all")))
         return json_body(request, {"unloaded_runners": count})
 
-    @app.route("/engines/_configure", methods=["POST"], endpoint="configure_default")
-    @app.route("/engines/<backend>/_configure", methods=["POST"])
+    @routes.route(
+        CONFIGURED,
+        "POST",
+        operation(
+            "Set a model's context size, runtime flags and keep-alive (restarts idle runners)",
+            {
+                "200": answer("configured or unchanged", SETTINGS),
+                **errors(**{"409": "the model's runner is serving requests"}),
+            },
+            body=json_content(CONFIGURE.schema),
+        ),
+    )
     async def configure(self, request: IRequest, backend: str | None = None) -> bytes:
         payload = self._payload(request)
         name = model_name(payload)
@@ -255,22 +227,44 @@ class AdminAPI:
             answer["warning"] = configuration["warning"]
         return json_body(request, answer)
 
-    @app.route("/engines/_configure", methods=["GET"], endpoint="configuration_default")
-    @app.route("/engines/<backend>/_configure", methods=["GET"])
+    @routes.route(
+        CONFIGURED,
+        "GET",
+        operation(
+            "What a model's next runner starts with",
+            {"200": answer("its settings", SETTINGS)},
+            parameters=[parameter("model", "query", {"type": "string"}, "the model", required=True)],
+        ),
+    )
     def configuration(self, request: IRequest, backend: str | None = None) -> bytes:
         name = query(request, "model")
         if not name:
             raise BadRequest("name a model: GET /engines/_configure?model=NAME", code="model_required")
         return json_body(request, self._scheduler.configuration(backend, name))
 
-    @app.route("/engines/_reload", methods=["POST"])
+    @routes.route(
+        "/engines/_reload",
+        "POST",
+        operation(
+            "Read tap.conf again and apply it, as SIGHUP does",
+            {"200": answer("what changed, and what needs a restart", json_content({"type": "object"}))},
+        ),
+    )
     def reload(self, request: IRequest) -> bytes:
         """Read C{tap.conf} again and apply it without a restart (as SIGHUP does)."""
         if self._reload is None:
             raise BadRequest("this daemon was started without a configuration to reload", code="no_reload")
         return json_body(request, self._reload())
 
-    @app.route("/engines/_drain", methods=["POST"])
+    @routes.route(
+        "/engines/_drain",
+        "POST",
+        operation(
+            "Take no new requests (503, Retry-After), finish those in flight, report not ready",
+            {"200": answer("draining", json_content(DRAINED))},
+            parameters=[parameter("wait", "query", {"type": "boolean"}, "answer once those in flight end")],
+        ),
+    )
     async def drain(self, request: IRequest) -> bytes:
         """Drain the node before it goes (a rolling update): C{?wait=true} answers once nothing is in flight.
 

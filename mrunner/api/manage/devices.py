@@ -8,6 +8,7 @@ import attrs
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api.documented import Documented
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.interfaces import IDevices
@@ -37,21 +38,22 @@ class DevicesAPI:
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(self, devices: IDevices) -> None:
         self._devices = devices
 
     def openapi(self) -> Piece:
-        summary = "The llama-server variant and each device's memory: total, free, budget, used"
-        return {
-            "paths": {
-                "/engines/devices": {
-                    "get": operation(summary, {"200": answer("devices", json_content(DEVICES))})
-                }
-            }
-        }
+        return self.routes.openapi()
 
-    @app.route("/engines/devices", methods=["GET"])
+    @routes.route(
+        "/engines/devices",
+        "GET",
+        operation(
+            "The llama-server variant and each device's memory: total, free, budget, used",
+            {"200": answer("devices", json_content(DEVICES))},
+        ),
+    )
     async def devices(self, request: IRequest) -> bytes:
         found = await self._devices.refresh()
         return json_body(request, devices_json(self._devices, found))

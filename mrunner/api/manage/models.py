@@ -18,11 +18,12 @@ from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
+from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
 from mrunner.api.door.declared import MAX_CREATE_BODY
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.model_operations import ModelOperations
-from mrunner.api.manage.openapi import NAME, Piece, answer, errors, json_content, operation, parameter
+from mrunner.api.manage.openapi import NAME, Piece, answer, errors, json_content, operation
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IUpload
@@ -54,6 +55,10 @@ VERIFIED = {
 REMOVED = {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "string"}}}
 PROGRESS = {"application/x-ndjson": {"schema": {"type": "string"}}}
 REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with an error"})
+CREATE = {"type": "object", "required": ["from"], "properties": {"from": {"type": "string"}}}
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+VERIFIED_ALL = {"200": answer("a report per model", json_content({"type": "array", "items": VERIFIED}))}
+TAGGED = {"type": "object", "properties": {key: {"type": "string"} for key in ("message", "target", "id")}}
 
 
 def _query(name: str, schema: dict[str, Any], description: str, required: bool = False) -> Piece:
@@ -99,6 +104,7 @@ class ModelsAPI:
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
     log = Logger()
 
     def __init__(self, store: IModelStoreAdmin, operations: ModelOperations) -> None:
@@ -106,104 +112,30 @@ class ModelsAPI:
         self._operations = operations
 
     def openapi(self) -> Piece:
-        model = {"200": answer("the model", json_content(MODEL))}
-        create = {"type": "object", "required": ["from"], "properties": {"from": {"type": "string"}}}
-        binary = {"schema": {"type": "string", "format": "binary"}}
-        verified = {"200": answer("a report per model", json_content({"type": "array", "items": VERIFIED}))}
-        tagged = {
-            "type": "object",
-            "properties": {key: {"type": "string"} for key in ("message", "target", "id")},
-        }
-        return {
-            "paths": {
-                "/models": {
-                    "get": operation(
-                        "Local models",
-                        {"200": answer("models", json_content({"type": "array", "items": MODEL}))},
-                    )
-                },
-                "/models/create": {
-                    "post": operation(
-                        "Pull a model from its registry, with NDJSON progress",
-                        {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
-                        body=json_content(create),
-                    )
-                },
-                "/models/load": {
-                    "post": operation(
-                        "Import a GGUF file, or a package as mrunner package sends it (application/x-tar)",
-                        {"201": answer("the imported model", json_content(MODEL))},
-                        body={"application/octet-stream": binary, "application/x-tar": binary},
-                        parameters=[
-                            _query("name", {"type": "string"}, "the new model's name", required=True),
-                            _query(
-                                "context_size",
-                                {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_SIZE},
-                                "its default context size",
-                            ),
-                        ],
-                    )
-                },
-                "/models/{name}": {
-                    "get": operation("One local model", model, parameters=[NAME]),
-                    "delete": operation(
-                        "Remove a name: only that tag while another names the model, else the model,"
-                        " stopping its runners",
-                        {
-                            "200": answer("what was removed", json_content(REMOVED)),
-                            **errors(
-                                **{
-                                    "409": "an id of a model with several tags, or a model a runner is"
-                                    " serving: give force=true"
-                                }
-                            ),
-                        },
-                        parameters=[
-                            NAME,
-                            _query(
-                                "force",
-                                {"type": "boolean"},
-                                "remove it while a runner serves it (once its answers end), or by id under"
-                                " every tag",
-                            ),
-                        ],
-                    ),
-                },
-                "/models/{name}/tag": {
-                    "post": operation(
-                        "Give a model another name",
-                        {"201": answer("the new name", json_content(tagged))},
-                        parameters=[
-                            NAME,
-                            _query("repo", {"type": "string"}, "the new repository", required=True),
-                            _query("tag", {"type": "string"}, "the new tag", required=True),
-                        ],
-                    )
-                },
-                "/models/verify": {
-                    "post": operation("Re-hash every model's blobs; corrupt ones are quarantined", verified)
-                },
-                "/models/{name}/verify": {
-                    "post": operation("Re-hash one model's blobs", verified, parameters=[NAME])
-                },
-                "/models/{name}/push": {
-                    "post": operation(
-                        "Push a model to the registry its name points at, with NDJSON progress",
-                        {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
-                        parameters=[NAME],
-                    )
-                },
-            }
-        }
+        """The routes' piece, its paths relative to C{/models}, where they are mounted."""
+        return self.routes.openapi()
 
     # Mounted at /models, this route sees an empty path; without strict slashes it matches.
-    @app.route("/", methods=["GET"], strict_slashes=False)
+    @routes.route(
+        "/",
+        "GET",
+        operation("Local models", {"200": answer("models", json_content({"type": "array", "items": MODEL}))}),
+        strict_slashes=False,
+    )
     def list_models(self, request: IRequest) -> bytes:
         """The models the key may use: any key may read them (L{visible}), an admin's manages them."""
         models = visible(caller(request).member, self._store.list())
         return json_body(request, [model_json(model) for model in models])
 
-    @app.route("/create", methods=["POST"])
+    @routes.route(
+        "/create",
+        "POST",
+        operation(
+            "Pull a model from its registry, with NDJSON progress",
+            {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
+            body=json_content(CREATE),
+        ),
+    )
     async def create(self, request: Request) -> bytes:
         """Pull ``{"from": ref}`` from its registry (Hugging Face for ``hf.co/...``), streaming progress."""
         ref = parse(json_object(read_body(request, MAX_CREATE_BODY)).get("from"), "'from'")
@@ -211,7 +143,23 @@ class ModelsAPI:
             request, "pull", f"Model pulled successfully: {ref}", partial(self._operations.pull, ref)
         )
 
-    @app.route("/load", methods=["POST"])
+    @routes.route(
+        "/load",
+        "POST",
+        operation(
+            "Import a GGUF file, or a package as mrunner package sends it (application/x-tar)",
+            {"201": answer("the imported model", json_content(MODEL))},
+            body={"application/octet-stream": BINARY, "application/x-tar": BINARY},
+            parameters=[
+                _query("name", {"type": "string"}, "the new model's name", required=True),
+                _query(
+                    "context_size",
+                    {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_SIZE},
+                    "its default context size",
+                ),
+            ],
+        ),
+    )
     async def load(self, request: IRequest) -> bytes:
         """Import the request body as ``?name=`` (``&context_size=N`` sets its default context).
 
@@ -238,26 +186,72 @@ class ModelsAPI:
         """Where the front door writes the body of ``POST /models/load`` as it arrives: its sink."""
         return self._store.upload(_packaged(request))
 
-    @app.route("/verify", methods=["POST"])
+    @routes.route(
+        "/verify",
+        "POST",
+        operation("Re-hash every model's blobs; corrupt ones are quarantined", VERIFIED_ALL),
+    )
     async def verify_all(self, request: IRequest) -> bytes:
         """Re-hash every model's blobs; corrupt ones are quarantined. 200 with a report per model."""
         return json_body(request, await self._store.verify())
 
-    @app.route("/<path:name>/verify", methods=["POST"])
+    @routes.route(
+        "/<path:name>/verify", "POST", operation("Re-hash one model's blobs", VERIFIED_ALL, parameters=[NAME])
+    )
     async def verify(self, request: IRequest, name: str) -> bytes:
         """Re-hash the blobs of the model C{name}: a one-element list of L{verify_all}'s reports."""
         return json_body(request, await self._store.verify(name))
 
-    @app.route("/<path:name>", methods=["GET"])
+    @routes.route(
+        "/<path:name>",
+        "GET",
+        operation("One local model", {"200": answer("the model", json_content(MODEL))}, parameters=[NAME]),
+    )
     def inspect(self, request: IRequest, name: str) -> bytes:
         check_usable(caller(request).member, self._store, name)
         return json_body(request, model_json(self._store.resolve(name)))
 
-    @app.route("/<path:name>", methods=["DELETE"])
+    @routes.route(
+        "/<path:name>",
+        "DELETE",
+        operation(
+            "Remove a name: only that tag while another names the model, else the model,"
+            " stopping its runners",
+            {
+                "200": answer("what was removed", json_content(REMOVED)),
+                **errors(
+                    **{
+                        "409": "an id of a model with several tags, or a model a runner is serving:"
+                        " give force=true"
+                    }
+                ),
+            },
+            parameters=[
+                NAME,
+                _query(
+                    "force",
+                    {"type": "boolean"},
+                    "remove it while a runner serves it (once its answers end), or by id under every tag",
+                ),
+            ],
+        ),
+    )
     async def delete(self, request: IRequest, name: str) -> bytes:
         return json_body(request, await self._operations.delete(name, flag(request, "force")))
 
-    @app.route("/<path:name>/tag", methods=["POST"])
+    @routes.route(
+        "/<path:name>/tag",
+        "POST",
+        operation(
+            "Give a model another name",
+            {"201": answer("the new name", json_content(TAGGED))},
+            parameters=[
+                NAME,
+                _query("repo", {"type": "string"}, "the new repository", required=True),
+                _query("tag", {"type": "string"}, "the new tag", required=True),
+            ],
+        ),
+    )
     def tag(self, request: IRequest, name: str) -> bytes:
         repo, tag = query(request, "repo"), query(request, "tag")
         if not repo or not tag:
@@ -267,7 +261,15 @@ class ModelsAPI:
         message = f"Model tagged successfully with {target!r}"
         return json_body(request, {"message": message, "target": target, "id": model.id}, 201)
 
-    @app.route("/<path:name>/push", methods=["POST"])
+    @routes.route(
+        "/<path:name>/push",
+        "POST",
+        operation(
+            "Push a model to the registry its name points at, with NDJSON progress",
+            {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
+            parameters=[NAME],
+        ),
+    )
     async def push(self, request: Request, name: str) -> bytes:
         """Push the model C{name} to the registry its name points at, streaming progress."""
         ref = self._operations.pushable(name)

@@ -1,23 +1,24 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document, assembled from each route group's own piece.
 
-Every route group (L{RouteGroup}: a class with a Klein ``app``) describes its
-routes in an ``openapi()`` method returning ``{"paths": {...}}``, written beside
-the routes so the two change together; request bodies come from the same
-L{validate.Shape}s that check them. A group that mounts another under a prefix lists
-it in ``mounts``. L{routed} reads the routes back from the Klein URL maps, so a test
-can hold the document and the routes to each other.
+Every route group (L{RouteGroup}: a class with a Klein ``app``) declares each
+route once, with its operation (L{Documented.route}), and its ``openapi()``
+piece, ``{"paths": {...}}``, is read back from those declarations; request bodies
+come from the same L{validate.Shape}s that check them. A group that mounts another
+under a prefix lists it in ``mounts``, and the mounted group's piece is put under
+that prefix. L{routed} reads the routes back from the Klein URL maps, so a test can
+hold the document and the routes to each other.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from klein import Klein
 from twisted.web.iweb import IRequest
 
 import mrunner
+from mrunner.api.documented import IMPLICIT, Documented, parameter, template
 from mrunner.api.door.route_group import MountingGroup, Piece, RouteGroup
 from mrunner.api.errors import handle_json_errors, json_body
 
@@ -65,19 +66,6 @@ def errors(**statuses: str) -> dict[str, Any]:
     return {status: answer(why, json_content(ERROR)) for status, why in statuses.items()}
 
 
-def parameter(
-    name: str, where: str, schema: Mapping[str, Any], description: str, required: bool = False
-) -> Piece:
-    return {
-        "name": name,
-        "in": where,
-        "required": required or where == "path",
-        "schema": schema,
-        "description": description,
-    }
-
-
-BACKEND = parameter("backend", "path", {"type": "string"}, "a backend name, e.g. llama.cpp")
 NAME = parameter("name", "path", {"type": "string"}, "a model name, e.g. ai/smollm2")
 TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
@@ -99,23 +87,31 @@ def operation(
     return op
 
 
-def with_backend(path: str, op: Piece) -> Piece:
-    """C{op}, with the C{backend} path parameter when C{path} has one."""
-    if "{backend}" not in path:
-        return op
-    return {**op, "parameters": [BACKEND, *op.get("parameters", ())]}
+def _pieces(group: RouteGroup, prefix: str = "") -> Iterator[tuple[str, Mapping[str, Piece]]]:
+    """C{(path, operations)} of C{group}'s piece and of the pieces of its C{mounts}, under their prefixes."""
+    for path, operations in group.openapi()["paths"].items():
+        yield (prefix + path).rstrip("/") or "/", operations
+    mounts: Mapping[str, RouteGroup] = group.mounts if isinstance(group, MountingGroup) else {}
+    for mount, mounted in mounts.items():
+        yield from _pieces(mounted, prefix + mount)
+
+
+def _with_common_errors(op: Piece) -> Piece:
+    """C{op} with L{COMMON_ERRORS}, as a copy: the declared operation is its group's, for every document."""
+    responses = dict(op["responses"])
+    for status, why in COMMON_ERRORS.items():
+        responses.setdefault(status, answer(why, json_content(ERROR)))
+    return {**op, "responses": responses}
 
 
 def document(groups: Iterable[RouteGroup]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of C{groups}; every operation also lists L{COMMON_ERRORS}."""
     paths: dict[str, Any] = {}
     for group in groups:
-        for path, operations in group.openapi()["paths"].items():
-            paths.setdefault(path, {}).update(operations)
-    for operations in paths.values():
-        for op in operations.values():
-            for status, why in COMMON_ERRORS.items():
-                op["responses"].setdefault(status, answer(why, json_content(ERROR)))
+        for path, operations in _pieces(group):
+            paths.setdefault(path, {}).update(
+                {method: _with_common_errors(op) for method, op in operations.items()}
+            )
     return {
         "openapi": "3.1.0",
         "info": {
@@ -128,15 +124,6 @@ def document(groups: Iterable[RouteGroup]) -> dict[str, Any]:
     }
 
 
-_CONVERTER = re.compile(r"<(?:\w+:)?(\w+)>")
-_IMPLICIT = {"HEAD", "OPTIONS"}
-
-
-def template(rule: str) -> str:
-    """A werkzeug rule as an OpenAPI path: C{/models/<path:name>} is C{/models/{name}}."""
-    return _CONVERTER.sub(r"{\1}", rule)
-
-
 def routed(group: RouteGroup, prefix: str = "") -> set[tuple[str, str]]:
     """C{(METHOD, /openapi/{path})} for every route of C{group}'s Klein app and of its C{mounts}."""
     found: set[tuple[str, str]] = set()
@@ -146,7 +133,7 @@ def routed(group: RouteGroup, prefix: str = "") -> set[tuple[str, str]]:
         if not rule.methods:  # a branch: the group mounted there has the routes
             continue
         path = path.rstrip("/") or "/"
-        found.update((method, path) for method in rule.methods - _IMPLICIT)
+        found.update((method, path) for method in rule.methods - IMPLICIT)
     for mount, mounted in mounts.items():
         found |= routed(mounted, mount)
     return found
@@ -162,21 +149,18 @@ class OpenAPI:
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(self, groups: Iterable[RouteGroup]):
         self.document = document([*groups, self])
 
     def openapi(self) -> Piece:
-        return {
-            "paths": {
-                "/openapi.json": {
-                    "get": operation(
-                        "This document", {"200": answer("OpenAPI 3.1", json_content({"type": "object"}))}
-                    )
-                }
-            }
-        }
+        return self.routes.openapi()
 
-    @app.route("/openapi.json", methods=["GET"])
+    @routes.route(
+        "/openapi.json",
+        "GET",
+        operation("This document", {"200": answer("OpenAPI 3.1", json_content({"type": "object"}))}),
+    )
     def serve(self, request: IRequest) -> bytes:
         return json_body(request, self.document)

@@ -10,6 +10,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
 import mrunner
+from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.door.route_group import RouteGroup
 from mrunner.api.errors import handle_json_errors, json_body
@@ -39,6 +40,16 @@ VERSION = {
 }
 
 
+def _one_answer(summary: str, content: dict[str, Any]) -> Piece:
+    """A GET whose one answer is C{summary}."""
+    return operation(summary, {"200": answer(summary, content)})
+
+
+def _strings(*keys: str) -> dict[str, Any]:
+    properties = {key: {"type": "string"} for key in keys}
+    return json_content({"type": "object", "required": list(keys), "properties": properties})
+
+
 class StatusAPI:
     """C{/}, C{/health}, C{/ready}, C{/version}, C{/metrics}, and the C{/models} routes.
 
@@ -50,6 +61,7 @@ class StatusAPI:
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(
         self,
@@ -67,37 +79,9 @@ class StatusAPI:
         self.mounts: dict[str, RouteGroup] = {"/models": models}
 
     def openapi(self) -> Piece:
-        def get(summary: str, content: dict[str, Any]) -> dict[str, Any]:
-            return {"get": operation(summary, {"200": answer(summary, content)})}
+        return self.routes.openapi()
 
-        def strings(*keys: str) -> dict[str, Any]:
-            properties = {key: {"type": "string"} for key in keys}
-            return json_content({"type": "object", "required": list(keys), "properties": properties})
-
-        return {
-            "paths": {
-                "/": get("mrunner is running", TEXT),
-                "/health": get("The daemon answers", strings("status")),
-                "/ready": {
-                    "get": operation(
-                        "Whether the default backend is installed, every preload has loaded or failed,"
-                        " and the node is not draining",
-                        {
-                            "200": answer("ready", json_content(READY)),
-                            "503": answer("not yet", json_content(READY)),
-                        },
-                    )
-                },
-                "/version": get(
-                    "mrunner's version, and the Docker config it reads registry credentials from",
-                    json_content(VERSION),
-                ),
-                "/metrics": get("Prometheus metrics", TEXT),
-                **self._models.openapi()["paths"],
-            }
-        }
-
-    @app.route("/", methods=["GET"])
+    @routes.route("/", "GET", _one_answer("mrunner is running", TEXT))
     def root(self, request: IRequest) -> bytes:
         """API clients are told the daemon runs; a browser is sent to the page."""
         if wants_html(request):
@@ -106,11 +90,19 @@ class StatusAPI:
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         return b"mrunner is running"
 
-    @app.route("/health", methods=["GET"])
+    @routes.route("/health", "GET", _one_answer("The daemon answers", _strings("status")))
     def health(self, request: IRequest) -> bytes:
         return json_body(request, {"status": "ok"})
 
-    @app.route("/ready", methods=["GET"])
+    @routes.route(
+        "/ready",
+        "GET",
+        operation(
+            "Whether the default backend is installed, every preload has loaded or failed,"
+            " and the node is not draining",
+            {"200": answer("ready", json_content(READY)), "503": answer("not yet", json_content(READY))},
+        ),
+    )
     def ready(self, request: IRequest) -> bytes:
         """200 once the default backend is installed and every preload has loaded or failed, until a
         drain; else 503.
@@ -132,11 +124,18 @@ class StatusAPI:
         }
         return json_body(request, body, 200 if ready else 503)
 
-    @app.route("/version", methods=["GET"])
+    @routes.route(
+        "/version",
+        "GET",
+        _one_answer(
+            "mrunner's version, and the Docker config it reads registry credentials from",
+            json_content(VERSION),
+        ),
+    )
     def version(self, request: IRequest) -> bytes:
         return json_body(request, {"version": mrunner.__version__, "docker_config": self._docker_config})
 
-    @app.route("/metrics", methods=["GET"])
+    @routes.route("/metrics", "GET", _one_answer("Prometheus metrics", TEXT))
     async def metrics(self, request: IRequest) -> bytes:
         """The daemon's metrics, then those of every ready runner that answers in time; the load signals
         alone for a scrape without a key that C{[cluster] open_metrics} let in."""
@@ -146,6 +145,6 @@ class StatusAPI:
             return generate_latest(load_signals(self._metrics, runners))
         return generate_latest(self._metrics) + generate_latest(runners)
 
-    @app.route("/models", branch=True)
+    @app.route("/models", branch=True)  # a mount: the models' group has the routes, and declares them
     def models(self, request: IRequest) -> IResource:
         return self._models.app.resource()

@@ -20,8 +20,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
+from mrunner.api.documented import Documented, parameter
 from mrunner.api.errors import handle_json_errors
-from mrunner.api.manage.openapi import TEXT, Piece, answer, operation, parameter
+from mrunner.api.manage.openapi import TEXT, Piece, answer, operation
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import record_key
 from mrunner.api.reading.bodies import flag, query
@@ -38,6 +39,7 @@ class LogsAPI(Service):
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(self, directory: Path, clock: IReactorTime, followers: Followers | None = None) -> None:
         self._directory = directory
@@ -46,20 +48,20 @@ class LogsAPI(Service):
         self._follows = OpenFollows()
 
     def openapi(self) -> Piece:
-        follow = parameter("follow", "query", {"type": "boolean"}, "keep sending lines as they are written")
-        source = parameter("source", "query", {"type": "string"}, "one model's runners' logs, or daemon")
-        lines = answer("lines: [source] text", TEXT)
-        return {
-            "paths": {
-                "/logs": {
-                    "get": operation(
-                        "The daemon's and runners' logs", {"200": lines}, parameters=[source, follow]
-                    )
-                }
-            }
-        }
+        return self.routes.openapi()
 
-    @app.route("/logs", methods=["GET"])
+    @routes.route(
+        "/logs",
+        "GET",
+        operation(
+            "The daemon's and runners' logs",
+            {"200": answer("lines: [source] text", TEXT)},
+            parameters=[
+                parameter("source", "query", {"type": "string"}, "one model's runners' logs, or daemon"),
+                parameter("follow", "query", {"type": "boolean"}, "keep sending lines as they are written"),
+            ],
+        ),
+    )
     def logs(self, request: IRequest) -> bytes | Deferred[bytes]:
         follow = flag(request, "follow")
         tail = LogTail(self._directory, sources=self._sources(query(request, "source")))

@@ -13,9 +13,10 @@ from klein import Klein
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
+from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
+from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.api.manage.scheduler_json import runner_json
 from mrunner.errors import NotFound
 from mrunner.interfaces import IModelStore, IScheduler
@@ -43,11 +44,15 @@ def wants_html(request: IRequest) -> bool:
     return b"text/html" in (request.getHeader(b"accept") or b"")
 
 
+OVERVIEW = {"type": "object", "required": ["now", "runners", "queue", "memory_budget", "key", "admin"]}
+
+
 class PageAPI:
     """C{/ui}, its files, and C{/engines/overview}: runners, queue and budget in one answer."""
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(self, scheduler: IScheduler, clock: IReactorTime, store: IModelStore) -> None:
         self._scheduler = scheduler
@@ -56,32 +61,29 @@ class PageAPI:
         self._files = page_files()
 
     def openapi(self) -> Piece:
-        html = {"text/html": {"schema": {"type": "string"}}}
-        name = parameter("name", "path", {"type": "string", "enum": sorted(TYPES)}, "one of the page's files")
-        overview = {
-            "type": "object",
-            "required": ["now", "runners", "queue", "memory_budget", "key", "admin"],
-        }
-        return {
-            "paths": {
-                "/ui": {"get": operation("The web page", {"200": answer("the page", html)})},
-                "/ui/{name}": {
-                    "get": operation("A file of the page", {"200": answer("the file")}, parameters=[name])
-                },
-                "/engines/overview": {
-                    "get": operation(
-                        "Runners, queue and memory budget, as the page shows them",
-                        {"200": answer("the overview", json_content(overview))},
-                    )
-                },
-            }
-        }
+        return self.routes.openapi()
 
-    @app.route("/ui", methods=["GET"])
+    @routes.route(
+        "/ui",
+        "GET",
+        operation("The web page", {"200": answer("the page", {"text/html": {"schema": {"type": "string"}}})}),
+    )
     def page(self, request: IRequest) -> bytes:
         return self._file(request, "index.html")
 
-    @app.route("/ui/<name>", methods=["GET"])
+    @routes.route(
+        "/ui/<name>",
+        "GET",
+        operation(
+            "A file of the page",
+            {"200": answer("the file")},
+            parameters=[
+                parameter(
+                    "name", "path", {"type": "string", "enum": sorted(TYPES)}, "one of the page's files"
+                )
+            ],
+        ),
+    )
     def file(self, request: IRequest, name: str) -> bytes:
         if name not in self._files:
             raise NotFound(f"the page has no file {name!r}")
@@ -94,7 +96,14 @@ class PageAPI:
         request.setHeader(b"x-content-type-options", b"nosniff")
         return self._files[name]
 
-    @app.route("/engines/overview", methods=["GET"])
+    @routes.route(
+        "/engines/overview",
+        "GET",
+        operation(
+            "Runners, queue and memory budget, as the page shows them",
+            {"200": answer("the overview", json_content(OVERVIEW))},
+        ),
+    )
     def overview(self, request: IRequest) -> bytes:
         """What the page's runners view shows; C{now} is the daemon's clock, for keep-alive countdowns.
 

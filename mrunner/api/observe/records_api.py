@@ -18,8 +18,9 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
+from mrunner.api.documented import Documented, parameter
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
+from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import Record, Records, record_key
 from mrunner.api.reading.bodies import flag, query, whole
@@ -37,6 +38,7 @@ class RecordsAPI(Service):
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(self, records: Records | None, followers: Followers | None = None) -> None:
         self._records = records
@@ -44,30 +46,39 @@ class RecordsAPI(Service):
         self._follows = OpenFollows()
 
     def openapi(self) -> Piece:
-        records = {"type": "array", "items": {"type": "object"}}
-        parameters = [
-            parameter("model", "query", {"type": "string"}, "only this model's requests"),
-            parameter(
-                "limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "at most this many"
-            ),
-            parameter("before", "query", {"type": "integer", "minimum": 1}, "only those older than this id"),
-            parameter("follow", "query", {"type": "boolean"}, "then each new record, as server-sent events"),
-        ]
-        answers = {
-            "200": answer(
-                "records, newest first (with follow: server-sent events)",
-                {**json_content(records), "text/event-stream": {"schema": {"type": "string"}}},
-            )
-        }
-        return {
-            "paths": {
-                "/engines/requests": {
-                    "get": operation("The recorded requests", answers, parameters=parameters)
-                }
-            }
-        }
+        return self.routes.openapi()
 
-    @app.route("/engines/requests", methods=["GET"])
+    @routes.route(
+        "/engines/requests",
+        "GET",
+        operation(
+            "The recorded requests",
+            {
+                "200": answer(
+                    "records, newest first (with follow: server-sent events)",
+                    {
+                        **json_content({"type": "array", "items": {"type": "object"}}),
+                        "text/event-stream": {"schema": {"type": "string"}},
+                    },
+                )
+            },
+            parameters=[
+                parameter("model", "query", {"type": "string"}, "only this model's requests"),
+                parameter(
+                    "limit",
+                    "query",
+                    {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                    "at most this many",
+                ),
+                parameter(
+                    "before", "query", {"type": "integer", "minimum": 1}, "only those older than this id"
+                ),
+                parameter(
+                    "follow", "query", {"type": "boolean"}, "then each new record, as server-sent events"
+                ),
+            ],
+        ),
+    )
     def requests(self, request: IRequest) -> bytes | Deferred[bytes]:
         if self._records is None:
             raise NotFound(

@@ -17,9 +17,10 @@ import re
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
+from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.api.reading.bodies import count, query
 from mrunner.errors import BadRequest, Forbidden, NotFound
 from mrunner.store.names import normal_name
@@ -41,51 +42,59 @@ ROW = {
     },
 }
 
+DAY = {"type": "string", "pattern": _DAY.pattern}
+PAGE = {
+    "type": "object",
+    "required": ["data", "has_more", "next"],
+    "properties": {
+        "data": {"type": "array", "items": ROW},
+        "has_more": {"type": "boolean"},
+        "next": {"type": ["string", "null"], "description": "?after= for the next page"},
+    },
+}
+
 
 class UsageAPI:
     """The C{/engines/usage} route."""
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
 
     def __init__(self, book: UsageBook | None):
         self._book = book
 
     def openapi(self) -> Piece:
-        day = {"type": "string", "pattern": _DAY.pattern}
-        parameters = [
-            parameter("key", "query", {"type": "string"}, "only this key's name (anonymous: unnamed keys)"),
-            parameter("model", "query", {"type": "string"}, "only this model"),
-            parameter("from", "query", day, "from this UTC day (YYYY-MM-DD), inclusive"),
-            parameter("to", "query", day, "to this UTC day (YYYY-MM-DD), inclusive"),
-            parameter(
-                "limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "at most this many"
-            ),
-            parameter(
-                "after", "query", {"type": "string", "maxLength": MAX_AFTER}, "the rows after this one (next)"
-            ),
-        ]
-        body = {
-            "type": "object",
-            "required": ["data", "has_more", "next"],
-            "properties": {
-                "data": {"type": "array", "items": ROW},
-                "has_more": {"type": "boolean"},
-                "next": {"type": ["string", "null"], "description": "?after= for the next page"},
-            },
-        }
-        answers = {"200": answer("usage by day, key name and model", json_content(body))}
-        return {
-            "paths": {
-                "/engines/usage": {
-                    "get": operation(
-                        "Usage per day, key and model (a normal key: its own)", answers, parameters=parameters
-                    )
-                }
-            }
-        }
+        return self.routes.openapi()
 
-    @app.route("/engines/usage", methods=["GET"])
+    @routes.route(
+        "/engines/usage",
+        "GET",
+        operation(
+            "Usage per day, key and model (a normal key: its own)",
+            {"200": answer("usage by day, key name and model", json_content(PAGE))},
+            parameters=[
+                parameter(
+                    "key", "query", {"type": "string"}, "only this key's name (anonymous: unnamed keys)"
+                ),
+                parameter("model", "query", {"type": "string"}, "only this model"),
+                parameter("from", "query", DAY, "from this UTC day (YYYY-MM-DD), inclusive"),
+                parameter("to", "query", DAY, "to this UTC day (YYYY-MM-DD), inclusive"),
+                parameter(
+                    "limit",
+                    "query",
+                    {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                    "at most this many",
+                ),
+                parameter(
+                    "after",
+                    "query",
+                    {"type": "string", "maxLength": MAX_AFTER},
+                    "the rows after this one (next)",
+                ),
+            ],
+        ),
+    )
     async def usage(self, request: IRequest) -> bytes:
         if self._book is None or not self._book.keeping:
             raise NotFound(

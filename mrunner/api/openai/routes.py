@@ -10,19 +10,10 @@ from twisted.web.resource import IResource
 from twisted.web.server import Request
 
 from mrunner.api.aliases import stored_name
+from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
-from mrunner.api.door.direct import Direct
 from mrunner.api.errors import handle_json_errors, json_body, openai_shape
-from mrunner.api.manage.openapi import (
-    NAME,
-    Piece,
-    answer,
-    errors,
-    json_content,
-    operation,
-    template,
-    with_backend,
-)
+from mrunner.api.manage.openapi import NAME, Piece, answer, errors, json_content, operation
 from mrunner.api.manage.scheduler_json import failed_preload_statuses, install_text
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.reading import validate
@@ -89,17 +80,12 @@ INFERENCE_ANSWERS = {
         }
     ),
 }
+STATUSES = {"type": "object", "additionalProperties": {"type": "string"}}
 
 
-def route_every(app: Klein, paths: list[str], **kwargs: Any) -> Callable[[Any], Any]:
-    """Route every one of C{paths} to the decorated method."""
-
-    def decorate(f: Any) -> Any:
-        for i, path in enumerate(paths):
-            app.route(path, endpoint=f"{f.__name__}_{i}", **kwargs)(f)
-        return f
-
-    return decorate
+def _inference(summary: str, shape: validate.Shape) -> Piece:
+    """An inference route's operation: its body is checked by C{shape}, and forwarded."""
+    return operation(summary, INFERENCE_ANSWERS, body=json_content(shape.schema))
 
 
 def _unchecked(payload: Mapping[str, Any]) -> None:
@@ -111,6 +97,7 @@ class InferenceAPI:
 
     app = Klein()
     handle_json_errors(app, openai_shape)
+    routes = Documented(app)
 
     def __init__(self, gateway: Gateway, store: IModelStore, forwarder: Forwarder):
         self._gateway = gateway
@@ -152,65 +139,43 @@ class InferenceAPI:
         return None
 
     def openapi(self) -> Piece:
-        paths: dict[str, Any] = {}
-        for route_paths, summary, shape in [
-            (CHAT, "Chat completion (OpenAI), streamed with stream: true", validate.chat),
-            (COMPLETIONS, "Text completion (OpenAI)", validate.completions),
-            (EMBEDDINGS, "Embeddings (OpenAI)", validate.embeddings),
-            (RERANK, "Rerank documents against a query (Jina/Cohere style)", validate.rerank),
-        ]:
-            op = operation(summary, INFERENCE_ANSWERS, body=json_content(shape.schema))
-            paths.update({template(path): {"post": with_backend(template(path), op)} for path in route_paths})
-        models = operation(
-            "Local models as OpenAI model objects", {"200": answer("a list", json_content(LIST))}
-        )
-        model = operation(
-            "One local model as an OpenAI model object",
-            {"200": answer("a model", json_content(MODEL))},
-            parameters=[NAME],
-        )
-        paths.update({template(path): {"get": with_backend(template(path), models)} for path in MODELS})
-        paths.update({template(path): {"get": with_backend(template(path), model)} for path in MODEL_PATHS})
-        statuses = {"type": "object", "additionalProperties": {"type": "string"}}
-        paths["/engines/status"] = {
-            "get": operation(
-                "Each backend's state", {"200": answer("backend: state", json_content(statuses))}
-            )
-        }
-        return {"paths": paths}
+        return self.routes.openapi()
 
     def direct(self) -> dict[tuple[bytes, bytes], IResource]:
         """The inference routes whose paths name no backend, to be called without Klein (L{Direct})."""
-        handlers = [
-            (CHAT, self.chat),
-            (COMPLETIONS, self.completions),
-            (EMBEDDINGS, self.embeddings),
-            (RERANK, self.rerank),
-        ]
-        return {
-            (b"POST", path.lstrip("/").encode()): Direct(handler, openai_shape)
-            for paths, handler in handlers
-            for path in paths
-            if "<" not in path
-        }
+        return self.routes.direct(self, openai_shape)
 
-    @route_every(app, CHAT, methods=["POST"])
+    @routes.route(
+        CHAT,
+        "POST",
+        _inference("Chat completion (OpenAI), streamed with stream: true", validate.chat),
+        hot=True,
+    )
     def chat(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, COMPLETION, b"/v1/chat/completions", validate.chat, OPENAI)
 
-    @route_every(app, COMPLETIONS, methods=["POST"])
+    @routes.route(COMPLETIONS, "POST", _inference("Text completion (OpenAI)", validate.completions), hot=True)
     def completions(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, COMPLETION, b"/v1/completions", validate.completions, OPENAI)
 
-    @route_every(app, EMBEDDINGS, methods=["POST"])
+    @routes.route(EMBEDDINGS, "POST", _inference("Embeddings (OpenAI)", validate.embeddings), hot=True)
     def embeddings(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, EMBEDDING, b"/v1/embeddings", validate.embeddings)
 
-    @route_every(app, RERANK, methods=["POST"])
+    @routes.route(
+        RERANK,
+        "POST",
+        _inference("Rerank documents against a query (Jina/Cohere style)", validate.rerank),
+        hot=True,
+    )
     def rerank(self, request: Request, backend: str | None = None) -> Any:
         return self._infer(request, backend, RERANKING, b"/v1/rerank", validate.rerank)
 
-    @route_every(app, MODELS, methods=["GET"])
+    @routes.route(
+        MODELS,
+        "GET",
+        operation("Local models as OpenAI model objects", {"200": answer("a list", json_content(LIST))}),
+    )
     def models(self, request: Request, backend: str | None = None) -> bytes:
         """The models the key may use (L{visible}), and the aliases of those."""
         self._scheduler.backend_name(backend)
@@ -221,7 +186,15 @@ class InferenceAPI:
                 data.append(openai_models(model)[0] | {"id": alias, "alias_of": model.name})
         return json_body(request, {"object": "list", "data": data})
 
-    @route_every(app, MODEL_PATHS, methods=["GET"])
+    @routes.route(
+        MODEL_PATHS,
+        "GET",
+        operation(
+            "One local model as an OpenAI model object",
+            {"200": answer("a model", json_content(MODEL))},
+            parameters=[NAME],
+        ),
+    )
     def model(self, request: Request, name: str, backend: str | None = None) -> bytes:
         self._scheduler.backend_name(backend)
         stored = stored_name(name, self._gateway.aliases.table, self._store)
@@ -229,7 +202,11 @@ class InferenceAPI:
         entry = openai_models(self._store.resolve(stored))[0]
         return json_body(request, entry if stored == name else entry | {"id": name, "alias_of": stored})
 
-    @app.route("/engines/status", methods=["GET"])
+    @routes.route(
+        "/engines/status",
+        "GET",
+        operation("Each backend's state", {"200": answer("backend: state", json_content(STATUSES))}),
+    )
     def status(self, request: Request) -> bytes:
         statuses = {name: install_text(status) for name, status in self._scheduler.backend_statuses().items()}
         member = caller(request).member

@@ -15,11 +15,11 @@ from typing import Any
 from klein import Klein
 from twisted.web.server import Request
 
-from mrunner.api.compat.openapi import ANTHROPIC_ERROR, describe
+from mrunner.api.compat.openapi import ANTHROPIC_ERROR, ANY_METHOD, compat_operation
+from mrunner.api.documented import Documented
 from mrunner.api.errors import MethodNotAllowed, anthropic_shape, anthropic_stream_error, handle_json_errors
 from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import route_every
 from mrunner.api.reading import validate
 from mrunner.errors import NotFound
 from mrunner.runners.forwarder import Forwarder, relayed
@@ -68,6 +68,7 @@ class AnthropicAPI:
 
     app = Klein()
     handle_json_errors(app, anthropic_shape)
+    routes = Documented(app)
 
     def __init__(self, gateway: Gateway, forwarder: Forwarder):
         self._gateway = gateway
@@ -82,26 +83,30 @@ class AnthropicAPI:
         return b""
 
     def openapi(self) -> Piece:
-        return describe(
-            self.app,
-            {
-                "messages": "Anthropic Messages (llama-server's own), streamed with stream: true",
-                "count_tokens": "Count a message's input tokens",
-                "unserved": "Other Anthropic routes: a 404 naming them",
-            },
-            ANTHROPIC_ERROR,
-        )
+        return self.routes.openapi()
 
-    @app.route("/anthropic/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
+    @routes.route(
+        "/anthropic/<path:rest>",
+        ANY_METHOD,
+        compat_operation("Other Anthropic routes: a 404 naming them", ANTHROPIC_ERROR),
+    )
     def unserved(self, request: Request, rest: str) -> bytes:
         if f"/{rest}" in SERVED:
             raise MethodNotAllowed(f"{request.method.decode()} /anthropic/{rest}: method not allowed")
         raise NotFound(f"Anthropic's /{rest} is not served by mrunner; served: {', '.join(SERVED)}")
 
-    @route_every(app, _paths(SERVED[0]), methods=["POST"])
+    @routes.route(
+        _paths(SERVED[0]),
+        "POST",
+        compat_operation(
+            "Anthropic Messages (llama-server's own), streamed with stream: true", ANTHROPIC_ERROR
+        ),
+    )
     def messages(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages", ANTHROPIC)
 
-    @route_every(app, _paths(SERVED[1]), methods=["POST"])
+    @routes.route(
+        _paths(SERVED[1]), "POST", compat_operation("Count a message's input tokens", ANTHROPIC_ERROR)
+    )
     def count_tokens(self, request: Request, backend: str | None = None) -> Any:
         return self._forward(request, backend, b"/v1/messages/count_tokens", NONE)

@@ -20,8 +20,8 @@ from twisted.web.server import Request
 
 from mrunner.api.aliases import Aliases
 from mrunner.api.compat.ollama import shapes as shapes
-from mrunner.api.compat.ollama.routes import GENERATION
-from mrunner.api.compat.openapi import OLLAMA_ERROR, describe
+from mrunner.api.compat.openapi import ANY_METHOD, OLLAMA_ERROR, OLLAMAS, compat_operation
+from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.door.declared import MAX_CREATE_BODY
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
@@ -53,7 +53,6 @@ SERVED = (
     "copy",
     "delete",
 )
-MANAGEMENT = tuple(name for name in SERVED if name not in GENERATION)
 
 Transfer = Callable[[IProgress], Coroutine[Any, Any, None]]
 
@@ -66,6 +65,7 @@ class OllamaModelsAPI:
 
     app = Klein()
     handle_json_errors(app, ollama_shape)
+    routes = Documented(app)
     log = Logger()
 
     def __init__(
@@ -81,12 +81,13 @@ class OllamaModelsAPI:
         self._scheduler = scheduler
 
     def openapi(self) -> Piece:
-        summaries = {name: f"Ollama's /api/{name}" for name in MANAGEMENT}
-        return describe(
-            self.app, {**summaries, "unserved": "Other Ollama routes: a 404 naming them"}, OLLAMA_ERROR
-        )
+        return self.routes.openapi()
 
-    @app.route("/api/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "DELETE"])
+    @routes.route(
+        "/api/<path:rest>",
+        ANY_METHOD,
+        compat_operation("Other Ollama routes: a 404 naming them", OLLAMA_ERROR),
+    )
     def unserved(self, request: IRequest, rest: str) -> bytes:
         if rest in SERVED:
             raise MethodNotAllowed(f"{request.method.decode()} /api/{rest}: method not allowed")
@@ -94,11 +95,11 @@ class OllamaModelsAPI:
             f"Ollama's /api/{rest} is not served by mrunner; served: {', '.join(f'/api/{r}' for r in SERVED)}"
         )
 
-    @app.route("/api/version", methods=["GET"])
+    @routes.route("/api/version", "GET", OLLAMAS)
     def version(self, request: IRequest) -> bytes:
         return json_body(request, {"version": OLLAMA_VERSION})
 
-    @app.route("/api/tags", methods=["GET"])
+    @routes.route("/api/tags", "GET", OLLAMAS)
     def tags(self, request: IRequest) -> bytes:
         """The models the key may use (L{visible}), and the aliases of those."""
         member = caller(request).member
@@ -108,7 +109,7 @@ class OllamaModelsAPI:
                 models.append(_entries(model)[0] | {"name": alias, "model": alias, "alias_of": model.name})
         return json_body(request, {"models": models})
 
-    @app.route("/api/ps", methods=["GET"])
+    @routes.route("/api/ps", "GET", OLLAMAS)
     def ps(self, request: IRequest) -> bytes:
         models = []
         member = caller(request).member
@@ -133,7 +134,7 @@ class OllamaModelsAPI:
             )
         return json_body(request, {"models": models})
 
-    @app.route("/api/show", methods=["POST"])
+    @routes.route("/api/show", "POST", OLLAMAS)
     def show(self, request: IRequest) -> bytes:
         name = shapes.named_model(_payload(request))
         check_usable(caller(request).member, self._store, name)
@@ -152,7 +153,7 @@ class OllamaModelsAPI:
             },
         )
 
-    @app.route("/api/copy", methods=["POST"])
+    @routes.route("/api/copy", "POST", OLLAMAS)
     def copy(self, request: IRequest) -> bytes:
         payload = _payload(request)
         source, destination = payload.get("source"), payload.get("destination")
@@ -161,13 +162,13 @@ class OllamaModelsAPI:
         self._store.tag(source, destination)
         return json_body(request, {"status": "success"})
 
-    @app.route("/api/delete", methods=["DELETE"])
+    @routes.route("/api/delete", "DELETE", OLLAMAS)
     async def delete(self, request: IRequest) -> bytes:
         """Remove a name; the model itself only when no other name still uses it."""
         await self._operations.delete(shapes.named_model(_payload(request)), force=True)
         return json_body(request, {"status": "success"})
 
-    @app.route("/api/pull", methods=["POST"])
+    @routes.route("/api/pull", "POST", OLLAMAS)
     def pull(self, request: Request) -> Deferred[bytes]:
         payload = _payload(request)
         ref = parse(shapes.named_model(payload))
@@ -175,7 +176,7 @@ class OllamaModelsAPI:
             self._transfer(request, payload, "pull", partial(self._operations.pull, ref))
         )
 
-    @app.route("/api/push", methods=["POST"])
+    @routes.route("/api/push", "POST", OLLAMAS)
     def push(self, request: Request) -> Deferred[bytes]:
         payload = _payload(request)
         ref = self._operations.pushable(shapes.named_model(payload))

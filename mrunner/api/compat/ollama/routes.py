@@ -20,7 +20,8 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.compat.ollama import shapes as shapes
-from mrunner.api.compat.openapi import OLLAMA_ERROR, describe
+from mrunner.api.compat.openapi import OLLAMAS
+from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body, ollama_shape
 from mrunner.api.manage.models import NDJSONStream
@@ -38,8 +39,6 @@ from mrunner.values.backend import COMPLETION, EMBEDDING
 from mrunner.values.model import Model
 
 CHAT, GENERATE = "chat", "generate"
-#: The routes this group serves under C{/api}; L{OllamaModelsAPI} serves the others.
-GENERATION = ("chat", "generate", "embed", "embeddings")
 
 
 class OllamaAPI:
@@ -47,6 +46,7 @@ class OllamaAPI:
 
     app = Klein()
     handle_json_errors(app, ollama_shape)
+    routes = Documented(app)
     log = Logger()
 
     def __init__(self, gateway: Gateway, forwarder: Forwarder, store: IModelStore):
@@ -55,13 +55,13 @@ class OllamaAPI:
         self._store = store
 
     def openapi(self) -> Piece:
-        return describe(self.app, {name: f"Ollama's /api/{name}" for name in GENERATION}, OLLAMA_ERROR)
+        return self.routes.openapi()
 
-    @app.route("/api/chat", methods=["POST"])
+    @routes.route("/api/chat", "POST", OLLAMAS)
     def chat(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._generate(request, CHAT))
 
-    @app.route("/api/generate", methods=["POST"])
+    @routes.route("/api/generate", "POST", OLLAMAS)
     def generate(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._generate(request, GENERATE))
 
@@ -203,11 +203,11 @@ class OllamaAPI:
 
     # Embeddings
 
-    @app.route("/api/embed", methods=["POST"])
+    @routes.route("/api/embed", "POST", OLLAMAS)
     def embed(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._embed(request, legacy=False))
 
-    @app.route("/api/embeddings", methods=["POST"])
+    @routes.route("/api/embeddings", "POST", OLLAMAS)
     def embeddings(self, request: Request) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._embed(request, legacy=True))
 

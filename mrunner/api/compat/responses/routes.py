@@ -22,14 +22,14 @@ from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
-from mrunner.api.compat.openapi import describe
+from mrunner.api.compat.openapi import compat_operation
 from mrunner.api.compat.responses import shapes as shapes
 from mrunner.api.compat.responses.response_store import ResponseStore, StoredResponse
+from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Gateway
-from mrunner.api.openai.routes import route_every
 from mrunner.api.openai.tally import Tally
 from mrunner.api.reading.bodies import check_vision, count, model_name, query, typed
 from mrunner.errors import BadRequest, MrunnerError
@@ -78,6 +78,7 @@ class ResponsesAPI:
 
     app = Klein()
     handle_json_errors(app)
+    routes = Documented(app)
     log = Logger()
 
     def __init__(self, gateway: Gateway, forwarder: Forwarder, responses: ResponseStore, store: IModelStore):
@@ -87,27 +88,27 @@ class ResponsesAPI:
         self._store = store
 
     def openapi(self) -> Piece:
-        return describe(
-            self.app,
-            {
-                "create": "Create a response (OpenAI Responses), streamed as its events with stream: true",
-                "retrieve": "A stored response",
-                "items": "The input items of a stored response",
-                "delete": "Delete a stored response",
-            },
-        )
+        return self.routes.openapi()
 
-    @route_every(app, _paths("/responses"), methods=["POST"])
+    @routes.route(
+        _paths("/responses"),
+        "POST",
+        compat_operation("Create a response (OpenAI Responses), streamed as its events with stream: true"),
+    )
     def create(self, request: Request, backend: str | None = None) -> Deferred[bytes]:
         return Deferred.fromCoroutine(self._create(request, backend))
 
-    @route_every(app, _paths("/responses/<response_id>"), methods=["GET"])
+    @routes.route(_paths("/responses/<response_id>"), "GET", compat_operation("A stored response"))
     def retrieve(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         if query(request, "stream") in ("true", "1"):
             raise BadRequest("streaming a stored response again is not supported; GET it without stream")
         return json_body(request, self._responses.get(response_id, caller(request)).response)
 
-    @route_every(app, _paths("/responses/<response_id>/input_items"), methods=["GET"])
+    @routes.route(
+        _paths("/responses/<response_id>/input_items"),
+        "GET",
+        compat_operation("The input items of a stored response"),
+    )
     def items(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         items = self._responses.get(response_id, caller(request)).input_items
         order = query(request, "order") or "desc"
@@ -131,7 +132,7 @@ class ResponsesAPI:
             },
         )
 
-    @route_every(app, _paths("/responses/<response_id>"), methods=["DELETE"])
+    @routes.route(_paths("/responses/<response_id>"), "DELETE", compat_operation("Delete a stored response"))
     def delete(self, request: IRequest, response_id: str, backend: str | None = None) -> bytes:
         self._responses.delete(response_id, caller(request))
         return json_body(request, {"id": response_id, "object": "response", "deleted": True})
