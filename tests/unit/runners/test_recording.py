@@ -7,7 +7,9 @@ answer, whether it is passed through, relayed or read by a transform.
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
@@ -144,3 +146,15 @@ class RecordingTests(SynchronousTestCase):
     def test_a_request_without_a_record_has_no_recorder(self) -> None:
         request, _ = client_request()
         self.assertIsNone(recorder(request))
+
+    def test_a_recorded_request_is_freed_without_the_cyclic_collector(self) -> None:
+        """Its recorder holds it weakly: a thousand finished streams do not wait for C{gc} to go."""
+        request, client = client_request()
+        record_writes(request, Seen())
+        request.write(b"data")
+        request.finish()
+        gone = weakref.ref(request)
+        gc.disable()
+        self.addCleanup(gc.enable)
+        del request, client
+        self.assertIsNone(gone())
