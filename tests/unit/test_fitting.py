@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.llamacpp import arguments, sizing
 from mrunner.runners.runner import held_on_gpus
-from mrunner.scheduling import placing, policy
+from mrunner.scheduling import placing, policy, smaller
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
 from mrunner.values.backend import RunnerSettings
@@ -168,7 +168,7 @@ class HeldOnGpusTests(SynchronousTestCase):
 UNFIXED = ContextSize(4096, 4096)
 #: A footprint whose layers a retry capped already.
 CAPPED = attrs.evolve(MODEL, offload=6)
-Smaller = policy.Smaller
+Smaller = smaller.Smaller
 # (why, the failing load's footprint, its GPU layers, its context if not fixed, the retry)
 SMALLER = [
     ("a quarter fewer layers and half the context", MODEL, 9, UNFIXED, Smaller(offload=6, context=2048)),
@@ -186,7 +186,7 @@ SMALLER = [
 class SmallerTests(SynchronousTestCase):
     def test_cases(self) -> None:
         for why, footprint, gpu_layers, context, expected in SMALLER:
-            self.assertEqual(policy.smaller(footprint, gpu_layers, context), expected, why)
+            self.assertEqual(smaller.smaller(footprint, gpu_layers, context), expected, why)
 
 
 gpu_runners = st.builds(
