@@ -65,7 +65,7 @@ def pulling(ctx: Context, model: str, pull: bool, act: Callable[[], None]) -> No
         act()
 
 
-PS_COLUMNS = ["model", "id", "backend", "mode", "state", "memory", "processor", "context", "until"]
+PS_COLUMNS = ["model", "id", "backend", "mode", "state", "memory", "processor", "context", "until", "waiting"]
 
 
 def ps(ctx: Context, args: Namespace) -> None:
@@ -87,7 +87,8 @@ def ps(ctx: Context, args: Namespace) -> None:
             format_size(runner["memory"]),
             processor(runner),
             str(runner.get("context_size") or "-"),
-            "-" if runner in failed else until(runner, now),
+            "-" if runner in failed or runner["state"] == "waiting" else until(runner, now),
+            queued(runner),
         ]
         for runner in runners
     ]
@@ -99,6 +100,12 @@ def ps(ctx: Context, args: Namespace) -> None:
         ctx.out.print(
             f"preload {runner['model_name']} failed: {runner['error']}", markup=False, highlight=False
         )
+
+
+def queued(runner: dict[str, Any]) -> str:
+    """How many wait for its model and the oldest's wait: C{3 (12s)}; C{-} when none does."""
+    count = runner.get("waiting") or 0
+    return f"{count} ({runner['oldest_wait']:.0f}s)" if count else "-"
 
 
 def processor(runner: dict[str, Any]) -> str:

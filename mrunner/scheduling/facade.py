@@ -32,7 +32,7 @@ from mrunner.scheduling.preloading import Preloader, PullModel
 from mrunner.scheduling.requests import Requests
 from mrunner.scheduling.snapshots import snapshot
 from mrunner.scheduling.spawning import Spawner, StartRunner
-from mrunner.values import InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
+from mrunner.values import InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot, Waiting
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.request import Resolved
 
@@ -97,6 +97,9 @@ class Scheduler:
 
     def queued(self) -> int:
         return self.loader.queued
+
+    def waiting(self) -> list[Waiting]:
+        return self.loader.waiting()
 
     def memory_budget(self) -> int:
         return self._config.scheduler.memory_budget

@@ -33,7 +33,7 @@ from mrunner.scheduling.patience import FIFO, Rules
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import NoEvents, Roster
 from mrunner.scheduling.smaller import Estimate, same_estimate
-from mrunner.values import Footprint, Placement, RunnerKey, State
+from mrunner.values import Footprint, Placement, RunnerKey, State, Waiting
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
 
@@ -99,9 +99,9 @@ class Loader:
     def queued(self) -> int:
         return len(self._queue)
 
-    def waiting(self) -> dict[RunnerKey, tuple[int, float]]:
-        """How many wait for each model (its first instance's key), and since when the oldest has."""
-        return waiting(self._queue)
+    def waiting(self) -> list[Waiting]:
+        """How many wait for each model, and how long the oldest has."""
+        return waiting(self._queue, self._clock.seconds())
 
     @property
     def in_flight(self) -> int:

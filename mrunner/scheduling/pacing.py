@@ -12,7 +12,7 @@ from mrunner.scheduling import policy, priority
 from mrunner.scheduling.lease import Waiter
 from mrunner.scheduling.load_times import LoadTimes
 from mrunner.scheduling.patience import FIFO, Rules
-from mrunner.values import RunnerKey
+from mrunner.values import RunnerKey, Waiting
 
 
 class Pacing:
@@ -70,10 +70,13 @@ class Pacing:
         self.wake_at(None)
 
 
-def waiting(queue: Iterable[Waiter]) -> dict[RunnerKey, tuple[int, float]]:
-    """How many of C{queue} wait for each model (its first instance's key), and since when the oldest has."""
-    found: dict[RunnerKey, tuple[int, float]] = {}
+def waiting(queue: Iterable[Waiter], now: float) -> list[Waiting]:
+    """How many of C{queue} wait for each model's runner, and how long the oldest has, at C{now}."""
+    found: dict[RunnerKey, tuple[Waiter, int, float]] = {}
     for waiter in queue:
-        count, since = found.get(waiter.key, (0, waiter.since))
-        found[waiter.key] = (count + 1, min(since, waiter.since))
-    return found
+        first, count, since = found.get(waiter.key, (waiter, 0, waiter.since))
+        found[waiter.key] = (first, count + 1, min(since, waiter.since))
+    return [
+        Waiting(key.backend, first.request.model.name, key.model, key.mode, count, now - since)
+        for key, (first, count, since) in found.items()
+    ]

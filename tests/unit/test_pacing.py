@@ -8,6 +8,7 @@ from pathlib import Path
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.api.manage.scheduler_json import with_queue
 from mrunner.scheduling.lease import Lease
 from mrunner.scheduling.load_times import LoadTimes
 from mrunner.scheduling.loader import Loader
@@ -88,3 +89,23 @@ class LoadTimesTests(SynchronousTestCase):
         for text in ("{not json", '["a"]', '{"sha256:a": "x", "sha256:b": true, "sha256:c": -1}'):
             path.write_text(text)
             self.assertEqual(LoadTimes(path).get("sha256:a"), None, text)
+
+
+class QueueShownTests(SynchronousTestCase):
+    def test_ps_rows_carry_the_queue(self) -> None:
+        """A loaded model's row says how many wait and the oldest's wait; a model waiting for its
+        runner to start has a row of its own."""
+        clock = Clock()
+        loader = Loader(clock, FakeSpawner(), Limits(1), max_queue=10, rules=Rules(LOADED))
+        loader.acquire(request("a"))
+        clock.advance(3)
+        loader.acquire(request("a"))
+        [waiting] = loader.waiting()
+        self.assertEqual((waiting.model_name, waiting.count, waiting.oldest_seconds), ("ai/a:latest", 2, 3))
+        row = {"backend_name": "llama.cpp", "model_id": waiting.model_id, "mode": "completion", "instance": 0}
+        [shown] = with_queue([dict(row)], [waiting])
+        self.assertEqual((shown["waiting"], shown["oldest_wait"]), (2, 3))
+        [absent] = with_queue([], [waiting])
+        self.assertEqual(
+            (absent["state"], absent["model_name"], absent["waiting"]), ("waiting", "ai/a:latest", 2)
+        )
