@@ -9,8 +9,8 @@ a high one, twice for a low one (its class as L{priority.effective} says, so
 one promoted by C{starvation_seconds} counts as the better class). Even then a
 runner just loaded keeps serving its own for C{min_serve} times its own load
 time (at most C{max_wait}) once ready, so a load is not thrown away on one
-batch. An idle runner nobody asks for goes at once (unless it finished less
-than L{RECENT} ago), cheapest to bring back first (L{eviction_order}).
+batch. An idle runner nobody asks for goes at once (unless it finished just
+now: L{grace}), cheapest to bring back first (L{eviction_order}).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ FIFO = "fifo"
 LOADED = "loaded"
 ORDERS = (LOADED, FIFO)
 
-#: An idle runner that finished less than this many seconds ago still serves: a busy client sends
-#: its next request as soon as it has its answer, and that gap is no reason to swap its model out.
+#: The longest an idle runner is kept for its clients' next requests (L{grace}).
 RECENT = 1.0
 #: Seconds to bring back a runner whose load was never measured, per byte it holds (a GiB a second).
 UNMEASURED_SECONDS_PER_BYTE = 1 / 2**30
@@ -101,17 +100,25 @@ def protected_until(runner: Serving, rules: Rules) -> float:
 
 def wake_at(waiters: Iterable[Waiting], runners: Iterable[Serving], now: float, rules: Rules) -> float | None:
     """The next time a plan may decide otherwise with nothing else changed: a waiter becomes
-    overdue, a fresh runner's protection ends, an idle one is no longer L{RECENT}; None when no time would."""
+    overdue, a fresh runner's protection ends, an idle one's L{grace} ends; None when no time would."""
     times = [w.since + patience(w, now, rules) for w in waiters]
     ready = [r for r in runners if r.state is State.READY]
     times += [protected_until(r, rules) for r in ready]
-    times += [r.finished_at + RECENT for r in ready if not r.in_use]
+    times += [r.finished_at + grace(r) for r in ready if not r.in_use]
     return min((t for t in times if t > now), default=None)
+
+
+def grace(runner: Serving) -> float:
+    """Seconds an idle runner is kept, once its last request is done, for its clients' next ones:
+    half its load time, at most L{RECENT}. A busy client sends its next request as soon as it has
+    its answer; that gap is no reason to swap its model out, and waiting half a load for it costs
+    a waiter less than the load it saves, if it comes, would."""
+    return min(RECENT, runner.load_seconds / 2)
 
 
 def recent(runner: Serving, now: float) -> bool:
     """Whether C{runner} is idle only between one request of a busy client and its next."""
-    return now - runner.finished_at < RECENT
+    return now - runner.finished_at < grace(runner)
 
 
 def eviction_order(
