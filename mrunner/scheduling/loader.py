@@ -71,7 +71,7 @@ class Loader:
         self.gpus: tuple[tuple[str, int], ...] = ()
         #: How the queue is served between models (L{patience}, C{starvation} in its rules).
         rules = attrs.evolve(rules or Rules(), starvation=starvation)
-        self.pacing = Pacing(clock, rules, load_times or LoadTimes(), self.replan)
+        self.pacing = Pacing(rules, load_times or LoadTimes(), self.replan)
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -320,7 +320,10 @@ class Loader:
                 self._repump = False
                 limits = attrs.evolve(self._limits, gpus=self.gpus)
                 stopping = self.roster.stopping()
-                self._act(self.pacing.plan(self._queue, self.runners, stopping, limits, self._instances))
+                plan = self.pacing.plan(
+                    self._clock, self._queue, self.runners, stopping, limits, self._instances
+                )
+                self._act(plan)
         finally:
             self._pumping = False
 

@@ -19,24 +19,24 @@ class Pacing:
     """The loader's L{Rules}, its models' L{LoadTimes}, and the one timer that plans again when
     time alone would change a plan (L{patience.wake_at})."""
 
-    def __init__(self, clock: IReactorTime, rules: Rules, load_times: LoadTimes, replan: Callable[[], None]):
+    def __init__(self, rules: Rules, load_times: LoadTimes, replan: Callable[[], None]):
         self.rules = rules
         self.load_times = load_times
-        self._clock = clock
         self._replan = replan
         self._wake: IDelayedCall | None = None
 
     def plan(
         self,
+        clock: IReactorTime,
         queue: Iterable[Waiter],
         runners: Mapping[RunnerKey, Runner],
         stopping: Sequence[Runner],
         limits: policy.Limits,
         instances: Callable[[Waiter], Sequence[RunnerKey]],
     ) -> policy.Plan[Waiter, RunnerKey]:
-        """L{policy.plan} now: C{queue} in its priority order, beside what the C{stopping} runners
-        hold; the timer set for the time it says to plan again."""
-        now = self._clock.seconds()
+        """L{policy.plan} at C{clock}'s time: C{queue} in its priority order, beside what the
+        C{stopping} runners hold; the timer set for the time it says to plan again."""
+        now = clock.seconds()
         on_gpus = Counter[str]()
         for runner in stopping:
             on_gpus.update(runner.on_gpus)
@@ -44,7 +44,7 @@ class Pacing:
         ordered = priority.order(queue, now, self.rules.starvation)
         rules, costs = self.rules, self.costs(runners)
         decision = policy.plan(ordered, runners, memory, limits, dict(on_gpus), instances, now, rules, costs)
-        self.wake_at(decision.wake_at)
+        self.wake_at(clock, decision.wake_at)
         return decision
 
     def loaded(self, runner: Runner) -> None:
@@ -56,7 +56,7 @@ class Pacing:
             return {}
         return {key: self.load_times.get(key.model) or runner.load_seconds for key, runner in runners.items()}
 
-    def wake_at(self, when: float | None) -> None:
+    def wake_at(self, clock: IReactorTime, when: float | None) -> None:
         """Plan again at C{when} (None: no need), replacing the time asked for before."""
         if self._wake is not None and self._wake.active():
             if self._wake.getTime() == when:
@@ -64,10 +64,12 @@ class Pacing:
             self._wake.cancel()
         self._wake = None
         if when is not None:
-            self._wake = self._clock.callLater(max(0.0, when - self._clock.seconds()), self._replan)
+            self._wake = clock.callLater(max(0.0, when - clock.seconds()), self._replan)
 
     def stop(self) -> None:
-        self.wake_at(None)
+        if self._wake is not None and self._wake.active():
+            self._wake.cancel()
+        self._wake = None
 
 
 def waiting(queue: Iterable[Waiter], now: float) -> list[Waiting]:

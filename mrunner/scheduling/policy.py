@@ -165,16 +165,18 @@ def plan(
 
 
 def _loaded(planner: _Planner[W, K], queue: Sequence[W], keys: Callable[[W], Sequence[K]]) -> Plan[W, K]:
-    """The three passes of C{order = "loaded"}: the overdue waiters, free slots, then the loads."""
+    """The three passes of C{order = "loaded"}: the overdue waiters' loads, free slots (in the
+    queue's order, overdue or not: patience weighs models, not the classes of one), the other loads."""
     now, rules = planner.now, planner.rules
     late = [patience.overdue(waiter, now, rules) for waiter in queue]
     for waiter in itertools.compress(queue, late):
-        planner.take(waiter, keys(waiter))
-    rest = [waiter for waiter, overdue in zip(queue, late, strict=True) if not overdue]
-    unserved = [waiter for waiter in rest if not planner.serve(waiter, keys(waiter))]
+        planner.claim(waiter, keys(waiter))
+    served = [planner.serve(waiter, keys(waiter)) for waiter in queue]
     planner.patient = True
-    for waiter in unserved:
-        planner.take(waiter, keys(waiter))
+    for waiter, overdue, done in zip(queue, late, served, strict=True):
+        if not overdue and not done:
+            planner.claim(waiter, keys(waiter))
+    rest = [waiter for waiter, overdue in zip(queue, late, strict=True) if not overdue]
     wake = patience.wake_at(rest, planner.runners.values(), now, rules) if queue else None
     return attrs.evolve(planner.plan(), wake_at=wake)
 
@@ -273,9 +275,15 @@ class _Planner(Generic[W, K]):
 
     def take(self, waiter: W, keys: Sequence[K]) -> None:
         """Serve C{waiter} from a free slot, or claim a runner for it, or leave it waiting."""
-        if self.serve(waiter, keys):
-            return
+        if not self.serve(waiter, keys):
+            self.claim(waiter, keys)
+
+    def claim(self, waiter: W, keys: Sequence[K]) -> None:
+        """Claim a runner for C{waiter} unless one of its model's has a free slot (it is served
+        from that), or leave it waiting."""
         self.awaited.update(k for k in keys if k in self.runners)
+        if any(self.free.get(k, 0) > 0 for k in keys):
+            return
         unclaimed = [k for k in keys if k not in self.claimed]
         if self.blocked or not unclaimed:
             return

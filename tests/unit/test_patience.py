@@ -53,7 +53,13 @@ CASES = [
         16,
         ("", "", "", "a"),
     ),
-    ("its own older ones go first", {"a": BUSY}, [("a", 0), ("b", 0)], 16, ("a", "", "", "a")),
+    (
+        "its own older ones go first; it drains once they have",
+        {"a": BUSY},
+        [("a", 0), ("b", 0)],
+        16,
+        ("a", "", "", ""),
+    ),
     (
         "idle a moment between a client's requests: kept",
         {"a": idle(finished_at=9.5)},
@@ -122,6 +128,13 @@ class LoadedOrderTests(SynchronousTestCase):
             )
             self.assertEqual(got, expected, why)
 
+    def test_overdue_does_not_reorder_one_models_waiters(self) -> None:
+        """Patience weighs models against each other: one model's free slot goes to the queue's
+        first (the better class), not to an overdue waiter behind it."""
+        queue = [Waiter("a", since=55, priority=0), Waiter("a", since=0, priority=2)]
+        decision = policy.plan(queue, {"a": BUSY}, [], Limits(4, 10), now=60, rules=RULES)
+        self.assertEqual(decision.assign, (queue[0],))
+
     def test_fifo_drains_at_once(self) -> None:
         """Today's order, kept as C{order = "fifo"}: the first waiter that needs room drains for it."""
         decision = policy.plan([Waiter("b")], {"a": BUSY}, [], Limits(4, 10), now=1, rules=Rules(FIFO))
@@ -175,6 +188,7 @@ runner_states = st.builds(
 
 
 class LoadedPropertyTests(SynchronousTestCase):
+    @settings(deadline=None)
     @given(
         st.dictionaries(st.sampled_from("abcd"), runner_states, max_size=4),
         st.lists(waiting, max_size=6),
