@@ -75,19 +75,21 @@ def loads(url: str) -> int:
     return int(sum(float(count) for count in counts))
 
 
-def clients(url: str, shape: list[tuple[int, ...]]) -> list[float]:
-    """Each client's turn of models, back to back for L{SECONDS}; every request's seconds."""
+def clients(url: str, shape: list[tuple[int, ...]]) -> list[tuple[int, float]]:
+    """Each client's turn of models, back to back for L{SECONDS}; every request's model and seconds."""
     ends = time.monotonic() + SECONDS
-    latencies: list[float] = []
+    latencies: list[tuple[int, float]] = []
 
     def client(turn: tuple[int, ...]) -> None:
         with http.client(timeout=600.0) as session:
             n = 0
             while time.monotonic() < ends:
                 began = time.monotonic()
-                body = chat(MODELS[turn[n % len(turn)]], max_tokens=8, stream=False)
-                session.post(f"{url}{CHAT}", json=body).raise_for_status()
-                latencies.append(time.monotonic() - began)
+                model = turn[n % len(turn)]
+                session.post(
+                    f"{url}{CHAT}", json=chat(MODELS[model], max_tokens=8, stream=False)
+                ).raise_for_status()
+                latencies.append((model, time.monotonic() - began))
                 n += 1
 
     threads = [threading.Thread(target=client, args=(turn,)) for turn in shape]
@@ -99,18 +101,21 @@ def clients(url: str, shape: list[tuple[int, ...]]) -> list[float]:
 
 
 def shape_row(url: str, turns: list[tuple[int, ...]]) -> tuple[float, ...]:
-    """One shape's figures against the mrunner at C{url}, from no runner loaded: requests/s, loads,
-    requests per load, p50 and p99 (ms), the slowest request (s)."""
+    """One shape's figures against the mrunner at C{url}, from no runner loaded: requests/s (all,
+    then each model's), loads, requests per load, p50 and p99 (ms), the slowest request (s)."""
     daemon.unload_all(url)
     before = loads(url)
     began = time.monotonic()
-    latencies = sorted(clients(url, turns))
+    answered = clients(url, turns)
     seconds = time.monotonic() - began
+    latencies = sorted(latency for _, latency in answered)
+    each = [sum(1 for model, _ in answered if model == n) / seconds for n in range(len(MODELS))]
     count = loads(url) - before
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     median = statistics.median(latencies)
     return (
         len(latencies) / seconds,
+        *each,
         count,
         len(latencies) / max(count, 1),
         median * 1000,
@@ -141,11 +146,16 @@ def main() -> int:
     models = " and ".join(MODELS)
     print(f"10 mixed models: {models}, max_runners 1, {SECONDS:g} s a shape, max_wait {MAX_WAIT}")
     print(f"medians of {ROUNDS} rounds, the orders interleaved")
-    heads = zip(("req/s", "loads", "req/load", "p50 ms", "p99 ms", "max s"), (7, 6, 9, 8, 8, 8), strict=True)
+    names = ("req/s", "smollm2", "tiny", "loads", "req/load", "p50 ms", "p99 ms", "max s")
+    heads = zip(names, (7, 7, 7, 6, 9, 8, 8, 8), strict=True)
     print(f"{'shape':12} {'order':7} " + " ".join(f"{head:>{width}}" for head, width in heads))
     for (shape, order), rows in results.items():  # in the order first measured
-        rate, count, per_load, p50, p99, slowest = (statistics.median(c) for c in zip(*rows, strict=True))
-        figures = f"{rate:7.1f} {count:6.0f} {per_load:9.1f} {p50:8.0f} {p99:8.0f} {slowest:8.2f}"
+        rate, a, b, count, per_load, p50, p99, slowest = (
+            statistics.median(c) for c in zip(*rows, strict=True)
+        )
+        figures = (
+            f"{rate:7.1f} {a:7.1f} {b:7.1f} {count:6.0f} {per_load:9.1f} {p50:8.0f} {p99:8.0f} {slowest:8.2f}"
+        )
         print(f"{shape:12} {order:7} {figures}")
     return 0
 

@@ -294,9 +294,11 @@ class Loader:
             runner.rest()  # with no one waiting, the plan would decide nothing
             return
         head = priority.first(self._queue, self._clock.seconds(), self.starvation)
-        if self.pacing.rules.order == FIFO and head is not None and head.key == first(runner.key):
+        key = first(runner.key)
+        alone = self.pacing.rules.order == FIFO or all(w.key == key for w in self._queue)
+        if head is not None and head.key == key and alone:
             # The plan serves the queue in order and free slots first: the head takes this slot.
-            # (Under "loaded", an overdue waiter for another model may take this runner's place.)
+            # (Under "loaded", a waiter for another model may be overdue, and take this runner's place.)
             self._queue.remove(head)
             head.deferred.callback(self._lease(runner, head.request))
         else:
