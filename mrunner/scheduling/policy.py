@@ -117,13 +117,16 @@ def plan(
     """Decide who gets served, what loads, what is evicted and what drains.
 
     Under C{rules.order = "fifo"} (the default), the queue is taken in its
-    order, as below. Under C{"loaded"}: first the overdue waiters
-    (L{patience.overdue}), as below but that a runner just loaded that serves
-    is kept (L{patience.protected_until}); then every other waiter whose runner
-    has a free slot; then the rest, as below but that they may stop only idle
-    runners no waiter asks for, cheapest to bring back first
-    (L{patience.eviction_order}; C{costs}: seconds to load each again). C{now}
-    is the time the waiters' C{since} and the runners' C{loaded_at} are read against.
+    order, as below. Under C{"loaded"}, in three passes: the overdue waiters
+    (L{patience.overdue}) whose model has no runner claim one, as below, but
+    that a runner just loaded that serves is kept (L{patience.protected_until})
+    and so is one an overdue waiter ahead waits for; then every waiter, in the
+    queue's order, takes a free slot of its runner; then the others that are
+    not overdue claim runners, as below, but that they may stop only idle
+    runners nobody asks for, past their L{patience.grace}, cheapest to bring
+    back first (L{patience.eviction_order}; C{costs}: seconds to load each
+    again). C{now} is the time the waiters' C{since} and the runners'
+    C{loaded_at} are read against.
 
     The queue is taken in FIFO order. A waiter whose runner has a free slot is
     served at once. Another claims a new runner's slot and memory: from what
