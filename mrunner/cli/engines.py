@@ -65,7 +65,7 @@ def pulling(ctx: Context, model: str, pull: bool, act: Callable[[], None]) -> No
         act()
 
 
-PS_COLUMNS = ["model", "id", "backend", "mode", "state", "memory", "processor", "context", "until", "waiting"]
+PS_COLUMNS = ["model", "id", "backend", "mode", "state", "memory", "processor", "context", "until"]
 
 
 def ps(ctx: Context, args: Namespace) -> None:
@@ -88,11 +88,17 @@ def ps(ctx: Context, args: Namespace) -> None:
             processor(runner),
             str(runner.get("context_size") or "-"),
             "-" if runner in failed or runner["state"] == "waiting" else until(runner, now),
-            queued(runner),
         ]
         for runner in runners
     ]
-    table(ctx.out, PS_COLUMNS, rows)
+    if any(runner.get("waiting") for runner in runners):  # a queue: say it, per model
+        table(
+            ctx.out,
+            [*PS_COLUMNS, "waiting"],
+            [[*row, queued(r)] for row, r in zip(rows, runners, strict=True)],
+        )
+    else:
+        table(ctx.out, PS_COLUMNS, rows)
     for runner in runners:
         if runner.get("warning"):  # a context_size above what the model gives
             ctx.out.print(runner["warning"], markup=False, highlight=False)

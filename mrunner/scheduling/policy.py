@@ -117,16 +117,14 @@ def plan(
     """Decide who gets served, what loads, what is evicted and what drains.
 
     Under C{rules.order = "fifo"} (the default), the queue is taken in its
-    order, as below. Under C{"loaded"}, in three passes: the overdue waiters
-    (L{patience.overdue}) whose model has no runner claim one, as below, but
-    that a runner just loaded that serves is kept (L{patience.protected_until})
-    and so is one an overdue waiter ahead waits for; then every waiter, in the
-    queue's order, takes a free slot of its runner; then the others that are
-    not overdue claim runners, as below, but that they may stop only idle
-    runners nobody asks for, past their L{patience.grace}, cheapest to bring
-    back first (L{patience.eviction_order}; C{costs}: seconds to load each
-    again). C{now} is the time the waiters' C{since} and the runners'
-    C{loaded_at} are read against.
+    order, as below. Under C{"loaded"}, in three passes: overdue waiters
+    (L{patience.overdue}) claim runners, as below, but that a runner just
+    loaded that serves (L{patience.protected_until}) or one an overdue waiter
+    ahead waits for is kept; every waiter, in order, takes a free slot; the
+    others claim runners, as below, but that they may stop only idle ones
+    nobody asks for, past their L{patience.grace}, cheapest to bring back
+    first (L{patience.eviction_order}; C{costs}: seconds to load each again).
+    C{now} is the time C{since} and C{loaded_at} are read against.
 
     The queue is taken in FIFO order. A waiter whose runner has a free slot is
     served at once. Another claims a new runner's slot and memory: from what

@@ -3,13 +3,18 @@ each kept busy by two clients, share each load among many requests, and no reque
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, ensureDeferred
+from twisted.internet.task import deferLater
 
 from mrunner.runners.runner import Runner
 from mrunner.testing.tinymodel import write_tiny_llama
 from tests.real.test_memory_budget_real import ONE_TINY_MODEL
+from tests.support.daemon import http
 from tests.support.llamacpp_cases import LlamaCppTestCase
 
 A, B = "ai/tiny-a", "ai/tiny-b"
@@ -47,7 +52,22 @@ class ServeBeforeSwappingTests(LlamaCppTestCase):
                 latencies.append(time.monotonic() - began)
             return latencies
 
+        async def watch() -> list[dict[str, Any]]:
+            """Every row of /engines/ps that shows requests waiting."""
+            seen = []
+            while time.monotonic() < ends:
+                response = await http.get(self.daemon.url + "/engines/ps")
+                seen += [row for row in json.loads(await response.text()) if row.get("waiting")]
+                await deferLater(reactor, 0.2)
+            return seen
+
+        watching = ensureDeferred(watch())
         results = await DeferredList([ensureDeferred(client(m)) for m in (A, A, B, B)], fireOnOneErrback=True)
+        shown = await watching
+        self.assertTrue(shown, "/engines/ps showed the queue")
+        for row in shown:
+            self.assertIn(row["model_name"], {f"{A}:latest", f"{B}:latest"})
+            self.assertGreaterEqual(row["oldest_wait"], 0)
         latencies = [seconds for _, result in results for seconds in result]
         self.assertGreaterEqual(len(set(loads)), 2, f"both models were served: {loads}")
         self.assertGreaterEqual(len(latencies) / len(loads), 4, f"{len(latencies)} requests, loads: {loads}")
