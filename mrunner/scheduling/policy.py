@@ -330,9 +330,13 @@ class _Planner(Generic[W, K]):
         self.claimed.add(key)
 
     def _placement(self, waiter: W) -> Placement:
-        """The most GPU layers C{waiter} could get once every runner that may go has gone; now, if as good."""
+        """The most GPU layers C{waiter} could get once every runner that may go has gone; now, if as good.
+
+        Under C{order = "loaded"} too: a waiter whose best placement needs a busy runner's room
+        waits until it is overdue, rather than loading now with fewer layers for its runner's life.
+        """
         reach = self.room.copy()
-        for victim in self.stoppable():
+        for victim in self.by_age:
             reach.reclaim(self.held(victim))
         possible = {d: reach.memory[d] + reach.coming_memory.get(d, 0) for d in self.budgets}
         placement = place(waiter.footprint, possible, self.gpus)
