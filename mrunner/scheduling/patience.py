@@ -27,7 +27,6 @@ from mrunner.values import State
 FIFO = "fifo"
 #: Serve before swapping: the loaded models' queues first, until another model's waiter is overdue.
 LOADED = "loaded"
-ORDERS = (LOADED, FIFO)
 
 #: The longest an idle runner is kept for its clients' next requests (L{grace}).
 RECENT = 1.0
