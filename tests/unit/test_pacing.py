@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -109,3 +111,53 @@ class QueueShownTests(SynchronousTestCase):
         self.assertEqual(
             (absent["state"], absent["model_name"], absent["waiting"]), ("waiting", "ai/a:latest", 2)
         )
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("ask"), st.sampled_from("ab")),
+        st.tuples(st.just("answer"), st.integers(0, 7)),
+        st.tuples(st.just("ready"), st.just("")),
+        st.tuples(st.just("wait"), st.sampled_from([0.1, 1.0, 4.0, 20.0])),
+    ),
+    max_size=40,
+)
+
+
+class LoadedLoaderPropertyTests(SynchronousTestCase):
+    @settings(deadline=None)
+    @given(steps)
+    def test_safe_and_everyone_served(self, script: list[tuple[str, object]]) -> None:
+        """Whatever comes, leaves and loads when: never two runners (one fits), no busy runner
+        stopped, and once the answers are all in and time passes, every request has had its lease."""
+        clock, spawn = Clock(), FakeSpawner()
+        loader = Loader(clock, spawn, Limits(1), max_queue=50, rules=Rules(LOADED, max_wait=5))
+        asked, held = [], []
+        for step, arg in script:
+            if step == "ask":
+                d = loader.acquire(request(str(arg), parallel=2))
+                asked.append(d)
+                d.addCallback(held.append)
+            elif step == "answer" and held:
+                held.pop(int(arg) % len(held)).release()  # type: ignore[call-overload]
+            elif step == "ready":
+                for process in spawn.processes:
+                    if not process.ready.called and not process.ended.called:
+                        process.ready.callback(None)
+            elif step == "wait":
+                clock.advance(float(arg))  # type: ignore[arg-type]
+            alive = [p for p in spawn.processes if p.started and not p.ended.called]
+            self.assertLessEqual(len(alive), 1, "one runner fits")
+            for runner in loader.runners.values():
+                self.assertEqual(
+                    runner.process.stops if runner.in_use else 0, 0, "a busy runner is never stopped"
+                )
+        for _ in range(20):  # every answer comes, loads finish, time passes
+            while held:
+                held.pop().release()
+            for process in spawn.processes:
+                if not process.ready.called and not process.ended.called:
+                    process.ready.callback(None)
+            clock.advance(10)
+        for d in asked:
+            self.successResultOf(d)
