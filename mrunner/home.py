@@ -56,6 +56,11 @@ class Home:
     def backends(self) -> Path:
         return self.root / "backends"
 
+    @property
+    def load_times(self) -> Path:
+        """How long each model took to load here, kept across restarts (L{mrunner.scheduling.load_times})."""
+        return self.root / "load-times.json"
+
     def prepare(self) -> None:
         """Create the home, C{run/} and C{logs/} for the owner alone; an existing home others may enter is
         made 0700 (a line in the log says so; one this user may not change is named, and left)."""

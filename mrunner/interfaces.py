@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         Preload,
         RunnerKey,
         RunnerSnapshot,
+        Waiting,
     )
     from mrunner.values.backend import Command, RunnerSettings
     from mrunner.values.model import Deletion, Model, Reference, Reports
@@ -330,6 +331,9 @@ class IScheduler(Interface):
 
     def queued() -> int:
         """How many requests wait for a runner."""
+
+    def waiting() -> list[Waiting]:
+        """The queue, model by model (for C{/engines/ps} and the metrics)."""
 
     def preloads() -> list[Preload]:
         """The configured preloads and how each went."""

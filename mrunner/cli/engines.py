@@ -87,11 +87,18 @@ def ps(ctx: Context, args: Namespace) -> None:
             format_size(runner["memory"]),
             processor(runner),
             str(runner.get("context_size") or "-"),
-            "-" if runner in failed else until(runner, now),
+            "-" if runner in failed or runner["state"] == "waiting" else until(runner, now),
         ]
         for runner in runners
     ]
-    table(ctx.out, PS_COLUMNS, rows)
+    if any(runner.get("waiting") for runner in runners):  # a queue: say it, per model
+        table(
+            ctx.out,
+            [*PS_COLUMNS, "waiting"],
+            [[*row, queued(r)] for row, r in zip(rows, runners, strict=True)],
+        )
+    else:
+        table(ctx.out, PS_COLUMNS, rows)
     for runner in runners:
         if runner.get("warning"):  # a context_size above what the model gives
             ctx.out.print(runner["warning"], markup=False, highlight=False)
@@ -99,6 +106,12 @@ def ps(ctx: Context, args: Namespace) -> None:
         ctx.out.print(
             f"preload {runner['model_name']} failed: {runner['error']}", markup=False, highlight=False
         )
+
+
+def queued(runner: dict[str, Any]) -> str:
+    """How many wait for its model and the oldest's wait: C{3 (12s)}; C{-} when none does."""
+    count = runner.get("waiting") or 0
+    return f"{count} ({runner['oldest_wait']:.0f}s)" if count else "-"
 
 
 def processor(runner: dict[str, Any]) -> str:

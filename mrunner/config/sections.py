@@ -15,10 +15,12 @@ from mrunner.config.values import (
     one_of,
     parse_device_budget,
     parse_duration,
+    parse_factor,
     parse_gpu_devices,
     parse_instances,
     parse_keep_alive,
     parse_size,
+    parse_wait,
     secret,
     text,
 )
@@ -40,6 +42,10 @@ class SchedulerConfig:
     install_wait: float = duration(5.0)
     memory_budget: int = attrs.field(factory=lambda: parse_size("auto"), metadata={"parse": parse_size})
     starvation_seconds: float = duration(60.0)
+    #: How waiters for different models share the runners (L{mrunner.scheduling.patience}).
+    order: str = attrs.field(default="loaded", metadata={"parse": one_of("loaded", "fifo")})
+    max_wait: float = attrs.field(default=15.0, metadata={"parse": parse_wait})
+    min_serve: float = attrs.field(default=1.0, metadata={"parse": parse_factor})
 
 
 @attrs.frozen

@@ -86,6 +86,21 @@ def duration(default: float) -> Any:
     return attrs.field(default=default, metadata={"parse": parse_duration})
 
 
+def parse_wait(value: object, key: str) -> float:
+    """A duration that cannot be "never": ``0`` and up."""
+    seconds = parse_duration(value, key)
+    if seconds < 0:
+        raise ConfigError(f"{key}: expected a duration of 0 or more, got {value!r}")
+    return seconds
+
+
+def parse_factor(value: object, key: str) -> float:
+    """A number of 0 or more (``1``, ``0.5``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ConfigError(f"{key}: expected a number of 0 or more, got {value!r}")
+    return float(value)
+
+
 def secret() -> Any:
     """A list of keys, kept out of every repr (and so out of every log line)."""
     return attrs.field(default=(), repr=False)

@@ -71,6 +71,23 @@ class SchedulerCollector(Collector):
         )
         budget.add_metric([], self._scheduler.memory_budget())
         yield from (runners, in_use, memory, estimate, measured, queue, budget)
+        yield from self._queues()
+
+    def _queues(self) -> Iterator[GaugeMetricFamily]:
+        """The queue model by model: how many wait, and how long the oldest has."""
+        length = GaugeMetricFamily(
+            "mrunner_model_queue_waiting", "Requests waiting for a model's runner.", labels=RUNNER_LABELS
+        )
+        oldest = GaugeMetricFamily(
+            "mrunner_model_queue_oldest_wait_seconds",
+            "How long the oldest request waiting for a model's runner has waited.",
+            labels=RUNNER_LABELS,
+        )
+        for waiting in self._scheduler.waiting():
+            labels = [waiting.backend, waiting.model_name, waiting.mode]
+            length.add_metric(labels, waiting.count)
+            oldest.add_metric(labels, waiting.oldest_seconds)
+        yield from (length, oldest)
 
 
 @implementer(ILoaderEvents)

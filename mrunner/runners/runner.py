@@ -91,6 +91,9 @@ class Runner:
         self.in_use = 0
         self.started = roll.clock.seconds()
         self.finished_at = 0.0  # when it last became idle: none yet
+        self.loaded_at = 0.0  # when it became ready: not yet
+        #: Requests it has taken since it became ready.
+        self.served = 0
         self.measured = 0
         #: NVML's bytes for its process on each GPU, when last read; none without NVML.
         self.measured_gpus: Mapping[str, int] = {}
@@ -225,13 +228,14 @@ class Runner:
 
     def opened(self) -> None:
         self.process.opened()
-        self.finished_at = self._roll.clock.seconds()
-        self._roll.events.loaded(self.key, self.model_name, self.finished_at - self.started)
+        self.finished_at = self.loaded_at = self._roll.clock.seconds()
+        self._roll.events.loaded(self.key, self.model_name, self.load_seconds)
         self._measure()
         self._roll.keeper.opened(self)
 
     def take_slot(self) -> None:
         self.in_use += 1
+        self.served += 1
 
     def give_slot(self) -> None:
         self.in_use -= 1
@@ -340,6 +344,11 @@ class Runner:
     def expires_at(self) -> float | None:
         """When its keep-alive timer fires; None when none runs."""
         return self._expiry.getTime() if self._expiry is not None else None
+
+    @property
+    def load_seconds(self) -> float:
+        """How long its load took, from spawn to ready; 0 until it is ready."""
+        return self.loaded_at - self.started if self.loaded_at else 0.0
 
     @property
     def has_room(self) -> bool:

@@ -1,12 +1,19 @@
-"""The load back-offs: a key whose load failed fails fast for a while (L{policy.next_backoff})."""
+"""The load back-offs: a key whose load failed fails fast for a while (L{next_backoff})."""
 
 from __future__ import annotations
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
 
-from mrunner.scheduling import policy
 from mrunner.values import RunnerKey
+
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 60.0
+
+
+def next_backoff(previous: float | None) -> float:
+    """Seconds a key whose load failed fails fast: 1 s, doubling, at most 60 s."""
+    return BACKOFF_FIRST if previous is None else min(previous * 2, BACKOFF_MAX)
 
 
 @attrs.define
@@ -25,7 +32,7 @@ class Backoffs:
     def hold(self, key: RunnerKey) -> float:
         """Back C{key} off for the next delay after its last one; that delay, in seconds."""
         previous = self._held.get(key)
-        delay = policy.next_backoff(previous.delay if previous else None)
+        delay = next_backoff(previous.delay if previous else None)
         self._held[key] = _Backoff(delay, self._clock.seconds() + delay)
         return delay
 

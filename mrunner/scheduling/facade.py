@@ -24,13 +24,15 @@ from mrunner.interfaces import IBackend, IDevices, ILease, ILoaderEvents, IModel
 from mrunner.scheduling.configured import Configured
 from mrunner.scheduling.configuring import Reconfigurer
 from mrunner.scheduling.installer import Installer
+from mrunner.scheduling.load_times import LoadTimes
 from mrunner.scheduling.loader import Loader
+from mrunner.scheduling.patience import Rules
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.preloading import Preloader, PullModel
 from mrunner.scheduling.requests import Requests
 from mrunner.scheduling.snapshots import snapshot
 from mrunner.scheduling.spawning import Spawner, StartRunner
-from mrunner.values import InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot
+from mrunner.values import InstallStatus, ModelSettings, Preload, RunnerKey, RunnerSnapshot, Waiting
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.request import Resolved
 
@@ -69,6 +71,8 @@ class Scheduler:
             devices,
             config.scheduler.starvation_seconds,
             estimate=lambda request: self._requests.estimated(request),
+            rules=_rules(config),
+            load_times=LoadTimes(self.home.load_times),
         )
         self._requests = Requests(backends, store, self.installer, self.loader, self._configured)
         self._preloads = Preloader(store, self._requests, self.loader, lambda: self.backend_name(None), pull)
@@ -93,6 +97,9 @@ class Scheduler:
 
     def queued(self) -> int:
         return self.loader.queued
+
+    def waiting(self) -> list[Waiting]:
+        return self.loader.waiting()
 
     def memory_budget(self) -> int:
         return self._config.scheduler.memory_budget
@@ -142,7 +149,7 @@ class Scheduler:
 
         def apply() -> None:
             self._configured.config = config
-            self.loader.starvation = config.scheduler.starvation_seconds
+            self.loader.pacing.rules = _rules(config)
             self.loader.reconfigure(_limits(config), config.scheduler.max_queue)
 
         self._reconfigurer.reloaded(apply)
@@ -202,3 +209,8 @@ class Scheduler:
 
 def _limits(config: Config) -> Limits:
     return Limits(config.scheduler.max_runners, config.scheduler.memory_budget)
+
+
+def _rules(config: Config) -> Rules:
+    scheduler = config.scheduler
+    return Rules(scheduler.order, scheduler.max_wait, scheduler.min_serve, scheduler.starvation_seconds)

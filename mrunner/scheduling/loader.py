@@ -10,7 +10,7 @@ release, rest, retime, drain, stop); it reads their states and sets nothing.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,10 +27,13 @@ from mrunner.runners.runner import Runner, unmeasured
 from mrunner.scheduling import policy, priority, smaller
 from mrunner.scheduling.backoff import Backoffs
 from mrunner.scheduling.lease import Lease, Waiter, first, instances, least_busy
+from mrunner.scheduling.load_times import LoadTimes
+from mrunner.scheduling.pacing import Pacing, waiting
+from mrunner.scheduling.patience import FIFO, Rules
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import NoEvents, Roster
 from mrunner.scheduling.smaller import Estimate, same_estimate
-from mrunner.values import Footprint, Placement, RunnerKey, State
+from mrunner.values import Footprint, Placement, RunnerKey, State, Waiting
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
 
@@ -59,13 +62,16 @@ class Loader:
         devices: IDevices | None = None,
         starvation: float = 60.0,
         estimate: Estimate = same_estimate,
+        rules: Rules | None = None,
+        load_times: LoadTimes | None = None,
     ):
         self._clock = clock
         self._estimate = estimate
         #: Each GPU's budget, as the devices last pushed them (L{IDevices.watch}); none without GPUs.
         self.gpus: tuple[tuple[str, int], ...] = ()
-        #: Seconds of waiting after which a waiter moves up a priority class (L{priority}).
-        self.starvation = starvation
+        #: How the queue is served between models (L{patience}, C{starvation} in its rules).
+        rules = attrs.evolve(rules or Rules(), starvation=starvation)
+        self.pacing = Pacing(rules, load_times or LoadTimes(), self.replan)
         self._spawn = spawn
         self._limits = limits
         self._max_queue = max_queue
@@ -85,8 +91,17 @@ class Loader:
             devices.watch(self._budgets)
 
     @property
+    def starvation(self) -> float:
+        """Seconds of waiting after which a waiter moves up a priority class (L{priority})."""
+        return self.pacing.rules.starvation
+
+    @property
     def queued(self) -> int:
         return len(self._queue)
+
+    def waiting(self) -> list[Waiting]:
+        """How many wait for each model, and how long the oldest has."""
+        return waiting(self._queue, self._clock.seconds())
 
     @property
     def in_flight(self) -> int:
@@ -197,6 +212,7 @@ class Loader:
     def close(self) -> Deferred[None]:
         """Refuse new work, fail the queue, stop every runner; fire when all have exited."""
         self._closed = True
+        self.pacing.stop()
         while self._queue:
             self._queue.popleft().deferred.errback(Unavailable(SHUTTING_DOWN, code="shutting_down"))
         for runner in list(self.runners.values()):
@@ -208,6 +224,7 @@ class Loader:
 
     def opened(self, runner: Runner) -> None:
         self._backoff.clear(runner.key, first(runner.key))
+        self.pacing.loaded(runner)
 
     def failed(self, runner: Runner, reason: Failure) -> None:
         key = first(runner.key)
@@ -219,7 +236,7 @@ class Loader:
             return
         device = runner.process.load_report.out_of_memory
         if device is not None:
-            if self._retry_smaller(runner, device):
+            if smaller.retry_waiters(runner, device, self._estimate, self._queue):
                 return
             reason = Failure(smaller.out_of_memory(runner, device, reason.getErrorMessage()))
         delay = self._backoff.hold(key)
@@ -230,16 +247,6 @@ class Loader:
             delay=delay,
         )
         self._fail_waiters(key, reason)  # before its machine stops it: that must not start a load for them
-
-    def _retry_smaller(self, runner: Runner, device: str) -> bool:
-        """Plan again for C{runner}'s waiters with the next smaller plan (L{smaller.retry}), if any."""
-        request = smaller.retry(runner, device, self._estimate)
-        if request is None:
-            return False
-        for waiter in self._queue:
-            if waiter.key == first(runner.key):
-                waiter.request = request
-        return True
 
     def replan(self) -> None:
         if not self._closed:
@@ -287,8 +294,11 @@ class Loader:
             runner.rest()  # with no one waiting, the plan would decide nothing
             return
         head = priority.first(self._queue, self._clock.seconds(), self.starvation)
-        if head is not None and head.key == first(runner.key):
+        key = first(runner.key)
+        alone = self.pacing.rules.order == FIFO or all(w.key == key for w in self._queue)
+        if head is not None and head.key == key and alone:
             # The plan serves the queue in order and free slots first: the head takes this slot.
+            # (Under "loaded", a waiter for another model may be overdue, and take this runner's place.)
             self._queue.remove(head)
             head.deferred.callback(self._lease(runner, head.request))
         else:
@@ -310,15 +320,12 @@ class Loader:
         try:
             while self._repump:
                 self._repump = False
-                stopping = self.roster.stopping()
                 limits = attrs.evolve(self._limits, gpus=self.gpus)
-                on_gpus = Counter[str]()
-                for runner in stopping:
-                    on_gpus.update(runner.on_gpus)
-                memory = [runner.memory for runner in stopping]
-                ordered = priority.order(self._queue, self._clock.seconds(), self.starvation)
-                decision = policy.plan(ordered, self.runners, memory, limits, dict(on_gpus), self._instances)
-                self._act(decision)
+                stopping = self.roster.stopping()
+                plan = self.pacing.plan(
+                    self._clock, self._queue, self.runners, stopping, limits, self._instances
+                )
+                self._act(plan)
         finally:
             self._pumping = False
 

@@ -1,32 +1,28 @@
-"""The loader's decisions, as pure functions of its state: no clock, no processes."""
+"""The loader's decisions, as pure functions of its state: the time is an input, no processes."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
 import attrs
 
+from mrunner.scheduling import patience
+from mrunner.scheduling.patience import FIFO, Rules
 from mrunner.scheduling.placing import place
-from mrunner.scheduling.room import Room
-from mrunner.values import HOST, ContextSize, Footprint, Placement, State, place_on
+from mrunner.scheduling.room import Room, choose_victims
+from mrunner.values import HOST, Footprint, Placement, State, place_on
 
 __all__ = [
     "Limits",
     "Plan",
-    "Smaller",
+    "Rules",
     "State",
     "drained",
-    "next_backoff",
     "plan",
-    "smaller",
 ]
-
-BACKOFF_FIRST = 1.0
-BACKOFF_MAX = 60.0
-#: The smallest context a load out of device memory is retried with (a model trained for less: that).
-MIN_CONTEXT = 2048
 
 
 class RunnerView(Protocol):
@@ -48,12 +44,26 @@ class RunnerView(Protocol):
     def on_gpus(self) -> Mapping[str, int]:
         """Bytes it holds on each GPU; read only when the L{Limits} name GPUs."""
 
+    # Read only under C{order = "loaded"} (L{patience.Serving}).
+    @property
+    def loaded_at(self) -> float: ...
+    @property
+    def load_seconds(self) -> float: ...
+    @property
+    def served(self) -> int: ...
+
 
 class WaiterView(Protocol):
     @property
     def key(self) -> Hashable: ...
     @property
     def memory(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def since(self) -> float:
+        """When it came; read only under C{order = "loaded"}, as C{priority} is."""
+
     @property
     def footprint(self) -> Footprint:
         """What its runner needs, layer by layer; read only when the L{Limits} name GPUs."""
@@ -89,6 +99,8 @@ class Plan(Generic[W, K]):
     placements: tuple[Placement, ...] = ()
     assign_to: tuple[K, ...] = ()
     load_as: tuple[K, ...] = ()
+    #: When to plan again though nothing else changes (L{patience.wake_at}); None: no need.
+    wake_at: float | None = None
 
 
 def plan(
@@ -98,8 +110,21 @@ def plan(
     limits: Limits,
     stopping_gpus: Mapping[str, int] | None = None,
     instances: Callable[[W], Sequence[K]] | None = None,
+    now: float = 0.0,
+    rules: Rules = patience.TODAY,
+    costs: Mapping[K, float] | None = None,
 ) -> Plan[W, K]:
     """Decide who gets served, what loads, what is evicted and what drains.
+
+    Under C{rules.order = "fifo"} (the default), the queue is taken in its
+    order, as below. Under C{"loaded"}, in three passes: overdue waiters
+    (L{patience.overdue}) claim runners, as below, but that a runner just
+    loaded that serves (L{patience.protected_until}) or one an overdue waiter
+    ahead waits for is kept; every waiter, in order, takes a free slot; the
+    others claim runners, as below, but that they may stop only idle ones
+    nobody asks for, past their L{patience.grace}, cheapest to bring back
+    first (L{patience.eviction_order}; C{costs}: seconds to load each again).
+    C{now} is the time C{since} and C{loaded_at} are read against.
 
     The queue is taken in FIFO order. A waiter whose runner has a free slot is
     served at once. Another claims a new runner's slot and memory: from what
@@ -128,10 +153,33 @@ def plan(
     slot, and holds no one else up.
     """
     planner: _Planner[W, K] = _Planner.start(runners, stopping, limits, stopping_gpus or {})
-    for waiter in queue:
-        keys: Sequence[K] = instances(waiter) if instances else (waiter.key,)  # type: ignore[assignment]
-        planner.take(waiter, keys)
-    return planner.plan()
+
+    def keys(waiter: W) -> Sequence[K]:
+        return instances(waiter) if instances else (waiter.key,)  # type: ignore[return-value]
+
+    if rules.order == FIFO:
+        for waiter in queue:
+            planner.take(waiter, keys(waiter))
+        return planner.plan()
+    planner.loaded(now, rules, costs or {}, {key for waiter in queue for key in keys(waiter)})
+    return _loaded(planner, queue, keys)
+
+
+def _loaded(planner: _Planner[W, K], queue: Sequence[W], keys: Callable[[W], Sequence[K]]) -> Plan[W, K]:
+    """The three passes of C{order = "loaded"}: the overdue waiters' loads, free slots (in the
+    queue's order, overdue or not: patience weighs models, not the classes of one), the other loads."""
+    now, rules = planner.now, planner.rules
+    late = [patience.overdue(waiter, now, rules) for waiter in queue]
+    for waiter in itertools.compress(queue, late):
+        planner.claim(waiter, keys(waiter))
+    served = [planner.serve(waiter, keys(waiter)) for waiter in queue]
+    planner.patient = True
+    for waiter, overdue, done in zip(queue, late, served, strict=True):
+        if not overdue and not done:
+            planner.claim(waiter, keys(waiter))
+    rest = [waiter for waiter, overdue in zip(queue, late, strict=True) if not overdue]
+    wake = patience.wake_at(rest, planner.runners.values(), now, rules) if queue else None
+    return attrs.evolve(planner.plan(), wake_at=wake)
 
 
 @attrs.define
@@ -144,7 +192,8 @@ class _Planner(Generic[W, K]):
     room: Room
     #: Free slots of each ready runner.
     free: dict[K, int]
-    #: The runners that may be stopped, least recently finished first.
+    #: The runners that may be stopped, in the order to stop them: least recently finished first
+    #: (under C{order = "loaded"}, cheapest to bring back first).
     by_age: list[K]
     claimed: set[Hashable]
     on_devices: dict[Hashable, set[str]]
@@ -156,6 +205,14 @@ class _Planner(Generic[W, K]):
     evict: list[K] = attrs.Factory(list)
     drain: list[K] = attrs.Factory(list)
     blocked: bool = False
+    #: Under C{order = "loaded"} (L{loaded}): the time, the rules, and the runners some waiter asks for.
+    now: float = 0.0
+    rules: Rules = patience.TODAY
+    wanted: set[K] = attrs.Factory(set)
+    #: Runners an earlier waiter waits for a slot of: under "loaded", not stopped for a later one.
+    awaited: set[K] = attrs.Factory(set)
+    #: Taking waiters that are not overdue: only idle runners nobody asks for may go.
+    patient: bool = False
 
     @classmethod
     def start(
@@ -181,17 +238,52 @@ class _Planner(Generic[W, K]):
         on_devices = {key: set(runner.on_gpus) if gpus else set() for key, runner in runners.items()}
         return cls(runners, gpus, budgets, room, free, by_age, set(runners), on_devices)  # type: ignore[arg-type]
 
+    def loaded(self, now: float, rules: Rules, costs: Mapping[K, float], wanted: set[K]) -> None:
+        """Plan under C{order = "loaded"}: runners that may go cheapest to bring back first."""
+        self.now, self.rules, self.wanted = now, rules, wanted
+        self.by_age = patience.eviction_order(self.by_age, self.runners, costs, now)
+
     def held(self, key: K) -> dict[str, int]:
         return _held(self.runners[key], self.gpus)
 
+    def serve(self, waiter: W, keys: Sequence[K]) -> bool:
+        """Hand C{waiter} the free slot of the runner with most; False when none has one."""
+        serving = [k for k in keys if self.free.get(k, 0) > 0]
+        if not serving:
+            return False
+        key = max(serving, key=lambda k: self.free[k])
+        self.free[key] -= 1
+        self.assign.append(waiter)
+        self.assign_to.append(key)
+        return True
+
+    def stoppable(self) -> list[K]:
+        """The runners that may be stopped for the waiter being taken, in the order to stop them."""
+        if self.rules.order == FIFO:
+            return self.by_age
+        if self.patient:
+            idle = [k for k in self.by_age if self.free[k] == self.runners[k].parallel]
+            return [
+                k for k in idle if k not in self.wanted and not patience.recent(self.runners[k], self.now)
+            ]
+        return [k for k in self.by_age if k not in self.awaited and not self._protected(k)]
+
+    def _protected(self, key: K) -> bool:
+        """A runner just loaded that serves (a request in flight or asked for) is kept for now."""
+        runner = self.runners[key]
+        serving = key in self.wanted or self.free[key] < runner.parallel
+        return serving and self.now < patience.protected_until(runner, self.rules)
+
     def take(self, waiter: W, keys: Sequence[K]) -> None:
         """Serve C{waiter} from a free slot, or claim a runner for it, or leave it waiting."""
-        serving = [k for k in keys if self.free.get(k, 0) > 0]
-        if serving:
-            key = max(serving, key=lambda k: self.free[k])
-            self.free[key] -= 1
-            self.assign.append(waiter)
-            self.assign_to.append(key)
+        if not self.serve(waiter, keys):
+            self.claim(waiter, keys)
+
+    def claim(self, waiter: W, keys: Sequence[K]) -> None:
+        """Claim a runner for C{waiter} unless one of its model's has a free slot (it is served
+        from that), or leave it waiting."""
+        self.awaited.update(k for k in keys if k in self.runners)
+        if any(self.free.get(k, 0) > 0 for k in keys):
             return
         unclaimed = [k for k in keys if k not in self.claimed]
         if self.blocked or not unclaimed:
@@ -220,7 +312,9 @@ class _Planner(Generic[W, K]):
             need = _need(placement)
             self.on_devices[key] = set(placement.on_gpus)
         if not self.room.fits(need):
-            victims = _victims(need, self.room, self.by_age, self.runners, self.free, self.held, self.gpus)
+            victims = choose_victims(
+                need, self.room, self.stoppable(), self.runners, self.free, self.held, self.gpus
+            )
             if victims is None:
                 self.blocked = True
                 return
@@ -236,7 +330,11 @@ class _Planner(Generic[W, K]):
         self.claimed.add(key)
 
     def _placement(self, waiter: W) -> Placement:
-        """The most GPU layers C{waiter} could get once every runner that may go has gone; now, if as good."""
+        """The most GPU layers C{waiter} could get once every runner that may go has gone; now, if as good.
+
+        Under C{order = "loaded"} too: a waiter whose best placement needs a busy runner's room
+        waits until it is overdue, rather than loading now with fewer layers for its runner's life.
+        """
         reach = self.room.copy()
         for victim in self.by_age:
             reach.reclaim(self.held(victim))
@@ -288,67 +386,6 @@ def _need(placement: Placement) -> dict[str, int]:
     return dict(placement.memory)
 
 
-def _victims(
-    need: Mapping[str, int],
-    room: Room,
-    by_age: Sequence[K],
-    runners: Mapping[K, RunnerView],
-    free: Mapping[K, int],
-    held: Callable[[K], Mapping[str, int]],
-    gpus: Sequence[str],
-) -> list[K] | None:
-    """The runners to stop for C{need}: idle ones first, then busy ones; None if even all won't do.
-
-    With C{gpus}, a runner that holds nothing where C{need} is still short
-    (a slot, RAM, a GPU) is passed over: evicting it would free nothing needed.
-    """
-    idle = [key for key in by_age if free[key] == runners[key].parallel]
-    chosen: list[K] = []
-    trial = room.copy()
-    for key in [*idle, *(key for key in by_age if key not in idle)]:
-        short = trial.short(need)
-        if not short:
-            break
-        holds = held(key)
-        if gpus and "slots" not in short and not any(holds.get(d, 0) > 0 for d in short):
-            continue
-        chosen.append(key)
-        trial.reclaim(holds)
-    return None if trial.short(need) else chosen
-
-
-@attrs.frozen
-class Smaller:
-    """The next smaller plan for a load that ran out of device memory: at most C{offload} layers
-    on the GPUs, and a context of C{context} tokens (None: as before)."""
-
-    offload: int | None = None
-    context: int | None = None
-
-
-def smaller(footprint: Footprint, gpu_layers: int, context: ContextSize | None) -> Smaller | None:
-    """The one retry of a load that ran out of device memory; None: nothing is smaller, give up.
-
-    A quarter fewer layers on the GPUs (when C{footprint} has no cap, neither the user's nor
-    a retry's, and some were offloaded), and half the C{context} (given only when the user
-    fixed none and no retry halved it), not below L{MIN_CONTEXT} or the context in force if
-    that is less: a model answers with a smaller context, but not with one smaller than a chat
-    needs. Both at once, so that one retry is the only one: a retried plan has its cap, and
-    its context halved or fixed.
-    """
-    fewer = gpu_layers * 3 // 4 if footprint.offload is None and gpu_layers else None
-    half = None
-    if context is not None and context.asked is not None:
-        half = max(context.asked // 2, min(MIN_CONTEXT, context.in_force or MIN_CONTEXT))
-        half = half if half < context.asked else None
-    return None if fewer is None and half is None else Smaller(offload=fewer, context=half)
-
-
 def drained(runners: Mapping[K, RunnerView]) -> list[K]:
     """Draining runners whose last request has finished: stop them now."""
     return [key for key, r in runners.items() if r.state is State.DRAINING and r.in_use == 0]
-
-
-def next_backoff(previous: float | None) -> float:
-    """Seconds a key whose load failed fails fast: 1 s, doubling, at most 60 s."""
-    return BACKOFF_FIRST if previous is None else min(previous * 2, BACKOFF_MAX)

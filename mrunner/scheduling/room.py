@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 import attrs
 
 Memory = dict[str, float]
+
+
+class Parallel(Protocol):
+    @property
+    def parallel(self) -> int: ...
+
+
+K = TypeVar("K", bound=Hashable)
 
 
 @attrs.define
@@ -44,3 +53,32 @@ class Room:
 def _take(amount: float, free: float, coming: float) -> tuple[float, float]:
     now = min(max(free, 0), amount)
     return free - now, coming - (amount - now)
+
+
+def choose_victims(
+    need: Mapping[str, int],
+    room: Room,
+    by_age: Sequence[K],
+    runners: Mapping[K, Parallel],
+    free: Mapping[K, int],
+    held: Callable[[K], Mapping[str, int]],
+    gpus: Sequence[str],
+) -> list[K] | None:
+    """The runners to stop for C{need}: idle ones first, then busy ones; None if even all won't do.
+
+    With C{gpus}, a runner that holds nothing where C{need} is still short
+    (a slot, RAM, a GPU) is passed over: evicting it would free nothing needed.
+    """
+    idle = [key for key in by_age if free[key] == runners[key].parallel]
+    chosen: list[K] = []
+    trial = room.copy()
+    for key in [*idle, *(key for key in by_age if key not in idle)]:
+        short = trial.short(need)
+        if not short:
+            break
+        holds = held(key)
+        if gpus and "slots" not in short and not any(holds.get(d, 0) > 0 for d in short):
+            continue
+        chosen.append(key)
+        trial.reclaim(holds)
+    return None if trial.short(need) else chosen

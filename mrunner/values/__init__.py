@@ -101,6 +101,18 @@ class RunnerSnapshot:
         return " / ".join(shares)
 
 
+@attrs.frozen
+class Waiting:
+    """The requests queued for one model's runner: how many, and how long the oldest has waited."""
+
+    backend: str
+    model_name: str
+    model_id: str
+    mode: str
+    count: int
+    oldest_seconds: float
+
+
 class PreloadState(Enum):
     WAITING = "waiting"
     LOADING = "loading"

@@ -15,3 +15,6 @@ class Runner:
     finished_at: float = 0.0
     memory: int = 0
     pinned: bool = False
+    loaded_at: float = 0.0
+    load_seconds: float = 0.0
+    served: int = 0

@@ -13,7 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.llamacpp import arguments, sizing
 from mrunner.runners.runner import held_on_gpus
-from mrunner.scheduling import placing, policy
+from mrunner.scheduling import placing, policy, smaller
+from mrunner.scheduling.patience import LOADED, Rules
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
 from mrunner.values.backend import RunnerSettings
@@ -168,7 +169,7 @@ class HeldOnGpusTests(SynchronousTestCase):
 UNFIXED = ContextSize(4096, 4096)
 #: A footprint whose layers a retry capped already.
 CAPPED = attrs.evolve(MODEL, offload=6)
-Smaller = policy.Smaller
+Smaller = smaller.Smaller
 # (why, the failing load's footprint, its GPU layers, its context if not fixed, the retry)
 SMALLER = [
     ("a quarter fewer layers and half the context", MODEL, 9, UNFIXED, Smaller(offload=6, context=2048)),
@@ -186,7 +187,7 @@ SMALLER = [
 class SmallerTests(SynchronousTestCase):
     def test_cases(self) -> None:
         for why, footprint, gpu_layers, context, expected in SMALLER:
-            self.assertEqual(policy.smaller(footprint, gpu_layers, context), expected, why)
+            self.assertEqual(smaller.smaller(footprint, gpu_layers, context), expected, why)
 
 
 gpu_runners = st.builds(
@@ -281,3 +282,22 @@ class FootprintTests(SynchronousTestCase):
         self.assertEqual(
             (footprint.layers, footprint.total), (0, sizing.memory_estimate(model(), RunnerSettings()))
         )
+
+
+class LoadedOrderPlacementTests(SynchronousTestCase):
+    """Under C{order = "loaded"}, a waiter whose best placement needs a busy runner's GPU waits for
+    it until it is overdue, rather than loading now with fewer layers for its runner's life."""
+
+    def test_waits_for_the_busy_gpu_then_takes_it_whole(self) -> None:
+        @attrs.frozen
+        class Waiting(Waiter):
+            priority: int = 1
+            since: float = 0.0
+
+        runners = {"a": attrs.evolve(on("CUDA0", 20, in_use=1), parallel=1)}
+        limits = Limits(4, 100, (("CUDA0", 24),))
+        rules = Rules(LOADED, max_wait=15)
+        early = policy.plan([Waiting("b", MODEL)], runners, [], limits, now=5, rules=rules)
+        self.assertEqual((early.load, early.drain), ((), ()), "not loaded beside a on the CPU")
+        late = policy.plan([Waiting("b", MODEL)], runners, [], limits, now=15, rules=rules)
+        self.assertEqual(late.drain, ("a",))

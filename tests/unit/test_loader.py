@@ -261,7 +261,7 @@ class LoaderTests(SynchronousTestCase):
         self.assertEqual(self.loader.queued, 1, "success resets the back-off")
 
     def test_backoff_is_capped(self) -> None:
-        from mrunner.scheduling.policy import next_backoff
+        from mrunner.scheduling.backoff import next_backoff
 
         delay = None
         for _ in range(10):

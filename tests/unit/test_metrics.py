@@ -16,7 +16,7 @@ from mrunner.runners.metrics import RunnerScraper, metric_name
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import NoEvents
-from mrunner.values import RunnerSnapshot, State
+from mrunner.values import RunnerSnapshot, State, Waiting
 from tests.support.fakes import FakeSpawner
 from tests.support.loading import request
 from tests.support.metrics import LLAMA_METRICS, snapshot
@@ -144,6 +144,9 @@ class _TwoInstances:
     def queued(self) -> int:
         return 0
 
+    def waiting(self) -> list[Waiting]:
+        return [Waiting("llama.cpp", "ai/b:latest", "sha256:b", "completion", 3, 12.5)]
+
     def memory_budget(self) -> int:
         return 0
 
@@ -157,3 +160,10 @@ class InstancesTests(SynchronousTestCase):
         self.assertEqual(found["mrunner_runners", labels(state="ready")], 2)
         self.assertEqual(found["mrunner_runner_requests_in_flight", labels()], 1)
         self.assertEqual(found["mrunner_runner_memory_bytes", labels()], 12)
+
+    def test_the_queue_model_by_model(self) -> None:
+        metrics = Metrics()
+        metrics.watch(_TwoInstances())  # type: ignore[arg-type]
+        found = samples(metrics)
+        self.assertEqual(found["mrunner_model_queue_waiting", labels("ai/b:latest")], 3)
+        self.assertEqual(found["mrunner_model_queue_oldest_wait_seconds", labels("ai/b:latest")], 12.5)

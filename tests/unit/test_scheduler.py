@@ -15,6 +15,7 @@ from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
 from mrunner.moves import IllegalMove
 from mrunner.scheduling.facade import Scheduler
+from mrunner.scheduling.patience import FIFO, LOADED, Rules
 from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
 from mrunner.values import ModelSettings, Preload, PreloadState, State
 from mrunner.values.backend import COMPLETION
@@ -189,6 +190,16 @@ class SchedulerTests(SynchronousTestCase):
         self.assertEqual(scheduler.configuration(None, "a")["context_size"], 512)
         self.assertEqual([(r.model_name, r.stale) for r in scheduler.snapshot()], [(B, False), (A, False)])
         self.assertFalse(self.scheduler.loader.fits(0), "max_runners 2 applies at once")
+
+    def test_the_queue_order_from_the_config_and_a_reload(self) -> None:
+        scheduler = self.make()
+        self.assertEqual(
+            scheduler.loader.pacing.rules, Rules(LOADED, 15.0, 1.0, 60.0), "[scheduler]'s defaults"
+        )
+        order = SchedulerConfig(order="fifo", max_wait=3.0, min_serve=0.5, starvation_seconds=9.0)
+        scheduler.reconfigure(attrs.evolve(self.config, scheduler=order))
+        self.assertEqual(scheduler.loader.pacing.rules, Rules(FIFO, 3.0, 0.5, 9.0))
+        self.assertEqual(scheduler.loader.starvation, 9.0)
 
     def test_reload_pins_at_once(self) -> None:
         scheduler = self.make()

@@ -14,7 +14,7 @@ from mrunner.api.door.route_group import Piece
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.flags import runtime_flags
 from mrunner.api.manage.openapi import answer, errors, json_content, operation
-from mrunner.api.manage.scheduler_json import failed_preload_json, failed_preloads, runner_json
+from mrunner.api.manage.scheduler_json import failed_preload_json, failed_preloads, runner_json, with_queue
 from mrunner.api.reading import validate
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
 from mrunner.errors import BadRequest
@@ -57,6 +57,8 @@ RUNNER = {
         "keep_alive": {"type": ["number", "null"]},
         "expires_at": {"type": ["string", "null"]},
         "error": {"type": ["string", "null"]},
+        "waiting": {"type": "integer", "description": "requests queued for this model"},
+        "oldest_wait": {"type": ["number", "null"], "description": "seconds the oldest of them has waited"},
     },
 }
 SIZES = {"type": "object", "additionalProperties": {"type": ["integer", "object"]}}
@@ -147,7 +149,7 @@ class AdminAPI:
         "/engines/ps",
         "GET",
         operation(
-            "Running runners, and preloads that failed (state failed, with their error)",
+            "Runners and their queues, models waiting for one (state waiting), failed preloads",
             {"200": answer("runners", json_content({"type": "array", "items": RUNNER}))},
         ),
     )
@@ -161,7 +163,8 @@ class AdminAPI:
             for preload in failed_preloads(self._scheduler.preloads())
             if visible_name(member, preload.model)
         ]
-        return json_body(request, [runner_json(runner) for runner in runners] + failed)
+        queue = [w for w in self._scheduler.waiting() if visible_name(member, w.model_name)]
+        return json_body(request, with_queue([runner_json(runner) for runner in runners], queue) + failed)
 
     @routes.route(
         "/engines/df",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mrunner.values import InstallState, InstallStatus, Preload, PreloadState, RunnerSnapshot, State
+from mrunner.values import InstallState, InstallStatus, Preload, PreloadState, RunnerSnapshot, State, Waiting
 from mrunner.values.backend import COMPLETION
 from mrunner.values.durations import timestamp
 
@@ -46,6 +46,26 @@ def runner_json(runner: RunnerSnapshot) -> dict[str, Any]:
     }
 
 
+def with_queue(rows: list[dict[str, Any]], queue: list[Waiting]) -> list[dict[str, Any]]:
+    """C{rows} (runners) with the queue for each model: C{waiting} and C{oldest_wait} (seconds) on its
+    first instance's row, and a row in state C{waiting} for a model that waits for its runner to start."""
+    found = {(w.backend, w.model_id, w.mode): w for w in queue}
+    for row in rows:
+        waiting = (
+            found.pop((row["backend_name"], row["model_id"], row["mode"]), None)
+            if not row["instance"]
+            else None
+        )
+        row["waiting"] = waiting.count if waiting else 0
+        row["oldest_wait"] = round(waiting.oldest_seconds, 3) if waiting else None
+    absent = [
+        {**_absent(w.backend, w.model_name, w.mode, "waiting"), "model_id": w.model_id, "waiting": w.count}
+        | {"oldest_wait": round(w.oldest_seconds, 3)}
+        for w in found.values()
+    ]
+    return rows + absent
+
+
 def seconds_or_forever(seconds: float) -> float | None:
     """A keep-alive in seconds; None (for ever) when negative or not a finite number."""
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
@@ -70,12 +90,17 @@ def failed_preloads(preloads: list[Preload]) -> list[Preload]:
 
 def failed_preload_json(preload: Preload, backend: str) -> dict[str, Any]:
     """A preload that failed, as a row of C{/engines/ps}: the runner that is not there, and why."""
+    return {**_absent(backend, preload.model, COMPLETION, preload.state.value), "error": preload.error}
+
+
+def _absent(backend: str, model: str, mode: str, state: str) -> dict[str, Any]:
+    """A row of C{/engines/ps} for a runner that is not there (yet), in C{state}."""
     return {
         "backend_name": backend,
-        "model_name": preload.model,
+        "model_name": model,
         "model_id": None,
-        "mode": COMPLETION,
-        "state": preload.state.value,
+        "mode": mode,
+        "state": state,
         "loading": False,
         "draining": False,
         "in_use": 0,
@@ -94,7 +119,6 @@ def failed_preload_json(preload: Preload, backend: str) -> dict[str, Any]:
         "gpu_layers": 0,
         "processor": None,
         "instance": 0,
-        "error": preload.error,
     }
 
 
