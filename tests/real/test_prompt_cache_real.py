@@ -1,0 +1,78 @@
+"""The prompt cache with the real llama-server and SmolLM2: a conversation's next turn after its runner
+stopped finds its earlier prompt cached; an unrelated conversation finds nothing of it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.support.daemon import http
+from tests.support.llamacpp_cases import LlamaCppTestCase, smollm2
+
+MODEL = "ai/smollm2"
+#: About 1,300 tokens: long enough to be saved, short enough to read on a shared 2-core machine.
+TEXT = " ".join(
+    f"Note {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7} marbles." for i in range(90)
+)
+
+
+def opening(topic: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": f"Read these notes about {topic}:\n{TEXT}\nWhich box is first?"},
+    ]
+
+
+class PromptCacheTests(LlamaCppTestCase):
+    timeout = 600
+
+    async def ask(self, messages: list[dict[str, str]], **extra: Any) -> Any:
+        return await self.call(
+            self.client.chat.completions.create,
+            model=MODEL,
+            messages=messages,
+            temperature=0,
+            max_tokens=12,
+            extra_body=extra or None,
+        )
+
+    async def unload(self) -> None:
+        response = await http.post(self.daemon.url + "/engines/unload", json={"all": True})
+        self.assertEqual(response.code, 200, await response.text())
+
+    async def metric(self, name: str) -> float:
+        response = await http.get(self.daemon.url + "/metrics")
+        for line in (await response.text()).splitlines():
+            if line.startswith(f"mrunner_prompt_cache_{name} "):
+                return float(line.split()[1])
+        raise AssertionError(f"no mrunner_prompt_cache_{name} in /metrics")
+
+    async def test_next_turn_after_an_unload(self) -> None:
+        await self.start("[cache]\nmin_tokens = 64\n", parallel=2)
+        await self.daemon.import_model(MODEL, smollm2())
+        messages = opening("marbles")
+        first = await self.ask(messages)
+        await self.unload()
+        saved = list((self.home / "cache").glob("*.bin"))
+        self.assertEqual(len(saved), 1, saved)
+
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And the last box?"},
+        ]
+        restored = await self.ask(messages)
+        usage = restored.usage
+        cached = usage.prompt_tokens_details.cached_tokens
+        self.assertGreaterEqual(cached, 0.9 * usage.prompt_tokens, usage)
+        self.assertEqual(await self.metric("restores_total"), 1)
+
+        # The same turn read afresh (cache_prompt off) gives the same greedy answer.
+        fresh = await self.ask(messages, cache_prompt=False)
+        self.assertEqual(fresh.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertEqual(restored.choices[0].message.content, fresh.choices[0].message.content)
+
+        other = await self.ask(opening("apples"))
+        self.assertEqual(other.usage.prompt_tokens_details.cached_tokens, 0, other.usage)
+        self.assertEqual(await self.metric("restores_total"), 1)
+        listed = json.loads((self.home / "cache" / (saved[0].stem + ".json")).read_text())
+        self.assertEqual(listed["owner"], None)
