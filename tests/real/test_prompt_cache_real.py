@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.support.daemon import http
-from tests.support.llamacpp_cases import LlamaCppTestCase, smollm2
+from twisted.internet.defer import ensureDeferred
+
+from tests.support.daemon import InProcessDaemon, eventually, http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase, smollm2
 
 MODEL = "ai/smollm2"
 #: About 1,300 tokens: long enough to be saved, short enough to read on a shared 2-core machine.
@@ -46,6 +48,49 @@ class PromptCacheTests(LlamaCppTestCase):
             if line.startswith(f"mrunner_prompt_cache_{name} "):
                 return float(line.split()[1])
         raise AssertionError(f"no mrunner_prompt_cache_{name} in /metrics")
+
+    async def next_turn_is_cached(self, first: Any, messages: list[dict[str, str]]) -> None:
+        """The turn after C{first} finds at least 90% of its prompt cached, restored from a saved state."""
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And the last box?"},
+        ]
+        usage = (await self.ask(messages)).usage
+        self.assertGreaterEqual(usage.prompt_tokens_details.cached_tokens, 0.9 * usage.prompt_tokens, usage)
+        self.assertEqual(await self.metric("restores_total"), 1)
+
+    async def test_next_turn_after_a_daemon_restart(self) -> None:
+        await self.start("[cache]\nmin_tokens = 64\n")
+        await self.daemon.import_model(MODEL, smollm2())
+        messages = opening("marbles")
+        first = await self.ask(messages)
+        await self.daemon.stop()  # SIGTERM of the daemon: its runners' slots are saved first
+        self.daemon = InProcessDaemon(self.daemon.config_path)
+        self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
+        self.client = self.client.with_options(base_url=self.daemon.url + "/engines/v1")
+        await self.next_turn_is_cached(first, messages)
+
+    async def test_next_turn_after_the_keep_alive_ran_out(self) -> None:
+        await self.start('[cache]\nmin_tokens = 64\n[models."ai/smollm2"]\nkeep_alive = "1s"\n')
+        await self.daemon.import_model(MODEL, smollm2())
+        messages = opening("marbles")
+        first = await self.ask(messages)
+        await eventually(lambda: not self.daemon.scheduler.snapshot(), seconds=30)
+        await self.next_turn_is_cached(first, messages)
+
+    async def test_next_turn_after_an_eviction_for_another_model(self) -> None:
+        await self.start("max_runners = 1\n[cache]\nmin_tokens = 64\n")  # max_runners: in [scheduler]
+        await self.daemon.import_model(MODEL, smollm2())
+        await self.tiny()
+        messages = opening("marbles")
+        first = await self.ask(messages)
+        await self.call(
+            self.client.chat.completions.create,
+            model=TINY,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+        )
+        await self.next_turn_is_cached(first, messages)
 
     async def test_next_turn_after_an_unload(self) -> None:
         await self.start("[cache]\nmin_tokens = 64\n", parallel=2)

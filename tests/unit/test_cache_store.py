@@ -56,7 +56,7 @@ class StateFileTests(TestCase):
 class PrefixTests(StoreTestCase):
     def test_the_longest_exact_prefix(self) -> None:
         self.save(list(range(10)))
-        longer = self.save(list(range(20)) + [99])  # supersedes the first: its tokens begin this one
+        longer = self.save([*range(20), 99])  # supersedes the first: its tokens begin this one
         self.assertEqual(len(self.store.states), 1)
         other = self.save([7] * 30)
         found = self.store.best(LAYOUT, None, token_bytes([*range(20), 99, 5, 5]))
