@@ -173,7 +173,7 @@ def make_parts(
     groups = route_groups(
         gateway=gateway,
         store=store,
-        forwarder=Forwarder(runner_pool, openai_stream_error, *([cache.turn] if cache else [])),
+        **_cache_parts(cache, runner_pool),
         responses=_responses(config, reactor),
         models=models,
         operations=operations,
@@ -231,6 +231,13 @@ def _runner_options(config: configuration.Config) -> RunnerOptions:
         log_max_bytes=config.runner.log_max_bytes,
         log_keep=config.runner.log_keep,
     )
+
+
+def _cache_parts(cache: PromptCache | None, pool: RunnerPool) -> dict[str, Any]:
+    """The route groups' parts the prompt cache changes: the forwarder's turns, /engines/df's count."""
+    if cache is None:
+        return {"forwarder": Forwarder(pool, openai_stream_error)}
+    return {"forwarder": Forwarder(pool, openai_stream_error, cache.turn), "cache_usage": cache.store.usage}
 
 
 def _runners(

@@ -49,6 +49,7 @@ def route_groups(
     devices: IDevices | None = None,
     usage: UsageBook | None = None,
     docker_config: str | None = None,
+    cache_usage: Callable[[], tuple[int, int]] | None = None,
 ) -> list[RouteGroup]:
     """Every route group of the daemon, the OpenAPI document of them all last.
 
@@ -67,7 +68,7 @@ def route_groups(
         logs,
         history,
         PageAPI(scheduler, clock, store),
-        AdminAPI(scheduler, store, backends, max_request_bytes, reload),
+        AdminAPI(scheduler, store, backends, max_request_bytes, reload, cache_usage),
         UsageAPI(usage),
     ]
     if devices is not None:

@@ -199,6 +199,11 @@ class CacheStore:
             total -= saved.size
             self.remove(saved)
 
+    def usage(self) -> tuple[int, int]:
+        """(files, bytes) of the states kept, once those of a model gone are removed."""
+        self.sweep()
+        return len(self.states), self.bytes
+
     @property
     def bytes(self) -> int:
         return sum(s.size for s in self.states.values())
