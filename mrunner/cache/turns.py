@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, ensureDeferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
 from mrunner.cache.calls import Refused, RunnerCalls
 from mrunner.cache.layout import flag_value, layout
-from mrunner.cache.slots import Conversation, Slot, Slots, conversation
+from mrunner.cache.slots import Slot, Slots, conversation
 from mrunner.cache.store import CacheStore, SaveRefused
 from mrunner.interfaces import IRunnerProcess
 from mrunner.values.backend import Command
@@ -142,7 +142,12 @@ class PromptCache:
 
     @asynccontextmanager
     async def turn(self, request: IRequest, socket: str, path: bytes, body: bytes) -> AsyncIterator[bytes]:
-        """The body to send for this turn (with the C{id_slot} it takes), for the block's duration."""
+        """The body to send for this turn (with the C{id_slot} it takes), for the block's duration.
+
+        The slot is the free one that holds the turn's conversation; else, when states of the
+        runner's layout and the turn's key are saved, a spare one to restore the best of them into;
+        else the nearest. It is busy until the block ends, however it ends (a client gone too).
+        """
         live = self._live.get(socket)
         payload = _payload(body) if live is not None else None
         parts = None if payload is None else conversation(path, payload)
@@ -151,49 +156,32 @@ class PromptCache:
             return
         owner = self._owner_of(request)
         slot = live.slots.holding(parts, owner)
-        if slot is not None:
-            self.counts.hits += 1
-            slot.busy = True
-        else:
-            slot = await self._restore(live, socket, path, payload, parts, owner)
+        restoring = slot is None and self.store.candidates(live.layout, owner)
+        if slot is None:
+            slot = live.slots.spare() if restoring else live.slots.nearest(parts, owner)
         if slot is None:
             yield body
             return
+        slot.busy = True
         try:
+            if restoring:
+                slot.held = ()
+                await self._restore_into(slot, live, socket, path, payload, owner)
+            elif slot.held and slot.shared(parts) == len(slot.held):
+                self.counts.hits += 1
+            else:
+                self.counts.misses += 1
             yield b'{"id_slot":%d,' % slot.id + body.lstrip()[1:]
         finally:
             slot.busy, slot.held, slot.owner, slot.used = False, parts, owner, self._clock.seconds()
-
-    async def _restore(
-        self,
-        live: Live,
-        socket: str,
-        path: bytes,
-        payload: dict[str, Any],
-        parts: Conversation,
-        owner: str | None,
-    ) -> Slot | None:
-        """A slot for a turn no live slot holds, busy from now: one its saved state was restored into,
-        else the nearest."""
-        if not self.store.candidates(live.layout, owner):
-            slot = live.slots.nearest(parts, owner)
-            self.counts.misses += 1
-        else:
-            slot = live.slots.spare()
-            if slot is not None:
-                slot.busy = True
-                slot.held = ()
-                await self._restore_into(slot, live, socket, path, payload, owner)
-                return slot
-        if slot is not None:
-            slot.busy = True
-        return slot
 
     async def _restore_into(
         self, slot: Slot, live: Live, socket: str, path: bytes, payload: dict[str, Any], owner: str | None
     ) -> None:
         try:
             tokens = await self._calls.tokens(socket, path, payload)
+        except CancelledError:
+            raise  # the client went away: so does its turn
         except Exception as e:
             self.log.info("prompt cache: could not tokenize a prompt: {why}", why=e)
             self.counts.misses += 1
@@ -204,6 +192,8 @@ class PromptCache:
             return
         try:
             await self._calls.restore(socket, slot.id, self.store.state_name(saved))
+        except CancelledError:
+            raise
         except Exception as e:
             self.log.warn("prompt cache: restoring {name} failed, removed: {why}", name=saved.name, why=e)
             self.store.remove(saved)

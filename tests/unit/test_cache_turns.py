@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
@@ -141,6 +141,20 @@ class RestoreTests(TurnTestCase):
         self.assertEqual(self.cache.counts.failed_restores, 1)
         self.assertEqual(self.store.states, {})
         self.assertEqual(list(self.folder.iterdir()), [])
+
+    def test_a_client_gone_while_restoring_frees_its_slot(self) -> None:
+        self.saved_state(list(range(50)))
+        waiting: Deferred[None] = Deferred()
+
+        async def tokens(*args: object) -> bytes:
+            await waiting
+            return b""
+
+        self.calls.tokens = tokens  # type: ignore[method-assign]
+        turn = ensureDeferred(self.turn(chat("a")))
+        turn.cancel()
+        self.failureResultOf(turn, CancelledError)
+        self.assertEqual([s.busy for s in self.cache._live[SOCKET].slots.all], [False, False])
 
 
 class SaveTests(TurnTestCase):
