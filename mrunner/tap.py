@@ -173,7 +173,7 @@ def make_parts(
     groups = route_groups(
         gateway=gateway,
         store=store,
-        **_cache_parts(cache, runner_pool),
+        **_cache_parts(cache, runner_pool, scheduler),
         responses=_responses(config, reactor),
         models=models,
         operations=operations,
@@ -233,10 +233,12 @@ def _runner_options(config: configuration.Config) -> RunnerOptions:
     )
 
 
-def _cache_parts(cache: PromptCache | None, pool: RunnerPool) -> dict[str, Any]:
-    """The route groups' parts the prompt cache changes: the forwarder's turns, /engines/df's count."""
+def _cache_parts(cache: PromptCache | None, pool: RunnerPool, scheduler: Scheduler) -> dict[str, Any]:
+    """The route groups' parts the prompt cache changes: the forwarder's turns, /engines/df's count;
+    and the loader's choice of instance (the one whose slot holds a conversation's earlier turn)."""
     if cache is None:
         return {"forwarder": Forwarder(pool, openai_stream_error)}
+    scheduler.loader.prefer = cache.prefer
     return {"forwarder": Forwarder(pool, openai_stream_error, cache.turn), "cache_usage": cache.store.usage}
 
 

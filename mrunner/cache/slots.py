@@ -26,10 +26,10 @@ COMPLETIONS = b"/v1/completions"
 
 def conversation(path: bytes, payload: Mapping[str, Any]) -> Conversation | None:
     """C{payload}'s conversation: each chat message's digest, or a completion prompt's lines; None for
-    another shape (a list of prompts, tokens)."""
-    if path == CHAT and isinstance(payload.get("messages"), list):
+    another shape (a list of prompts, tokens) or path (OpenAI's, under any prefix, only)."""
+    if path.endswith(CHAT) and isinstance(payload.get("messages"), list):
         return tuple(_digest(m) for m in payload["messages"])
-    if path == COMPLETIONS and isinstance(payload.get("prompt"), str):
+    if path.endswith(COMPLETIONS) and isinstance(payload.get("prompt"), str):
         return tuple(payload["prompt"].splitlines(keepends=True))
     return None
 
@@ -64,6 +64,10 @@ class Slots:
 
     def __getitem__(self, n: int) -> Slot:
         return self.all[n % len(self.all)]
+
+    def holds(self, parts: Conversation) -> bool:
+        """Whether a free slot holds an earlier turn of C{parts}, whoever's (the instance to prefer)."""
+        return any(not s.busy and s.held and s.shared(parts) == len(s.held) for s in self.all)
 
     def holding(self, parts: Conversation, owner: str | None) -> Slot | None:
         """The free slot of C{owner} whose whole conversation begins C{parts}, the longest."""

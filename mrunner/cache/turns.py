@@ -16,10 +16,10 @@ request goes on without the state, and a state that failed is removed.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, succeed
@@ -39,6 +39,22 @@ StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 OwnerOf = Callable[[IRequest], str | None]
 
 SAVE_PATH = "--slot-save-path"
+
+
+class _HasConversation(Protocol):
+    @property
+    def conversation(self) -> tuple[str, ...]: ...
+
+
+class _Instance(Protocol):
+    @property
+    def socket(self) -> str: ...
+
+    @property
+    def has_room(self) -> bool: ...
+
+
+Instance = TypeVar("Instance", bound=_Instance)
 
 
 @attrs.define
@@ -99,6 +115,16 @@ class PromptCache:
     def _gone(self, result: object, socket: str) -> object:
         self._live.pop(socket, None)
         return result
+
+    def prefer(self, request: _HasConversation, running: Sequence[Instance]) -> Instance | None:
+        """Of C{running}, an instance with room whose free slot holds C{request}'s earlier turn."""
+        if not request.conversation:
+            return None
+        for runner in running:
+            live = self._live.get(runner.socket)
+            if runner.has_room and live is not None and live.slots.holds(request.conversation):
+                return runner
+        return None
 
     # Saving
 

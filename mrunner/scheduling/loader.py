@@ -42,6 +42,9 @@ DRAINING = (
 
 
 Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]
+#: Of the running instances a request may use, the one to serve it rather than the least busy
+#: (the prompt cache's: the one whose slot holds its conversation); None: no preference.
+Prefer = Callable[[LoadRequest, list[Runner]], Runner | None]
 
 
 class Loader:
@@ -77,6 +80,8 @@ class Loader:
         self._closed = False
         #: Fired once a drain is done: nothing queued, no lease held (L{drain}).
         self._drained: list[Deferred[None]] = []
+        #: Which running instance serves a request that need not wait (L{Prefer}); the wiring's to set.
+        self.prefer: Prefer = lambda request, running: None
         self.draining = False
         self._leased = 0
         self._pumping = False
@@ -132,7 +137,7 @@ class Loader:
                 )
             )
         running = [r for r in map(self.runners.get, instances(request)) if r is not None]
-        runner = least_busy(running)
+        runner = (self.prefer(request, running) if len(running) > 1 else None) or least_busy(running)
         room = runner is not None and runner.has_room
         if len(self._queue) >= self._max_queue and not room and not self._make_way(rank):
             return fail(self._full("try again shortly"))

@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
 from mrunner.cache.calls import Refused
+from mrunner.cache.slots import conversation
 from mrunner.cache.statefile import token_bytes
 from mrunner.cache.store import CacheStore
 from mrunner.cache.turns import PromptCache
@@ -96,6 +98,20 @@ class AffinityTests(TurnTestCase):
         self.assertEqual((await self.turn(chat("a", "reply", "more")))["id_slot"], first)
         self.assertEqual((await self.turn(chat("b", "reply", "more")))["id_slot"], other)
         self.assertEqual(self.calls.tokenized, 0)  # nothing saved: no prompt is tokenized
+
+    async def test_the_instance_whose_slot_holds_the_turn_is_preferred(self) -> None:
+        await self.turn(chat("a"))
+        other = attrs.make_class("Runner", ["socket", "has_room"])
+        here, elsewhere = other(SOCKET, True), other("/run/r2.sock", True)
+        request = attrs.make_class("Request", ["conversation"])
+
+        def turn(*contents: str) -> Any:
+            return request(conversation(CHAT, json.loads(chat(*contents))) if contents else ())
+
+        self.assertIs(self.cache.prefer(turn("a", "b", "c"), [elsewhere, here]), here)
+        self.assertIsNone(self.cache.prefer(turn("z"), [elsewhere, here]))
+        self.assertIsNone(self.cache.prefer(turn(), [elsewhere, here]))
+        self.assertIsNone(self.cache.prefer(turn("a", "b"), [other(SOCKET, False)]))
 
     async def test_a_body_naming_its_slot_is_left_alone(self) -> None:
         body = json.dumps({"id_slot": 1, "messages": []}).encode()
