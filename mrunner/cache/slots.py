@@ -1,6 +1,6 @@
 """What each slot of a live runner holds, as mrunner sent it: which slot a conversation's next turn takes.
 
-A conversation is the digests of its messages in order (L{conversation}); a
+A conversation is its messages in order, each as a comparable value (L{conversation}); a
 slot holds the one its last request sent. A turn goes to the free slot that
 holds a prefix of its conversation (its earlier turn), else to the free slot
 sharing the most of it (a system prompt), else to an empty one, else to the one
@@ -11,31 +11,34 @@ does without mrunner.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-Conversation = tuple[str, ...]
+Conversation = tuple[object, ...]
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"
 
 
 def conversation(path: bytes, payload: Mapping[str, Any]) -> Conversation | None:
-    """C{payload}'s conversation: each chat message's digest, or a completion prompt's lines; None for
-    another shape (a list of prompts, tokens) or path (OpenAI's, under any prefix, only)."""
+    """C{payload}'s conversation: each chat message as a comparable value, or a completion prompt's
+    lines; None for another shape (a list of prompts, tokens) or path (OpenAI's, under any prefix)."""
     if path.endswith(CHAT) and isinstance(payload.get("messages"), list):
-        return tuple(_digest(m) for m in payload["messages"])
+        return tuple(_part(m) for m in payload["messages"])
     if path.endswith(COMPLETIONS) and isinstance(payload.get("prompt"), str):
         return tuple(payload["prompt"].splitlines(keepends=True))
     return None
 
 
-def _digest(message: object) -> str:
-    return hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()[:32]
+def _part(message: object) -> object:
+    """A message as a value to compare: its fields, when all are text (the common case, at the cost
+    of a tuple), else its canonical JSON."""
+    if isinstance(message, dict) and all(isinstance(v, str) for v in message.values()):
+        return tuple(sorted(message.items()))
+    return json.dumps(message, sort_keys=True)
 
 
 @attrs.define(eq=False)

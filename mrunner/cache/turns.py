@@ -43,7 +43,7 @@ SAVE_PATH = "--slot-save-path"
 
 class _HasConversation(Protocol):
     @property
-    def conversation(self) -> tuple[str, ...]: ...
+    def conversation(self) -> tuple[object, ...]: ...
 
 
 class _Instance(Protocol):

@@ -280,7 +280,7 @@ class InstancesTests(SynchronousTestCase):
         self.spawn.processes[1].ready.callback(None)
         held.release()
         self.successResultOf(second).release()
-        asked: list[tuple[str, ...]] = []
+        asked: list[tuple[object, ...]] = []
 
         def prefer(request: Any, running: list[Any]) -> Any:
             asked.append(request.conversation)

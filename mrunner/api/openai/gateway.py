@@ -181,7 +181,7 @@ class Gateway:
         return Asked(model, seconds, body, record, checked, lookup, ticket)
 
     def _lookup(
-        self, backend: str, name: str, mode: str, seconds: float | None, rank: int, talk: tuple[str, ...]
+        self, backend: str, name: str, mode: str, seconds: float | None, rank: int, talk: tuple[object, ...]
     ) -> Resolved | MrunnerError:
         """The request the scheduler takes, with the store's model for C{name}; or why it has none.
 
