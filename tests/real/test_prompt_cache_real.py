@@ -38,12 +38,14 @@ class PromptCacheTests(LlamaCppTestCase):
             extra_body=extra or None,
         )
 
+    keys: dict[str, str] = {}
+
     async def unload(self) -> None:
-        response = await http.post(self.daemon.url + "/engines/unload", json={"all": True})
+        response = await http.post(self.daemon.url + "/engines/unload", json={"all": True}, headers=self.keys)
         self.assertEqual(response.code, 200, await response.text())
 
     async def metric(self, name: str) -> float:
-        response = await http.get(self.daemon.url + "/metrics")
+        response = await http.get(self.daemon.url + "/metrics", headers=self.keys)
         for line in (await response.text()).splitlines():
             if line.startswith(f"mrunner_prompt_cache_{name} "):
                 return float(line.split()[1])
@@ -91,6 +93,27 @@ class PromptCacheTests(LlamaCppTestCase):
             max_tokens=2,
         )
         await self.next_turn_is_cached(first, messages)
+
+    async def test_a_state_is_restored_only_for_the_key_that_made_it(self) -> None:
+        await self.start('[cache]\nmin_tokens = 64\n[http]\napi_keys = ["alice-key", "bob-key"]\n')
+        self.keys = {"Authorization": "Bearer alice-key"}
+        await self.daemon.import_model(MODEL, smollm2())
+        alice = self.client.with_options(api_key="alice-key")
+        self.client = self.client.with_options(api_key="bob-key")
+        messages = opening("marbles")
+        first = await self.call(
+            alice.chat.completions.create, model=MODEL, messages=messages, temperature=0, max_tokens=12
+        )
+        await self.unload()
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And the last box?"},
+        ]
+        bobs = await self.ask(messages)  # bob sends alice's conversation: nothing of hers is restored
+        self.assertEqual(bobs.usage.prompt_tokens_details.cached_tokens, 0, bobs.usage)
+        self.assertEqual(await self.metric("restores_total"), 0)
+        self.client = alice
+        await self.next_turn_is_cached(first, messages[:-2])
 
     async def test_next_turn_after_an_unload(self) -> None:
         await self.start("[cache]\nmin_tokens = 64\n", parallel=2)
