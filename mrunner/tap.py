@@ -157,15 +157,7 @@ def make_parts(
     registry_pool = QuietPool(reactor)
     # Docker's config and credential helpers, after [registry.auth]; helpers see the daemon's environment.
     credentials = Credentials(config.registry.auth, reactor, os.environ)
-    operations = _operations(
-        config,
-        reactor,
-        store,
-        scheduler,
-        metrics,
-        HTTPClient(Agent(reactor, pool=registry_pool)),
-        credentials,
-    )
+    operations = _operations(config, reactor, store, scheduler, metrics, registry_pool, credentials, cache)
     models = ModelsAPI(store, operations)
     followers, logs = _follows(config, reactor, home, reloadable)
     gateway, records, teams = _gateway(config, reactor, store, scheduler, metrics, reloadable)
@@ -298,10 +290,13 @@ def _operations(
     store: ModelStore,
     scheduler: Scheduler,
     metrics: Metrics,
-    http: HTTPClient,
+    pool: QuietPool,
     credentials: Credentials,
+    cache: PromptCache | None,
 ) -> ModelOperations:
-    """Pulls and pushes, from the registries and Hugging Face, over C{http}."""
+    """Pulls and pushes, from the registries and Hugging Face, over C{pool}; the saved prompt states of
+    a model removed go with it."""
+    http = HTTPClient(Agent(reactor, pool=pool))
     registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout, credentials)
     hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
     return ModelOperations(
@@ -311,6 +306,7 @@ def _operations(
         Pusher(store, registry, reactor),
         reactor,
         metrics.moved,
+        cache.store.sweep if cache else lambda: None,
     )
 
 

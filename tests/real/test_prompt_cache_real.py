@@ -144,3 +144,12 @@ class PromptCacheTests(LlamaCppTestCase):
         self.assertEqual(await self.metric("restores_total"), 1)
         listed = json.loads((self.home / "cache" / (saved[0].stem + ".json")).read_text())
         self.assertEqual(listed["owner"], None)
+
+        # /engines/df counts the states; removing the model removes them.
+        await self.unload()
+        df = json.loads(await (await http.get(self.daemon.url + "/engines/df")).text())
+        self.assertGreaterEqual(df["prompt_cache_files"], 1)
+        self.assertGreater(df["prompt_cache_disk_usage"], 1_000_000)
+        response = await http.delete(self.daemon.url + f"/models/{MODEL}")
+        self.assertEqual(response.code, 200, await response.text())
+        self.assertEqual(list((self.home / "cache").iterdir()), [])
