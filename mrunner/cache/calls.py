@@ -9,6 +9,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
 
+from mrunner.cache.anthropic import MESSAGES, chat_body
 from mrunner.cache.statefile import token_bytes
 from mrunner.runners.pool import RunnerPool
 
@@ -36,10 +37,12 @@ class RunnerCalls:
         return self.call(b"POST", socket, b"/slots/%d?action=restore" % slot, {"filename": filename})
 
     async def tokens(self, socket: str, path: bytes, payload: dict[str, Any]) -> bytes:
-        """C{payload}'s prompt as the runner reads it: its chat template applied, then tokenized with the
-        special tokens it adds (as llama-server tokenizes a completion's prompt)."""
-        if path.endswith(b"/chat/completions"):
-            prompt = (await self.call(b"POST", socket, b"/apply-template", payload))["prompt"]
+        """C{payload}'s prompt as the runner reads it: its chat template applied (to an Anthropic
+        request once converted as llama-server converts it), then tokenized with the special tokens
+        it adds (as llama-server tokenizes a completion's prompt)."""
+        if path.endswith((b"/chat/completions", MESSAGES)):
+            chat = chat_body(payload) if path.endswith(MESSAGES) else payload
+            prompt = (await self.call(b"POST", socket, b"/apply-template", chat))["prompt"]
         else:
             prompt = payload["prompt"]
         tokenized = await self.call(b"POST", socket, b"/tokenize", {"content": prompt, "add_special": True})

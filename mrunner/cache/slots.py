@@ -20,14 +20,17 @@ import attrs
 Conversation = tuple[object, ...]
 
 CHAT = b"/v1/chat/completions"
+MESSAGES = b"/v1/messages"  # Anthropic's
 COMPLETIONS = b"/v1/completions"
 
 
 def conversation(path: bytes, payload: Mapping[str, Any]) -> Conversation | None:
-    """C{payload}'s conversation: each chat message as a comparable value, or a completion prompt's
-    lines; None for another shape (a list of prompts, tokens) or path (OpenAI's, under any prefix)."""
-    if path.endswith(CHAT) and isinstance(payload.get("messages"), list):
-        return tuple(_part(m) for m in payload["messages"])
+    """C{payload}'s conversation: each chat message (and Anthropic's system) as a comparable value, or
+    a completion prompt's lines; None for another shape (a list of prompts, tokens) or path (OpenAI's
+    and Anthropic's, under any prefix)."""
+    if path.endswith((CHAT, MESSAGES)) and isinstance(payload.get("messages"), list):
+        system = (_part(payload["system"]),) if "system" in payload else ()
+        return system + tuple(_part(m) for m in payload["messages"])
     if path.endswith(COMPLETIONS) and isinstance(payload.get("prompt"), str):
         return tuple(payload["prompt"].splitlines(keepends=True))
     return None

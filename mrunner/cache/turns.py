@@ -27,6 +27,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
+from mrunner.cache.anthropic import MESSAGES
 from mrunner.cache.calls import Refused, RunnerCalls
 from mrunner.cache.layout import flag_value, layout
 from mrunner.cache.slots import Slot, Slots, conversation
@@ -197,7 +198,10 @@ class PromptCache:
                 self.counts.hits += 1
             else:
                 self.counts.misses += 1
-            yield b'{"id_slot":%d,' % slot.id + body.lstrip()[1:]
+            if path.endswith(MESSAGES):  # llama-server drops id_slot there: its own choice by similarity
+                yield body  # finds the slot restored or holding the conversation, which no other turn takes
+            else:
+                yield b'{"id_slot":%d,' % slot.id + body.lstrip()[1:]
         finally:
             slot.busy, slot.held, slot.owner, slot.used = False, parts, owner, self._clock.seconds()
 

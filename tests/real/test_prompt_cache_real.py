@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anthropic
 from twisted.internet.defer import ensureDeferred
 
 from tests.support.daemon import InProcessDaemon, eventually, http
@@ -114,6 +115,38 @@ class PromptCacheTests(LlamaCppTestCase):
         self.assertEqual(await self.metric("restores_total"), 0)
         self.client = alice
         await self.next_turn_is_cached(first, messages[:-2])
+
+    async def test_an_anthropic_conversation_after_an_unload(self) -> None:
+        """Claude Code's API: the request converted as llama-server converts it, blocks and all."""
+        await self.start("[cache]\nmin_tokens = 64\n", parallel=2)
+        await self.daemon.import_model(MODEL, smollm2())
+        client = anthropic.Anthropic(
+            base_url=self.daemon.url + "/anthropic",
+            api_key="unused",
+            max_retries=0,
+            default_headers={"Connection": "close"},
+        )
+        system = [{"type": "text", "text": "You answer in one short sentence."}]
+        [_, user] = opening("marbles")
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": [{"type": "text", "text": user["content"]}]}
+        ]
+
+        def ask() -> Any:
+            return client.messages.create(
+                model=MODEL, max_tokens=12, system=system, messages=messages, extra_body={"temperature": 0}
+            )
+
+        first = await self.call(ask)
+        await self.unload()
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": first.content[0].text}]},
+            {"role": "user", "content": "And the last box?"},
+        ]
+        usage = (await self.call(ask)).usage
+        read = usage.cache_read_input_tokens
+        self.assertGreaterEqual(read, 0.9 * (read + usage.input_tokens), usage)
+        self.assertEqual(await self.metric("restores_total"), 1)
 
     async def test_next_turn_after_an_unload(self) -> None:
         await self.start("[cache]\nmin_tokens = 64\n", parallel=2)
