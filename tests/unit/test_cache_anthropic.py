@@ -6,7 +6,6 @@ from twisted.trial.unittest import TestCase
 
 from mrunner.cache.anthropic import chat_body
 
-
 TEXT = {"type": "text", "text": "a.txt"}
 HEADER = "x-anthropic-billing-header: cc_version=2; cch="
 
