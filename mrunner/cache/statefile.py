@@ -63,15 +63,3 @@ def unpack(packed: bytes, name: str = "state") -> bytes:
 def token_bytes(tokens: list[int]) -> bytes:
     """C{tokens} as the int32 bytes L{read_tokens} gives."""
     return struct.pack(f"<{len(tokens)}i", *tokens)
-
-
-def common_prefix(a: bytes, b: bytes) -> int:
-    """How many tokens C{a} and C{b} share from their start (a binary search of C slice compares)."""
-    low, high = 0, min(len(a), len(b)) // 4
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[: 4 * middle] == b[: 4 * middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low

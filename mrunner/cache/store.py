@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -207,17 +207,6 @@ class CacheStore:
     @property
     def bytes(self) -> int:
         return sum(s.size for s in self.states.values())
-
-    def by_model(self) -> dict[str, tuple[int, int]]:
-        """Each model file's saved states: (files, bytes)."""
-        counts: dict[str, tuple[int, int]] = {}
-        for saved in self.states.values():
-            files, size = counts.get(saved.model, (0, 0))
-            counts[saved.model] = (files + 1, size + saved.size)
-        return counts
-
-    def __iter__(self) -> Iterator[Saved]:
-        return iter(list(self.states.values()))
 
     def _path(self, name: str, suffix: str) -> Path:
         return self.folder / (name + suffix)
