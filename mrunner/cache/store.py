@@ -96,7 +96,8 @@ class CacheStore:
             self.states[name] = Saved(
                 name, entry["layout"], entry["owner"], entry["model"], read_tokens(state), size, used
             )
-        except (OSError, ValueError, KeyError, TypeError, CorruptState):
+        except (OSError, ValueError, KeyError, TypeError, CorruptState) as e:
+            self.log.info("prompt cache: removed {name}, half-written or damaged: {why}", name=name, why=e)
             self._unlink(name)
 
     # Saving

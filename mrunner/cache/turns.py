@@ -81,6 +81,8 @@ class Live:
 
 
 class PromptCache:
+    """The runners that save their slots, by socket; their slots; the store of saved states; the counts."""
+
     log = Logger()
 
     def __init__(
