@@ -226,12 +226,12 @@ def _runner_options(config: configuration.Config) -> RunnerOptions:
 
 
 def _cache_parts(cache: PromptCache | None, pool: RunnerPool, scheduler: Scheduler) -> dict[str, Any]:
-    """The route groups' parts the prompt cache changes: the forwarder's turns, /engines/df's count;
+    """The route groups' parts the prompt cache changes: the forwarder's turns, its states' routes;
     and the loader's choice of instance (the one whose slot holds a conversation's earlier turn)."""
     if cache is None:
         return {"forwarder": Forwarder(pool, openai_stream_error)}
     scheduler.loader.prefer = cache.prefer
-    return {"forwarder": Forwarder(pool, openai_stream_error, cache.turn), "cache_usage": cache.store.usage}
+    return {"forwarder": Forwarder(pool, openai_stream_error, cache.turn), "cache": cache.store}
 
 
 def _runners(

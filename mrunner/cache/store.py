@@ -18,7 +18,9 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import attrs
 from twisted.logger import Logger
@@ -39,13 +41,21 @@ class Saved:
     tokens: bytes
     size: int
     used: float
+    #: The model's name as its runner served it (C{--alias}).
+    alias: str = ""
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens) // 4
 
     def entry(self) -> dict[str, object]:
-        return {"layout": self.layout, "owner": self.owner, "model": self.model, "size": self.size}
+        return {
+            "layout": self.layout,
+            "owner": self.owner,
+            "model": self.model,
+            "size": self.size,
+            "alias": self.alias,
+        }
 
 
 class SaveRefused(Exception):
@@ -93,9 +103,9 @@ class CacheStore:
             if size != entry["size"]:
                 raise CorruptState(f"{name}: {size} bytes, its entry says {entry['size']}")
             used = state.stat().st_mtime
-            self.states[name] = Saved(
-                name, entry["layout"], entry["owner"], entry["model"], read_tokens(state), size, used
-            )
+            tokens = read_tokens(state)
+            layout, owner, model = entry["layout"], entry["owner"], entry["model"]
+            self.states[name] = Saved(name, layout, owner, model, tokens, size, used, entry.get("alias", ""))
         except (OSError, ValueError, KeyError, TypeError, CorruptState) as e:
             self.log.info("prompt cache: removed {name}, half-written or damaged: {why}", name=name, why=e)
             self._unlink(name)
@@ -113,7 +123,7 @@ class CacheStore:
         """A new file name for llama-server to save a slot as (C{NAME.part} in this folder)."""
         return uuid.uuid4().hex + PART
 
-    def add(self, part: str, layout: str, owner: str | None, model: str) -> Saved:
+    def add(self, part: str, layout: str, owner: str | None, model: str, alias: str = "") -> Saved:
         """Keep the state llama-server wrote as C{part}; drop the states it supersedes, then the oldest
         beyond the budget.
 
@@ -127,7 +137,7 @@ class CacheStore:
             if len(tokens) // 4 < self.min_tokens:
                 raise SaveRefused(f"{len(tokens) // 4} tokens, fewer than {self.min_tokens}")
             size = written.stat().st_size
-            saved = Saved(name, layout, owner, model, tokens, size, self._now())
+            saved = Saved(name, layout, owner, model, tokens, size, self._now(), alias)
             _write_atomically(self._path(name, ENTRY), json.dumps(saved.entry()).encode())
             os.replace(written, self._path(name, STATE))
         except (OSError, CorruptState) as e:
@@ -199,6 +209,24 @@ class CacheStore:
                 break
             total -= saved.size
             self.remove(saved)
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Each state kept, the most recently used first: its model, tokens, bytes, use, key."""
+        self.sweep()
+        return [
+            {
+                "model": s.alias,
+                "tokens": s.n_tokens,
+                "bytes": s.size,
+                "last_used": datetime.fromtimestamp(s.used, UTC).isoformat(timespec="seconds"),
+                "key": s.owner and s.owner[:12],
+            }
+            for s in sorted(self.states.values(), key=lambda s: -s.used)
+        ]
+
+    def clear(self, model: str | None = None) -> int:
+        """Remove every state, or those of the model named C{model}; how many."""
+        return self.remove_where(lambda s: model is None or s.alias == model)
 
     def usage(self) -> tuple[int, int]:
         """(files, bytes) of the states kept, once those of a model gone are removed."""

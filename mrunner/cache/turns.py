@@ -78,6 +78,8 @@ class Live:
     layout: str
     model: str
     slots: Slots
+    #: The model's name as the runner serves it.
+    alias: str = ""
 
 
 class PromptCache:
@@ -108,7 +110,8 @@ class PromptCache:
             process = start(command, socket, log_path, label)
             if flag_value(command, SAVE_PATH) is not None:
                 slots = Slots(int(flag_value(command, "--parallel") or 1))
-                self._live[socket] = Live(layout(command), flag_value(command, "--model") or "", slots)
+                model, alias = flag_value(command, "--model") or "", flag_value(command, "--alias") or ""
+                self._live[socket] = Live(layout(command), model, slots, alias)
                 process.before_stop = lambda: self.save(socket)
                 process.ended.addBoth(self._gone, socket)
             return process
@@ -154,7 +157,8 @@ class PromptCache:
             part = self.store.part_name()
             try:
                 await self._calls.save(socket, info["id"], part)
-                saved = self.store.add(part, live.layout, live.slots[info["id"]].owner, live.model)
+                owner = live.slots[info["id"]].owner
+                saved = self.store.add(part, live.layout, owner, live.model, live.alias)
             except (SaveRefused, Refused) as e:
                 self.log.info("slot {slot} not saved: {why}", slot=info["id"], why=e)
                 continue

@@ -4,11 +4,15 @@ stopped finds its earlier prompt cached; an unrelated conversation finds nothing
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import anthropic
+from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
+from twisted.internet.utils import getProcessOutputAndValue
 
+from tests.support.cli_cases import MRUNNER
 from tests.support.daemon import InProcessDaemon, eventually, http
 from tests.support.llamacpp_cases import TINY, LlamaCppTestCase, smollm2
 
@@ -51,6 +55,13 @@ class PromptCacheTests(LlamaCppTestCase):
             if line.startswith(f"mrunner_prompt_cache_{name} "):
                 return float(line.split()[1])
         raise AssertionError(f"no mrunner_prompt_cache_{name} in /metrics")
+
+    async def mrunner(self, *args: str) -> str:
+        """What the mrunner command prints, run against this daemon."""
+        env = {**os.environ, "MRUNNER_HOST": self.daemon.url}
+        out, err, code = await getProcessOutputAndValue(MRUNNER, args, env=env, reactor=reactor)
+        self.assertEqual(code, 0, err)
+        return str(out.decode())
 
     async def next_turn_is_cached(self, first: Any, messages: list[dict[str, str]]) -> None:
         """The turn after C{first} finds at least 90% of its prompt cached, restored from a saved state."""
@@ -183,6 +194,9 @@ class PromptCacheTests(LlamaCppTestCase):
         df = json.loads(await (await http.get(self.daemon.url + "/engines/df")).text())
         self.assertGreaterEqual(df["prompt_cache_files"], 1)
         self.assertGreater(df["prompt_cache_disk_usage"], 1_000_000)
+        listed = await self.mrunner("cache")
+        self.assertRegex(listed, r"ai/smollm2:latest +\d{4} +\d+(\.\d+)? MB")
+        self.assertIn("removed 0 saved states", await self.mrunner("cache", "rm", "ai/other"))
         response = await http.delete(self.daemon.url + f"/models/{MODEL}")
         self.assertEqual(response.code, 200, await response.text())
         self.assertEqual(list((self.home / "cache").iterdir()), [])

@@ -118,6 +118,29 @@ class WholeFileTests(StoreTestCase):
         self.assertEqual(list(self.folder.iterdir()), [])
 
 
+class ListingTests(StoreTestCase):
+    def test_listed_most_recent_first_and_cleared_by_model(self) -> None:
+        part = self.store.part_name()
+        write_state(self.folder / part, [1] * 20)
+        self.store.add(part, LAYOUT, "ab" * 32, str(self.model), "ai/a:latest")
+        self.now += 60
+        part = self.store.part_name()
+        write_state(self.folder / part, [2] * 30)
+        self.store.add(part, LAYOUT, None, str(self.model), "ai/b:latest")
+        listed = self.store.listing()
+        self.assertEqual(
+            [(s["model"], s["tokens"], s["key"]) for s in listed],
+            [
+                ("ai/b:latest", 30, None),
+                ("ai/a:latest", 20, "ab" * 6),
+            ],
+        )
+        self.assertEqual(listed[0]["last_used"], "1970-01-01T00:17:40+00:00")
+        self.assertEqual(self.store.clear("ai/a:latest"), 1)
+        self.assertEqual(self.store.clear(), 1)
+        self.assertEqual((self.store.usage(), list(self.folder.iterdir())), ((0, 0), []))
+
+
 class BoundsTests(StoreTestCase):
     def test_a_full_disk_refuses_the_save_and_leaves_nothing(self) -> None:
         def full(path: Path, data: bytes) -> None:
