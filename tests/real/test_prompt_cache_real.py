@@ -195,7 +195,7 @@ class PromptCacheTests(LlamaCppTestCase):
         self.assertGreaterEqual(df["prompt_cache_files"], 1)
         self.assertGreater(df["prompt_cache_disk_usage"], 1_000_000)
         listed = await self.mrunner("cache")
-        self.assertRegex(listed, r"ai/smollm2:latest +\d{4} +\d+(\.\d+)? MB")
+        self.assertRegex(listed, r"ai/smollm2:latest +\d{4} +\d+(\.\d+)? MiB")
         self.assertIn("removed 0 saved states", await self.mrunner("cache", "rm", "ai/other"))
         response = await http.delete(self.daemon.url + f"/models/{MODEL}")
         self.assertEqual(response.code, 200, await response.text())
