@@ -192,9 +192,20 @@ class LlamaCppBackend:
         if self._installed is None:
             raise RuntimeError("llama.cpp is not installed: call install() first")
         executable = str(self._installed.executable)
-        return arguments.command(
-            executable, model, mode, socket, settings, self._slot_states, self._cache_ram
-        )
+        states, ram = self._slot_states_folder(), self._cache_ram
+        return arguments.command(executable, model, mode, socket, settings, states, ram)
+
+    def _slot_states_folder(self) -> Path | None:
+        """The prompt cache's folder, made again if it was removed (llama-server refuses to start
+        with a --slot-save-path that is no directory); None, so no slot is saved, if it cannot be."""
+        if self._slot_states is None:
+            return None
+        try:
+            self._slot_states.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            self.log.warn("prompt cache folder {path}: {why}; slots not saved", path=self._slot_states, why=e)
+            return None
+        return self._slot_states
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         """L{sizing.memory_estimate}, and llama-server's prompt cache in RAM ([cache] runner_ram)."""
