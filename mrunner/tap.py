@@ -152,7 +152,7 @@ def make_parts(
     scheduler, devices = _scheduling(config, reactor, backends, store, home, start_runner, metrics, pull)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
-    reloadable: list[Reconfigure] = [scheduler.reconfigure]
+    reloadable: list[Reconfigure] = [scheduler.reconfigure, *([cache.configure] if cache else [])]
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     registry_pool = QuietPool(reactor)
     # Docker's config and credential helpers, after [registry.auth]; helpers see the daemon's environment.

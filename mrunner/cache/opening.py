@@ -31,4 +31,6 @@ def prompt_cache(config: Config, reactor: Any, pool: RunnerPool, owner_of: Owner
         raise StartupError(f"[cache] folder {folder}: {e.strerror}") from None
     save_timeout = min(settings.save_timeout, config.scheduler.stop_grace / 2)
     calls = RunnerCalls(pool, reactor, max(save_timeout, CALL_TIMEOUT))
-    return PromptCache(store, calls, reactor, save_timeout, owner_of)
+    cache = PromptCache(store, calls, reactor, save_timeout, owner_of)
+    cache.configure(config)
+    return cache

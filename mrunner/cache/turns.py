@@ -32,6 +32,7 @@ from mrunner.cache.calls import Refused, RunnerCalls
 from mrunner.cache.layout import flag_value, layout
 from mrunner.cache.slots import Slot, Slots, conversation
 from mrunner.cache.store import CacheStore, SaveRefused
+from mrunner.config import Config
 from mrunner.interfaces import IRunnerProcess
 from mrunner.values.backend import Command
 
@@ -80,6 +81,8 @@ class Live:
     slots: Slots
     #: The model's name as the runner serves it.
     alias: str = ""
+    #: Whether its states serve every key ([models."NAME"] share_cache): their owner is then none.
+    shared: bool = False
 
 
 class PromptCache:
@@ -100,6 +103,8 @@ class PromptCache:
         self._clock = clock
         self.save_timeout = save_timeout
         self._owner_of = owner_of
+        #: The models whose states every key may use, by name ([models."NAME"] share_cache).
+        self.shared: frozenset[str] = frozenset()
         self.counts = Counts()
         self._live: dict[str, Live] = {}
 
@@ -111,12 +116,16 @@ class PromptCache:
             if flag_value(command, SAVE_PATH) is not None:
                 slots = Slots(int(flag_value(command, "--parallel") or 1))
                 model, alias = flag_value(command, "--model") or "", flag_value(command, "--alias") or ""
-                self._live[socket] = Live(layout(command), model, slots, alias)
+                self._live[socket] = Live(layout(command), model, slots, alias, alias in self.shared)
                 process.before_stop = lambda: self.save(socket)
                 process.ended.addBoth(self._gone, socket)
             return process
 
         return started
+
+    def configure(self, config: Config) -> None:
+        """The models whose states every key may use, from tap.conf as it is now (at start, on reload)."""
+        self.shared = frozenset(name for name, model in config.models.settings.items() if model.share_cache)
 
     def _gone(self, result: object, socket: str) -> object:
         self._live.pop(socket, None)
@@ -187,7 +196,7 @@ class PromptCache:
         if live is None or payload is None or parts is None:
             yield body
             return
-        owner = self._owner_of(request)
+        owner = None if live.shared else self._owner_of(request)
         slot = live.slots.holding(parts, owner)
         restoring = slot is None and self.store.candidates(live.layout, owner)
         if slot is None:

@@ -59,6 +59,9 @@ class ModelConfig:
     pinned: bool = False
     #: Runners of the model at most: another starts when all are busy and it fits beside them.
     instances: int = attrs.field(default=1, metadata={"parse": parse_instances})
+    #: Its saved prompt states serve every key's requests, not only the key's that made them
+    #: (a runner started after a reload takes a change).
+    share_cache: bool = False
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ from mrunner.cache.slots import conversation
 from mrunner.cache.statefile import token_bytes
 from mrunner.cache.store import CacheStore
 from mrunner.cache.turns import PromptCache
+from mrunner.config import Config, ModelConfig, ModelsConfig
 from mrunner.values.backend import Command
 from tests.support.fakes import FakeProcess
 from tests.support.statefiles import write_state
@@ -146,6 +147,27 @@ class RestoreTests(TurnTestCase):
         await self.turn(chat("a"), owner="bob")
         self.assertEqual((self.calls.tokenized, self.calls.restores), (0, []))
         await self.turn(chat("a"), owner="alice")
+        self.assertEqual(len(self.calls.restores), 1)
+
+    async def test_a_shared_models_states_serve_every_key(self) -> None:
+        """[models."NAME"] share_cache: saved and found with no owner, whoever asks."""
+        self.cache.configure(
+            Config(models=ModelsConfig(settings={"ai/m:latest": ModelConfig(share_cache=True)}))
+        )
+        command = Command(
+            "/opt/llama-server",
+            ("--model", str(self.model), "--alias", "ai/m:latest", "--slot-save-path", "x"),
+        )
+        self.cache.start_runner(lambda *args: FakeProcess("/run/r2.sock"))(
+            command, "/run/r2.sock", Path("l"), "l"
+        )
+        live = self.cache._live["/run/r2.sock"]
+        part = self.store.part_name()
+        write_state(self.folder / part, list(range(50)))
+        self.store.add(part, live.layout, None, str(self.model))
+        self.calls.prompt = [*range(50), 7]
+        async with self.cache.turn("bob", "/run/r2.sock", CHAT, chat("a")):  # type: ignore[arg-type]
+            pass
         self.assertEqual(len(self.calls.restores), 1)
 
     async def test_a_refused_restore_removes_the_state_and_the_turn_goes_on(self) -> None:
