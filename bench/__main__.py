@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx2
 
-from bench import daemon, inputs, keyed, loading, report, servers, small, soak, store, streaming
+from bench import conversation, daemon, inputs, keyed, loading, report, servers, small, soak, store, streaming
 from bench.client import BadResponse
 from bench.report import Row
 from bench.servers import Target
@@ -143,6 +143,15 @@ def many_streams(tmp: Path, settings: Settings) -> list[Row]:
     return soak.rows(results, settings)
 
 
+def conversations(tmp: Path, executable: Path) -> list[Row]:
+    """Scenario 10, with the first tiny model as the one SmolLM2 is swapped for."""
+    progress("10: an agent's conversation on SmolLM2, its next turn warm and after swaps")
+    tiny = tmp / "tiny-a.gguf"
+    if not tiny.exists():
+        write_tiny_llama(tiny, seed=0)
+    return conversation.measure(tmp, executable, tiny)
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on, for the README and for comparing runs."""
     cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -196,6 +205,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run only scenario 5, the thousand streams (the stand-in runner: no llama-server needed)",
     )
+    parser.add_argument(
+        "--conversation-only",
+        action="store_true",
+        help="run only scenario 10, an agent's conversation on SmolLM2 across a swap, cache on and off",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 
@@ -218,8 +232,11 @@ def main(argv: list[str] | None = None) -> int:
             rows = many_streams(tmp, settings)
         elif args.store_only:
             rows = store_scenarios(tmp, executable, settings)
+        elif args.conversation_only:
+            rows = conversations(tmp, executable)
         else:
             rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
+            rows += conversations(tmp, executable)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1

@@ -1,6 +1,6 @@
 """``python -m bench.mixed``: two models that do not fit together, kept busy, in both queue orders.
 
-Scenario 10 ("mixed models"): mrunner with C{max_runners = 1}, so only one
+Scenario 11 ("mixed models"): mrunner with C{max_runners = 1}, so only one
 model is loaded at a time: SmolLM2 135M (about 100 MB, the slower load) and
 the tests' tiny model (and a second tiny one). The shapes (C{MIXED_SHAPES}:
 C{fixed}, two clients on each of SmolLM2 and tiny, and C{alternating}, four
@@ -151,7 +151,7 @@ def main() -> int:
                 for order in ORDERS[:: 1 if n % 2 == 0 else -1]:
                     results.setdefault((shape, order), []).append(shape_row(urls[order], turns))
     models = " and ".join(MODELS)
-    print(f"10 mixed models: {models}, max_runners 1, {SECONDS:g} s a shape, max_wait {MAX_WAIT}")
+    print(f"11 mixed models: {models}, max_runners 1, {SECONDS:g} s a shape, max_wait {MAX_WAIT}")
     print(f"medians of {ROUNDS} rounds, the orders interleaved")
     names = ("req/s", *(model.split("/")[-1] for model in MODELS), "loads", "req/load", "p50 ms", "p99 ms")
     widths = (7, *(7,) * len(MODELS), 6, 9, 8, 8, 8)

@@ -253,8 +253,13 @@ class IRunnerProcess(Interface):
     def failure(why: str) -> Exception:
         """The error of a start that failed for C{why}, with the tail of its output."""
 
+    before_stop = Attribute(
+        "None, or what C{terminate} calls first when the runner was ready (its prompt cache saves its"
+        " slots): a Deferred whose firing, however it fires, sends the SIGTERM."
+    )
+
     def terminate() -> None:
-        """SIGTERM (once)."""
+        """SIGTERM (once), after C{before_stop} has done when it is set and the runner was ready."""
 
     def kill() -> None:
         """SIGKILL; nothing once it has ended."""

@@ -22,6 +22,7 @@ from mrunner import config as configuration
 from mrunner.api.aliases import Aliases
 from mrunner.api.compat.responses.response_store import ResponseStore
 from mrunner.api.door import declared
+from mrunner.api.door.callers import caller
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.errors import openai_stream_error
@@ -35,6 +36,9 @@ from mrunner.api.openai.gateway import Gateway
 from mrunner.api.route_groups import route_groups
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.cache.metrics import CacheCollector
+from mrunner.cache.opening import prompt_cache
+from mrunner.cache.turns import PromptCache
 from mrunner.daemon.listening import AddressFile, uses_tls
 from mrunner.daemon.logfiles import DaemonLogFile
 from mrunner.daemon.metrics import Metrics
@@ -53,6 +57,7 @@ from mrunner.runners.pool import RunnerPool, unix_connect
 from mrunner.runners.process import RunnerOptions, new_process
 from mrunner.scheduling.facade import Scheduler
 from mrunner.scheduling.service import SchedulerService
+from mrunner.scheduling.spawning import StartRunner
 from mrunner.store.clientpool import QuietPool
 from mrunner.store.credentials import Credentials
 from mrunner.store.errors import StoreCorrupt
@@ -143,33 +148,25 @@ def make_parts(
     def pull(name: str) -> Awaitable[object]:
         return operations.pull(parse(name), operations.progress(lambda line: None, "pull"))
 
-    scheduler, devices = _scheduling(config, reactor, backends, store, home, checks, metrics, pull)
+    cache, start_runner = _runners(config, reactor, runner_pool, checks, metrics)
+    scheduler, devices = _scheduling(config, reactor, backends, store, home, start_runner, metrics, pull)
     # What a reload hands the new configuration to, in order. The Reloader holds this list:
     # a part built further down (the front door's trust settings) is appended to it.
-    reloadable: list[Reconfigure] = [scheduler.reconfigure]
+    reloadable: list[Reconfigure] = [scheduler.reconfigure, *([cache.configure] if cache else [])]
     reloader = Reloader(read_config or (lambda: config), config, reloadable)
     registry_pool = QuietPool(reactor)
     # Docker's config and credential helpers, after [registry.auth]; helpers see the daemon's environment.
     credentials = Credentials(config.registry.auth, reactor, os.environ)
-    operations = _operations(
-        config,
-        reactor,
-        store,
-        scheduler,
-        metrics,
-        HTTPClient(Agent(reactor, pool=registry_pool)),
-        credentials,
-    )
+    operations = _operations(config, reactor, store, scheduler, metrics, registry_pool, credentials, cache)
     models = ModelsAPI(store, operations)
     followers, logs = _follows(config, reactor, home, reloadable)
     gateway, records, teams = _gateway(config, reactor, store, scheduler, metrics, reloadable)
     history = RecordsAPI(records, followers)
-    responses = config.responses
     groups = route_groups(
         gateway=gateway,
         store=store,
-        forwarder=Forwarder(runner_pool, openai_stream_error),
-        responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
+        **_cache_parts(cache, runner_pool, scheduler),
+        responses=_responses(config, reactor),
         models=models,
         operations=operations,
         metrics=metrics.registry,
@@ -187,6 +184,12 @@ def make_parts(
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
     return Parts(site, scheduler, logs, history, closers, reloader, teams)
+
+
+def _responses(config: configuration.Config, reactor: Any) -> ResponseStore:
+    """The Responses API's stored responses, in memory."""
+    settings = config.responses
+    return ResponseStore(reactor, settings.ttl, settings.max_count, settings.max_bytes)
 
 
 def _store(config: configuration.Config, reactor: Any) -> ModelStore:
@@ -213,23 +216,47 @@ def _scraper(config: configuration.Config, reactor: Any, checks: RunnerChecks, s
     return RunnerScraper(checks.get, reactor)
 
 
+def _runner_options(config: configuration.Config) -> RunnerOptions:
+    return RunnerOptions(
+        load_timeout=config.scheduler.load_timeout,
+        stop_grace=config.scheduler.stop_grace,
+        log_max_bytes=config.runner.log_max_bytes,
+        log_keep=config.runner.log_keep,
+    )
+
+
+def _cache_parts(cache: PromptCache | None, pool: RunnerPool, scheduler: Scheduler) -> dict[str, Any]:
+    """The route groups' parts the prompt cache changes: the forwarder's turns, its states' routes;
+    and the loader's choice of instance (the one whose slot holds a conversation's earlier turn)."""
+    if cache is None:
+        return {"forwarder": Forwarder(pool, openai_stream_error)}
+    scheduler.loader.prefer = cache.prefer
+    return {"forwarder": Forwarder(pool, openai_stream_error, cache.turn), "cache": cache.store}
+
+
+def _runners(
+    config: configuration.Config, reactor: Any, pool: RunnerPool, checks: RunnerChecks, metrics: Metrics
+) -> tuple[PromptCache | None, StartRunner]:
+    """The prompt cache, if on, and how a runner's process is started: its slots saved by the prompt
+    cache before a planned stop when there is one."""
+    cache = prompt_cache(config, reactor, pool, lambda request: caller(request).owner)
+    if cache is not None:
+        metrics.registry.register(CacheCollector(cache))
+    start: StartRunner = partial(new_process, reactor, checks.healthy, _runner_options(config))
+    return cache, start if cache is None else cache.start_runner(start)
+
+
 def _scheduling(
     config: configuration.Config,
     reactor: Any,
     backends: dict[str, IBackend],
     store: ModelStore,
     home: Home,
-    checks: RunnerChecks,
+    start_runner: StartRunner,
     metrics: Metrics,
     pull: Callable[[str], Awaitable[object]],
 ) -> tuple[Scheduler, Devices]:
     """The scheduler and the devices it fits runners on, both watched by C{metrics}."""
-    options = RunnerOptions(
-        load_timeout=config.scheduler.load_timeout,
-        stop_grace=config.scheduler.stop_grace,
-        log_max_bytes=config.runner.log_max_bytes,
-        log_keep=config.runner.log_keep,
-    )
     llamacpp = backends["llama.cpp"]
     assert isinstance(llamacpp, LlamaCppBackend)
     # The devices and the scheduler ask each other: the RAM's budget and what runners hold.
@@ -246,7 +273,7 @@ def _scheduling(
         config,
         backends,
         store,
-        partial(new_process, reactor, checks.healthy, options),
+        start_runner,
         home,
         events=metrics,
         devices=devices,
@@ -263,10 +290,13 @@ def _operations(
     store: ModelStore,
     scheduler: Scheduler,
     metrics: Metrics,
-    http: HTTPClient,
+    pool: QuietPool,
     credentials: Credentials,
+    cache: PromptCache | None,
 ) -> ModelOperations:
-    """Pulls and pushes, from the registries and Hugging Face, over C{http}."""
+    """Pulls and pushes, from the registries and Hugging Face, over C{pool}; the saved prompt states of
+    a model removed go with it."""
+    http = HTTPClient(Agent(reactor, pool=pool))
     registry = RegistryClient(config.registry, reactor, http, config.store.read_timeout, credentials)
     hub = HubClient(config.huggingface, http, os.environ, reactor, config.store.read_timeout)
     return ModelOperations(
@@ -276,6 +306,7 @@ def _operations(
         Pusher(store, registry, reactor),
         reactor,
         metrics.moved,
+        cache.store.sweep if cache else lambda: None,
     )
 
 

@@ -18,6 +18,7 @@ from mrunner.api.manage.devices import DevicesAPI
 from mrunner.api.manage.model_operations import ModelOperations
 from mrunner.api.manage.models import ModelsAPI
 from mrunner.api.manage.openapi import OpenAPI
+from mrunner.api.manage.prompt_cache import PromptCacheAPI, SavedStates
 from mrunner.api.manage.status import StatusAPI
 from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.page import PageAPI
@@ -49,6 +50,7 @@ def route_groups(
     devices: IDevices | None = None,
     usage: UsageBook | None = None,
     docker_config: str | None = None,
+    cache: SavedStates | None = None,
 ) -> list[RouteGroup]:
     """Every route group of the daemon, the OpenAPI document of them all last.
 
@@ -67,9 +69,11 @@ def route_groups(
         logs,
         history,
         PageAPI(scheduler, clock, store),
-        AdminAPI(scheduler, store, backends, max_request_bytes, reload),
+        AdminAPI(scheduler, store, backends, max_request_bytes, reload, cache.usage if cache else None),
         UsageAPI(usage),
     ]
     if devices is not None:
         groups.append(DevicesAPI(devices))
+    if cache is not None:
+        groups.append(PromptCacheAPI(cache))
     return [*groups, OpenAPI(groups)]

@@ -149,6 +149,8 @@ def df(ctx: Context, args: Namespace) -> None:
     rows = [["models", format_size(usage["models_disk_usage"])]]
     rows += [["partial downloads", format_size(usage.get("models_partial_disk_usage", 0))]]
     rows += [[f"backend {name}", format_size(size)] for name, size in usage["backends_disk_usage"].items()]
+    files = usage.get("prompt_cache_files", 0)
+    rows += [[f"prompt cache ({files} saved states)", format_size(usage.get("prompt_cache_disk_usage", 0))]]
     table(ctx.out, ["type", "size"], rows)
 
 

@@ -16,7 +16,7 @@ from typing import NoReturn, Protocol
 
 from rich.console import Console
 
-from mrunner.cli import bench, devices, engines, launch, login, models, usage
+from mrunner.cli import bench, devices, engines, launch, login, models, prompt_cache, usage
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -149,6 +149,11 @@ def _runner_commands(add: Add) -> None:
     add("ps", engines.ps, "list the running models", json=True)
     add("df", engines.df, "show disk usage of models and backends", json=True)
     add("devices", devices.devices, "show the GPUs and RAM runners use: memory, budget, use", json=True)
+    saved = add(
+        "cache", prompt_cache.cache, "list the prompt cache's saved conversations, or remove them", json=True
+    )
+    saved.add_argument("action", nargs="?", choices=("ls", "rm"), default="ls", help="ls (default) or rm")
+    saved.add_argument("model", nargs="?", help="rm: only this model's (default: all)")
     unload = add("unload", engines.unload, "unload the named models' runners, or all of them")
     unload.add_argument("models", nargs="*", metavar="MODEL", help="a loaded model (`mrunner ps` lists them)")
     unload.add_argument("--all", action="store_true", help="unload every runner")

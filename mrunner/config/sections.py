@@ -65,6 +65,9 @@ class ModelConfig:
     pinned: bool = False
     #: Runners of the model at most: another starts when all are busy and it fits beside them.
     instances: int = attrs.field(default=1, metadata={"parse": parse_instances})
+    #: Its saved prompt states serve every key's requests, not only the key's that made them
+    #: (a runner started after a reload takes a change).
+    share_cache: bool = False
 
 
 @attrs.frozen
@@ -190,6 +193,28 @@ class ClusterConfig:
 
 
 @attrs.frozen
+class CacheConfig:
+    """``[cache]``: llama.cpp slot states saved before a planned stop and restored for the turn they begin.
+
+    C{folder} (default C{$MRUNNER_HOME/cache}); C{max_bytes}: the disk budget, the least recently
+    used state going first; C{max_age}: no state is kept longer; C{min_tokens}: a slot holding fewer
+    is not saved; C{save_timeout}: the most a stop waits for its runner's saves; C{runner_ram}:
+    llama-server's own prompt cache in RAM (C{--cache-ram}) per runner, counted in its memory.
+    """
+
+    enabled: bool = True
+    folder: str | None = attrs.field(default=None, metadata={"parse": text})
+    max_bytes: int = attrs.field(default=20 * 2**30, metadata={"parse": parse_size})
+    max_age: float = duration(7 * 24 * 3600.0)
+    min_tokens: int = 256
+    save_timeout: float = duration(5.0)
+    runner_ram: int = attrs.field(default=0, metadata={"parse": parse_size})
+
+    def path(self, home: Path) -> Path:
+        return Path(self.folder).expanduser() if self.folder else home / "cache"
+
+
+@attrs.frozen
 class Config:
     listen: str = DEFAULT_LISTEN
     home: Path = attrs.field(factory=lambda: Path("~/.mrunner").expanduser())
@@ -210,6 +235,7 @@ class Config:
     gpu: GPUConfig = GPUConfig()
     keys: Mapping[str, KeyConfig] = attrs.field(factory=dict, repr=False)
     cluster: ClusterConfig = ClusterConfig()
+    cache: CacheConfig = CacheConfig()
     source: Path | None = attrs.field(default=None, eq=False)  # the file read, logged at start
     unread: tuple[Path, ...] = attrs.field(default=(), eq=False)  # other tap.conf files, not read
 

@@ -11,6 +11,7 @@ import attrs
 
 from mrunner.config.sections import (
     ANONYMOUS,
+    CacheConfig,
     ClusterConfig,
     Config,
     GPUConfig,
@@ -72,6 +73,7 @@ def build(table: Mapping[str, Any]) -> Config:
         "responses": ResponsesConfig,
         "gpu": GPUConfig,
         "cluster": ClusterConfig,
+        "cache": CacheConfig,
     }
     values: dict[str, Any] = {name: _section(cls, top.pop(name, {}), name) for name, cls in sections.items()}
     values["backends"] = top.pop("backends", {})

@@ -16,7 +16,8 @@ refusal has been raised in the API's own shape.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TypeVar, overload
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -34,6 +35,17 @@ T = TypeVar("T")
 
 #: What an API makes of a runner's successful answer (its body is the transform's to take, at once).
 Transform = Callable[[Answer], Awaitable[T]]
+
+#: What a turn's body becomes for the block's duration (the prompt cache's slot, L{mrunner.cache.turns}):
+#: called with the request, the runner's socket, the path and the body.
+Turns = Callable[[Request, str, bytes, bytes], AbstractAsyncContextManager[bytes]]
+
+
+@asynccontextmanager
+async def as_sent(request: Request, socket: str, path: bytes, body: bytes) -> AsyncIterator[bytes]:
+    """No prompt cache: the body goes as it is."""
+    yield body
+
 
 _JSON = Headers({b"content-type": [b"application/json"]})
 
@@ -97,12 +109,14 @@ def answer_fields(head: Head) -> Iterator[tuple[bytes, bytes]]:
 class Forwarder:
     """Sends requests to runners through one pool of keep-alive connections (L{RunnerPool}).
 
-    C{error_event} is OpenAI's error in a server-sent event, for a stream the runner stops.
+    C{error_event} is OpenAI's error in a server-sent event, for a stream the runner stops;
+    C{turns}, the slot a request's body names while it is served (the prompt cache's).
     """
 
-    def __init__(self, pool: RunnerPool, error_event: ErrorEvent):
+    def __init__(self, pool: RunnerPool, error_event: ErrorEvent, turns: Turns = as_sent):
         self._pool = pool
         self._error_event = error_event
+        self._turns = turns
 
     @overload
     async def forward(
@@ -157,13 +171,14 @@ class Forwarder:
         sent (L{record_writes}). Cancelling the Deferred that awaits it (Klein
         does, when the client disconnects) aborts the upstream connection.
         """
-        if transform is None:
-            await self._pass_through(request, socket, path, body, observer, renaming)
-            return None
-        answer = await self._send(request, socket, path, _JSON.copy(), body, observer)
-        if answer.code >= 400:
-            raise refusal(answer.code, await answer.read())
-        return await transform(answer)
+        async with self._turns(request, socket, path, body) as sent:
+            if transform is None:
+                await self._pass_through(request, socket, path, sent, observer, renaming)
+                return None
+            answer = await self._send(request, socket, path, _JSON.copy(), sent, observer)
+            if answer.code >= 400:
+                raise refusal(answer.code, await answer.read())
+            return await transform(answer)
 
     async def _pass_through(
         self,

@@ -97,6 +97,9 @@ class RunnerProcess:
         #: What its output said while it loaded: each device's buffers, or that one ran out.
         self.load_report = LoadReport()
         self._loading = True
+        self._opened = False
+        #: What a planned stop does before SIGTERM once the runner was ready (IRunnerProcess.before_stop).
+        self.before_stop: Callable[[], Deferred[None]] | None = None
 
     def start(self, on_output: Callable[[], object]) -> None:
         """Open the log, spawn the process and write its pid file; C{on_output()} when it writes.
@@ -142,6 +145,7 @@ class RunnerProcess:
     def opened(self) -> None:
         """It answered: its socket made private, its output read now and then rather than as it comes."""
         self._loading = False
+        self._opened = True
         with suppress(OSError):
             os.chmod(self.socket, PRIVATE_FILE)  # the runner made it with its umask
         self.log.info(
@@ -160,8 +164,14 @@ class RunnerProcess:
 
     def terminate(self) -> None:
         self._loading = False
-        if self._child is not None:
-            self._child.terminate()
+        opened, self._opened = self._opened, False
+        child = self._child
+        if child is None:
+            return
+        if opened and self.before_stop is not None:
+            self.before_stop().addBoth(lambda result: child.terminate())
+        else:
+            child.terminate()
 
     def kill(self) -> None:
         if self._child is not None:

@@ -27,6 +27,9 @@ class LoadRequest:
     #: The context in force when the user fixed no context size, which a load out of device
     #: memory may halve once (C{settings.context_size} then holds the half); None when fixed.
     context: ContextSize | None = None
+    #: The request's chat messages, comparable (L{mrunner.values.request.Resolved}), which a runner's
+    #: slot may hold: the loader prefers that instance (L{mrunner.scheduling.loader.Loader.prefer}).
+    conversation: tuple[object, ...] = attrs.field(default=(), eq=False)
 
     @property
     def halved(self) -> bool:

@@ -24,7 +24,7 @@ from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import IDevices, ILoaderEvents, IRunnerProcess
 from mrunner.runners.request import LoadRequest
 from mrunner.runners.runner import Runner, unmeasured
-from mrunner.scheduling import policy, priority, smaller
+from mrunner.scheduling import policy, priority, refusals, smaller
 from mrunner.scheduling.backoff import Backoffs
 from mrunner.scheduling.lease import Lease, Waiter, first, instances, least_busy
 from mrunner.scheduling.load_times import LoadTimes
@@ -37,14 +37,10 @@ from mrunner.values import Footprint, Placement, RunnerKey, State, Waiting
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
 
-SHUTTING_DOWN = "mrunner is shutting down; try again once it has restarted"
-DRAINING = (
-    "this mrunner node is draining: it finishes the requests it has and takes no new ones;"
-    " send this request to another node, or try again once this one has restarted"
-)
-
-
 Spawn = Callable[[RunnerKey, Model, RunnerSettings], IRunnerProcess]
+#: Of the running instances a request may use, the one to serve it rather than the least busy
+#: (the prompt cache's: the one whose slot holds its conversation); None: no preference.
+Prefer = Callable[[LoadRequest, list[Runner]], Runner | None]
 
 
 class Loader:
@@ -83,6 +79,8 @@ class Loader:
         self._closed = False
         #: Fired once a drain is done: nothing queued, no lease held (L{drain}).
         self._drained: list[Deferred[None]] = []
+        #: Which running instance serves a request that need not wait (L{Prefer}); the wiring's to set.
+        self.prefer: Prefer = lambda request, running: None
         self.draining = False
         self._leased = 0
         self._pumping = False
@@ -124,9 +122,9 @@ class Loader:
     def admit(self) -> None:
         """Raise L{Unavailable} when this loader takes no new requests: closed, or draining."""
         if self._closed:
-            raise Unavailable(SHUTTING_DOWN, code="shutting_down")
+            raise refusals.shutting_down()
         if self.draining:
-            raise Unavailable(DRAINING, code="draining", retry_after=1.0)
+            raise refusals.draining()
 
     def acquire(self, request: LoadRequest, rank: int = priority.NORMAL) -> Deferred[Lease]:
         """A lease on a ready runner for C{request.key}; cancel it to leave the queue.
@@ -147,10 +145,10 @@ class Loader:
                 )
             )
         running = [r for r in map(self.runners.get, instances(request)) if r is not None]
-        runner = least_busy(running)
+        runner = (self.prefer(request, running) if len(running) > 1 else None) or least_busy(running)
         room = runner is not None and runner.has_room
         if len(self._queue) >= self._max_queue and not room and not self._make_way(rank):
-            return fail(self._full("try again shortly"))
+            return fail(refusals.queue_full(self._max_queue, "try again shortly"))
         if not self._queue and runner is not None and room:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = Waiter(request, Deferred(lambda d: self._leave(waiter)), rank, self._clock.seconds())
@@ -214,7 +212,7 @@ class Loader:
         self._closed = True
         self.pacing.stop()
         while self._queue:
-            self._queue.popleft().deferred.errback(Unavailable(SHUTTING_DOWN, code="shutting_down"))
+            self._queue.popleft().deferred.errback(refusals.shutting_down())
         for runner in list(self.runners.values()):
             if self.runners.get(runner.key) is runner:
                 runner.stop()
@@ -259,11 +257,6 @@ class Loader:
         self._pump()
         self._settle()
 
-    def _full(self, advice: str) -> Unavailable:
-        return Unavailable(
-            f"too many requests waiting ({self._max_queue}); {advice}", code="queue_full", retry_after=1.0
-        )
-
     def _make_way(self, rank: int) -> bool:
         """Turn away the waiter a request of class C{rank} may take the place of in the full queue
         (L{priority.displaced}); False when there is none."""
@@ -271,7 +264,11 @@ class Loader:
         if waiter is None:
             return False
         self._queue.remove(waiter)
-        waiter.deferred.errback(self._full("a request of a higher priority class took this place; try again"))
+        waiter.deferred.errback(
+            refusals.queue_full(
+                self._max_queue, "a request of a higher priority class took this place; try again"
+            )
+        )
         return True
 
     def _lease(self, runner: Runner, request: LoadRequest) -> Lease:

@@ -55,6 +55,7 @@ class Requests:
             sets_keep_alive=asked.keep_alive is not None,
             pinned=bool(configured.pinned),
             instances=self._configured.instances(model),
+            conversation=asked.conversation,
         )
         if runner is not None and runner.request.asked == settings:  # the same estimate, already made
             old = runner.request

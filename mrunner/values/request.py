@@ -17,7 +17,9 @@ class Resolved:
     C{backend} is a backend mrunner has (the default one applied); C{model} the
     stored model the request's name stands for (aliases applied); C{keep_alive}
     is what the caller may ask (bounded for a normal key; None: the runner's own),
-    and C{rank} its priority class (0 high, 1 normal, 2 low).
+    and C{rank} its priority class (0 high, 1 normal, 2 low). C{conversation}: its chat
+    messages, comparable (L{mrunner.cache.slots.conversation}), by which the instance whose slot
+    holds its earlier turn is preferred; empty for any other request.
     """
 
     backend: str
@@ -25,3 +27,4 @@ class Resolved:
     mode: str
     keep_alive: float | None = None
     rank: int = NORMAL
+    conversation: tuple[object, ...] = ()

@@ -19,6 +19,7 @@ from mrunner.backends.build import cache_root
 from mrunner.backends.llamacpp import source
 from mrunner.backends.llamacpp.backend import LlamaCppBackend
 from mrunner.backends.llamacpp.sizing import BASE_RSS, context_size, memory_estimate
+from mrunner.config import CacheConfig
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, RunnerSettings
@@ -310,8 +311,9 @@ class ProgressTests(SynchronousTestCase):
 
 
 class CommandTests(SynchronousTestCase):
-    def installed(self) -> LlamaCppBackend:
-        fixture = Fixture(self)
+    def installed(self, cache: CacheConfig | None = None) -> LlamaCppBackend:
+        fixture = Fixture(self, cache=cache)
+        self.home = fixture.home
         self.executable = executable(fixture.bin / "llama-server")
         installing = fixture.install()
         fixture.reactor.next("llama-server").finish(0, stderr=VERSION_OUTPUT)
@@ -328,15 +330,35 @@ class CommandTests(SynchronousTestCase):
                 *("--model", "/models/blobs/sha256/abab", "--host", "/run/r1.sock"),
                 *("--alias", "ai/tiny:latest", "--ctx-size", "4096", "--parallel", "4"),
                 *("--kv-unified", "--metrics", "--jinja", "--no-webui"),
+                *("--cache-ram", "0", "--slot-save-path", str(self.home / "cache")),
             ),
         )
         self.assertIsNone(command.env)
+
+    def test_the_prompt_caches_flags(self) -> None:
+        """llama-server's RAM cache is what [cache] runner_ram says, and counted in the runner's memory;
+        only completion runners save their slots, and none with [cache] off."""
+        ram = 512 * 2**20
+        backend = self.installed(cache=CacheConfig(runner_ram=ram, folder="/states"))
+        completion = backend.command(model(), COMPLETION, "/run/r1.sock", RunnerSettings())
+        self.assertEqual(completion.args[-4:], ("--cache-ram", "512", "--slot-save-path", "/states"))
+        embedding = backend.command(model(), EMBEDDING, "/run/e.sock", RunnerSettings())
+        self.assertNotIn("--slot-save-path", embedding.args)
+        plain = self.installed().memory(model(), COMPLETION, RunnerSettings())
+        self.assertEqual(backend.memory(model(), COMPLETION, RunnerSettings()), plain + ram)
+        footprint = backend.footprint(model(), COMPLETION, RunnerSettings())
+        self.assertEqual(
+            footprint.host, self.installed().footprint(model(), COMPLETION, RunnerSettings()).host + ram
+        )
+        off = self.installed(cache=CacheConfig(enabled=False))
+        args = off.command(model(), COMPLETION, "/run/r1.sock", RunnerSettings()).args
+        self.assertEqual(args[-2:], ("--cache-ram", "0"))
 
     def test_modes_threads_and_flags(self) -> None:
         backend = self.installed()
         settings = RunnerSettings(context_size=2048, threads=2, flags=("--temp", "0"))
         embedding = backend.command(model(), EMBEDDING, "/run/e.sock", settings)
-        self.assertEqual(embedding.args[-5:], ("--threads", "2", "--embeddings", "--temp", "0"))
+        self.assertEqual(embedding.args[-5:], ("--cache-ram", "0", "--embeddings", "--temp", "0"))
         self.assertEqual(embedding.args[embedding.args.index("--ctx-size") + 1], "2048")
         reranker = model({"architecture": "qwen3", "gguf": {"qwen3.pooling_type": "4"}})
         reranking = backend.command(reranker, RERANKING, "/run/r.sock", RunnerSettings())

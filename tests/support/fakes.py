@@ -38,6 +38,7 @@ class FakeProcess:
     options: RunnerOptions = FAKE_OPTIONS
     how: str = "exited with code 1"
     started: bool = False
+    before_stop: Any = None
 
     def start(self, on_output: Any) -> None:
         self.started = True

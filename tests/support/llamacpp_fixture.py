@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.llamacpp import source
 from mrunner.backends.llamacpp.backend import LlamaCppBackend
-from mrunner.config import Config
+from mrunner.config import CacheConfig, Config
 
 VERSION_OUTPUT = b"version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0\n"
 
@@ -83,7 +83,7 @@ def executable(path: Path) -> Path:
 class Fixture:
     """A home, a shared cache, a PATH of fake tools, and a backend over the fake reactor."""
 
-    def __init__(self, case: SynchronousTestCase, **settings: Any) -> None:
+    def __init__(self, case: SynchronousTestCase, cache: CacheConfig | None = None, **settings: Any) -> None:
         root = Path(case.mktemp())
         self.home, self.cache, self.bin = root / "home", root / "cache", root / "bin"
         for tool in ("cmake", "ninja", "tar"):
@@ -91,7 +91,8 @@ class Fixture:
         self.environ = {"PATH": str(self.bin), "HOME": str(root)}
         self.reactor = FakeProcessReactor()
         self.reports: list[str] = []
-        config = Config(home=self.home, backends={"llama.cpp": {"cache": str(self.cache), **settings}})
+        backends = {"llama.cpp": {"cache": str(self.cache), **settings}}
+        config = Config(home=self.home, backends=backends, cache=cache or CacheConfig())
         self.backend = LlamaCppBackend(config, self.reactor, self.environ)
 
     def pinned(self, root: Path) -> Path:

@@ -54,7 +54,8 @@ def today_is_admin(method: bytes, path: bytes) -> bool:
     if first in (b"models", b"logs"):
         return first != b"models" or method not in (b"GET", b"HEAD")
     if first == b"engines":
-        return not {b"unload", b"_configure", b"_reload", b"_drain", b"requests"}.isdisjoint(segments[1:3])
+        admin = {b"unload", b"_configure", b"_reload", b"_drain", b"requests", b"cache"}  # cache: issue 38
+        return not admin.isdisjoint(segments[1:3])
     return (
         first == b"api"
         and len(segments) > 1
@@ -88,7 +89,9 @@ class DeclaredTests(SynchronousTestCase):
 
     def test_admin_sets(self) -> None:
         self.assertEqual(dict(ADMIN.areas), {b"models": declared.Who.MANAGE, b"logs": declared.Who.ADMIN})
-        self.assertEqual(ADMIN.engines, {b"unload", b"_configure", b"_reload", b"_drain", b"requests"})
+        self.assertEqual(
+            ADMIN.engines, {b"unload", b"_configure", b"_reload", b"_drain", b"requests", b"cache"}
+        )
         self.assertEqual(ADMIN.ollama, {b"pull", b"push", b"delete", b"copy", b"create"})
 
     def test_who_is_admin_on_every_route_as_before(self) -> None:

@@ -5,6 +5,7 @@ retries with fewer layers, then half the context."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 from twisted.internet.task import Clock
@@ -16,6 +17,7 @@ from mrunner.errors import RunnerFailed, Unprocessable
 from mrunner.scheduling.facade import Scheduler
 from mrunner.values import ModelSettings
 from mrunner.values.backend import COMPLETION
+from mrunner.values.request import Resolved
 from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeDeviceBudgets, FakeSpawner, FakeStore, model
 
@@ -267,6 +269,29 @@ class InstancesTests(SynchronousTestCase):
         held.release()
         self.assertEqual(self.successResultOf(third).socket, self.spawn.processes[0].socket)
         self.assertEqual([(r.model_name, r.instance) for r in scheduler.snapshot()], [(A, 0), (A, 1)])
+
+    def test_the_instance_the_prompt_cache_prefers_serves(self) -> None:
+        """Both idle, the least busy would be the first; the one whose slot holds the turn serves it."""
+        scheduler = self.make(FakeBackend(need=4), {}, budget=10)
+        first = acquire(scheduler, self.store, None, "a", COMPLETION)
+        self.spawn.processes[0].ready.callback(None)
+        held = self.successResultOf(first)
+        second = acquire(scheduler, self.store, None, "a", COMPLETION)
+        self.spawn.processes[1].ready.callback(None)
+        held.release()
+        self.successResultOf(second).release()
+        asked: list[tuple[object, ...]] = []
+
+        def prefer(request: Any, running: list[Any]) -> Any:
+            asked.append(request.conversation)
+            return running[1] if request.conversation else None
+
+        scheduler.loader.prefer = prefer
+        turn = Resolved("llama.cpp", self.store.resolve("a"), COMPLETION, conversation=("m1", "m2"))
+        self.assertEqual(self.successResultOf(scheduler.acquire(turn)).socket, self.spawn.processes[1].socket)
+        plain = self.successResultOf(acquire(scheduler, self.store, None, "a", COMPLETION))
+        self.assertEqual(plain.socket, self.spawn.processes[0].socket)
+        self.assertEqual(asked, [("m1", "m2"), ()])
 
     def test_an_instance_that_does_not_fit_is_not_started(self) -> None:
         """Nothing is evicted for another instance: the request waits for the one running."""

@@ -83,6 +83,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/engines/_reload", Who.ADMIN),
     Route("/engines/_drain", Who.ADMIN),
     Route("/engines/requests", Who.ADMIN),  # records hold prompts
+    Route("/engines/cache", Who.ADMIN),  # the prompt cache's states: whose prompts, when
     # Anthropic's Messages, under /anthropic and wherever its two routes are served.
     Route("/anthropic", reach=Reach.BELOW, shape="anthropic"),
     Route("/v1/messages", reach=Reach.ENDING, shape="anthropic"),

@@ -131,8 +131,11 @@ class AdminAPI:
         backends: Mapping[str, IBackend],
         max_request_bytes: int,
         reload: Callable[[], dict[str, Any]] | None = None,
+        cache_usage: Callable[[], tuple[int, int]] | None = None,
     ):
         self._scheduler = scheduler
+        #: The prompt cache's saved states: (files, bytes); None with [cache] off.
+        self._cache_usage = cache_usage
         self._store = store
         self._backends = backends
         self._max_request_bytes = max_request_bytes
@@ -169,10 +172,14 @@ class AdminAPI:
     @routes.route(
         "/engines/df",
         "GET",
-        operation("Disk used by models and backends", {"200": answer("bytes", json_content(SIZES))}),
+        operation(
+            "Disk used by models, backends and the prompt cache's saved states",
+            {"200": answer("bytes", json_content(SIZES))},
+        ),
     )
     def df(self, request: IRequest) -> bytes:
         backends = {name: backend.disk_usage() for name, backend in self._backends.items()}
+        files, size = self._cache_usage() if self._cache_usage else (0, 0)
         return json_body(
             request,
             {
@@ -180,6 +187,8 @@ class AdminAPI:
                 "models_partial_disk_usage": self._store.partials_usage(),
                 "default_backend_disk_usage": backends.get(self._scheduler.backend_name(None), 0),
                 "backends_disk_usage": backends,
+                "prompt_cache_disk_usage": size,
+                "prompt_cache_files": files,
             },
         )
 

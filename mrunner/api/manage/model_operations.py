@@ -27,7 +27,8 @@ Moved = Callable[[str, int], None]
 class ModelOperations:
     """What changes the models on disk for a request, with the scheduler and the metrics told.
 
-    C{moved(mode, bytes)} is told what each pull or push moved over the network.
+    C{moved(mode, bytes)} is told what each pull or push moved over the network; C{removed()}
+    that a model's files are gone (the prompt cache then removes the states saved for them).
     """
 
     _store: IModelStoreAdmin
@@ -36,6 +37,7 @@ class ModelOperations:
     _pusher: IModelPusher
     _clock: IReactorTime
     _moved: Moved = lambda mode, count: None
+    _removed: Callable[[], object] = lambda: None
 
     def progress(self, emit: Emit, mode: str) -> IProgress:
         """The L{Progress} of a pull or push (C{mode}), as lines given to C{emit}."""
@@ -62,7 +64,10 @@ class ModelOperations:
                     code="model_in_use",
                 )
             await self._scheduler.unload(backend=None, models=[digest], all=False)
-        return self._store.delete(name, force)
+        deletion = self._store.delete(name, force)
+        if whole_model:
+            self._removed()
+        return deletion
 
     async def pull(self, ref: Reference, progress: IProgress) -> None:
         """Fetch C{ref} into the store, telling C{progress}; the bytes moved are counted."""

@@ -30,6 +30,7 @@ from mrunner.api.reading.bodies import (
     model_name,
     read_body,
 )
+from mrunner.cache.slots import conversation
 from mrunner.daemon.metrics import Metrics
 from mrunner.errors import MrunnerError
 from mrunner.interfaces import ILease, IModelStore, IScheduler
@@ -169,7 +170,8 @@ class Gateway:
         check_usable(who.member, self._store, model)
         seconds = keep_alive(payload.get("keep_alive"))
         checked = check(payload)
-        lookup = self._lookup(name, model, mode, who.keep_alive(seconds), who.rank)
+        talk = conversation(request.path, payload) or ()
+        lookup = self._lookup(name, model, mode, who.keep_alive(seconds), who.rank, talk)
         if has_image_parts(payload):
             check_vision(_resolved(lookup).model)
         ticket = self._admit(request, who, model, payload, length, ends)
@@ -179,11 +181,15 @@ class Gateway:
         return Asked(model, seconds, body, record, checked, lookup, ticket)
 
     def _lookup(
-        self, backend: str, name: str, mode: str, seconds: float | None, rank: int
+        self, backend: str, name: str, mode: str, seconds: float | None, rank: int, talk: tuple[object, ...]
     ) -> Resolved | MrunnerError:
-        """The request the scheduler takes, with the store's model for C{name}; or why it has none."""
+        """The request the scheduler takes, with the store's model for C{name}; or why it has none.
+
+        C{talk}: an OpenAI chat's or completion's conversation, by which an instance whose slot
+        holds its earlier turn is preferred (L{mrunner.cache.slots.conversation}).
+        """
         try:
-            return Resolved(backend, self._store.resolve(name), mode, seconds, rank)
+            return Resolved(backend, self._store.resolve(name), mode, seconds, rank, talk)
         except MrunnerError as e:  # a missing model, an ambiguous id: refused once it is recorded
             return e
 

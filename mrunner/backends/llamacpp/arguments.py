@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mrunner.backends.llamacpp.sizing import context_size
 from mrunner.errors import BadRequest
 from mrunner.values import Placement
@@ -18,12 +20,21 @@ _MODE_FLAGS = {
 }
 
 
-def command(executable: str, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
+def command(
+    executable: str,
+    model: Model,
+    mode: str,
+    socket: str,
+    settings: RunnerSettings,
+    slot_states: Path | None = None,
+    cache_ram: int = 0,
+) -> Command:
     """C{executable} (``llama-server``) serving C{model} in C{mode} on the UNIX socket C{socket}.
 
     The model's projector and chat template layers are passed as ``--mmproj``
     and ``--chat-template-file``; a split model is opened at its first shard;
-    a draft model in the settings as ``--model-draft``.
+    a draft model in the settings as ``--model-draft``; the prompt caches' flags
+    (L{cache_args}) before the model's own flags, which still win.
 
     ``--kv-unified`` lets every parallel slot use the whole context (llama-server
     otherwise splits it into ``-np`` equal parts once ``-np`` is given), so the
@@ -58,8 +69,21 @@ def command(executable: str, model: Model, mode: str, socket: str, settings: Run
             " llama-server has no sentence embedding to answer with; use an embedding model",
             code="model_cannot_embed",
         )
-    args += [*_MODE_FLAGS[mode], *settings.flags]
+    args += [*cache_args(mode, slot_states, cache_ram), *_MODE_FLAGS[mode], *settings.flags]
     return Command(executable, tuple(args))
+
+
+def cache_args(mode: str, slot_states: Path | None, cache_ram: int) -> list[str]:
+    """The prompt caches' flags: ``--slot-save-path`` (mrunner's, L{mrunner.cache}: a completion
+    runner's slots saved before a planned stop) and ``--cache-ram`` (llama-server's own, in RAM:
+    8 GiB by default and counted nowhere; mrunner counts C{cache_ram} bytes in the runner's memory,
+    and 0 turns it off, and ``--cache-idle-slots`` with it, which would otherwise clear the idle
+    slots on each new request and leave nothing in them to reuse or save).
+    """
+    args = ["--cache-ram", str(cache_ram // 2**20)]
+    if slot_states is not None and mode == COMPLETION:
+        args += ["--slot-save-path", str(slot_states)]
+    return args
 
 
 def placement_args(placement: Placement, draft: bool = False) -> list[str]:

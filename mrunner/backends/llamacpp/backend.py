@@ -52,6 +52,9 @@ class LlamaCppBackend:
         self._settings = config.backend(self.name)
         self._home = config.home
         self._cache = build.cache_root(self._settings, environ)
+        #: The prompt cache's folder (C{--slot-save-path}), None with [cache] off; llama-server's RAM cache.
+        self._slot_states = config.cache.path(config.home) if config.cache.enabled else None
+        self._cache_ram = config.cache.runner_ram
         self._installed: _Installed | None = None
         self._listed: list[Listed] = []
         #: The build in use: C{cpu} until install() finds out otherwise.
@@ -179,13 +182,29 @@ class LlamaCppBackend:
         """The installed ``llama-server``'s command line for C{model}, as L{arguments.command} writes it."""
         if self._installed is None:
             raise RuntimeError("llama.cpp is not installed: call install() first")
-        return arguments.command(str(self._installed.executable), model, mode, socket, settings)
+        executable = str(self._installed.executable)
+        states, ram = self._slot_states_folder(), self._cache_ram
+        return arguments.command(executable, model, mode, socket, settings, states, ram)
+
+    def _slot_states_folder(self) -> Path | None:
+        """The prompt cache's folder, made again if it was removed (llama-server refuses to start
+        with a --slot-save-path that is no directory); None, so no slot is saved, if it cannot be."""
+        if self._slot_states is None:
+            return None
+        try:
+            self._slot_states.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            self.log.warn("prompt cache folder {path}: {why}; slots not saved", path=self._slot_states, why=e)
+            return None
+        return self._slot_states
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
-        return sizing.memory_estimate(model, settings)
+        """L{sizing.memory_estimate}, and llama-server's prompt cache in RAM ([cache] runner_ram)."""
+        return sizing.memory_estimate(model, settings) + self._cache_ram
 
     def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
-        return sizing.footprint(model, settings)
+        footprint = sizing.footprint(model, settings)
+        return attrs.evolve(footprint, host=footprint.host + self._cache_ram)
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:
         return sizing.context_in_force(model, settings)
