@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import attrs
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -221,6 +221,14 @@ class LoadedPropertyTests(SynchronousTestCase):
                 self.assertFalse(fresh, "nor before it has served its first while")
 
     @settings(max_examples=60, deadline=None)
+    @example(  # max_wait 0: four clients' requests, each a swap, before the last one's
+        [Client(("a",), 1.0, 2.0), Client(("a", "b"), 1.0), Client(("b",), 1.0), Client(("a",), 1.0)],
+        3.0,
+        3.0,
+        0.0,
+        0.0,
+        1,
+    )
     @given(
         st.lists(
             st.builds(
@@ -248,16 +256,20 @@ class LoadedPropertyTests(SynchronousTestCase):
         parallel: int,
     ) -> None:
         """Whatever keeps coming for the loaded model, no request waits longer than max_wait, the
-        loads in its way (at most three: its own model's under way when it came, another's for
-        an older overdue waiter, its own), and the requests served before it (one in flight on
-        the runner in its way, and older ones of its own model); the budget holds and no busy
-        runner is evicted."""
+        loads in its way, and the requests served before it (one in flight on the runner in its
+        way, and older ones); the budget holds and no busy runner is evicted.
+
+        The loads in its way are three when C{max_wait} is long beside them (its own model's under
+        way when it came, another's for an older overdue waiter, its own), but one for each
+        client when it is short: every older request is then overdue too, and each may be for
+        the other model (C{max_wait} 0 is FIFO's order)."""
         rules = Rules(LOADED, max_wait, min_serve)
         run = simulate(clients, {"a": load_a, "b": load_b}, rules, parallel)
         self.assertEqual(run.broken, [])
         longest = max(c.seconds for c in clients)
         # The requests in the way: the runner's own in flight, and older ones of its own clients'.
-        bound = max_wait + 3 * max(load_a, load_b) + (len(clients) + 1) * longest + 1e-6
+        loads = max(3, len(clients))
+        bound = max_wait + loads * max(load_a, load_b) + (len(clients) + 1) * longest + 1e-6
         waits = run.waits + run.unserved
         self.assertLessEqual(
             max(waits, default=0), bound, (clients, load_a, load_b, max_wait, min_serve, parallel)
