@@ -1,0 +1,65 @@
+"""The pinned whisper.cpp source, the one change mrunner makes to it, and where its builds are kept.
+
+The source is the whisper.cpp tree vendored in the pywhispercpp sdist (its ``examples/server``
+included), fetched by pip as llama.cpp's is. Its ``whisper-server`` listens only on TCP; its HTTP
+library (cpp-httplib 0.20) listens on a UNIX socket when told to, so one patch tells it to when the
+host it is given ends in ``.sock``, as llama-server does: a runner is then as private as
+llama-server's (a socket file of mode 0600), with no port another local user could reach.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from mrunner.backends import build, variants
+
+PYWHISPERCPP = "1.5.1"
+#: The whisper.cpp release vendored in that pywhispercpp sdist (its CMake project's version), and
+#: mrunner's patch of it: a new patch gets a new suffix, so a build made without it is not reused.
+PIN = "v1.8.5-socket1"
+
+_BIND = "    if (!svr->bind_to_port(sparams.hostname, sparams.port))\n"
+UNIX_SOCKET_PATCH = (
+    "examples/server/server.cpp",
+    _BIND,
+    "    const std::string & host = sparams.hostname;\n"
+    '    if (host.size() > 5 && host.compare(host.size() - 5, 5, ".sock") == 0) {\n'
+    "        svr->set_address_family(AF_UNIX);\n"
+    "    }\n" + _BIND,
+)
+
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DWHISPER_BUILD_EXAMPLES=ON",
+    "-DWHISPER_BUILD_SERVER=ON",
+    "-DWHISPER_BUILD_TESTS=OFF",
+    "-DWHISPER_CURL=OFF",
+    "-DWHISPER_SDL2=OFF",
+)
+
+SOURCE = build.Source(
+    name="whisper.cpp",
+    package="pywhispercpp",
+    version=PYWHISPERCPP,
+    tree="whisper.cpp",
+    pin=PIN,
+    target="whisper-server",
+    cmake_flags=CMAKE_FLAGS,
+    # whisper-server has no --version; --help prints its usage and exits 0 without a model.
+    verify=("--help",),
+    patches=(UNIX_SOCKET_PATCH,),
+)
+
+
+def build_dir(root: Path, variant: str = "cpu") -> Path:
+    """The pinned build of C{variant}'s directory under C{root} ($MRUNNER_HOME or the shared cache)."""
+    return build.directory(root, SOURCE, variants.directory_name(PIN, variant))
+
+
+def cached_executable(environ: Mapping[str, str] = os.environ, variant: str = "cpu") -> Path:
+    """Where ``python -m mrunner.backends.whispercpp`` (``make backend``) puts the shared build."""
+    return build.executable_in(build_dir(build.cache_root({}, environ), variant), SOURCE)
