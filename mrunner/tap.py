@@ -35,6 +35,7 @@ from mrunner.api.openai.gateway import Gateway
 from mrunner.api.route_groups import route_groups
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.backends.whispercpp import WhisperCppBackend
 from mrunner.daemon.listening import AddressFile, uses_tls
 from mrunner.daemon.logfiles import DaemonLogFile
 from mrunner.daemon.metrics import Metrics
@@ -103,8 +104,11 @@ class Options(usage.Options):
 
 
 def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBackend]:
-    """llama.cpp, plus every ``[backends.NAME]`` table that gives a ``command``."""
-    backends: dict[str, IBackend] = {"llama.cpp": LlamaCppBackend(config, reactor)}
+    """llama.cpp and whisper.cpp, plus every ``[backends.NAME]`` table that gives a ``command``."""
+    backends: dict[str, IBackend] = {
+        "llama.cpp": LlamaCppBackend(config, reactor),
+        "whisper.cpp": WhisperCppBackend(config, reactor),
+    }
     for name, table in config.backends.items():
         if "command" in table:
             backends[name] = CommandBackend(name, table["command"], table.get("env"))

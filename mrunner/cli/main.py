@@ -186,13 +186,16 @@ def _daemon_commands(add: Add) -> None:
 
 def _package_commands(add: Add) -> None:
     """Making a model from local files, and the registries' credentials."""
-    package = add("package", models.package, "store a GGUF file (or shard set) as a model, with its files")
+    package = add(
+        "package", models.package, "store a GGUF file (or shard set) or a Whisper model, with its files"
+    )
     package.add_argument("model", metavar="NAME", help="its name in the store, e.g. ai/mymodel:v1")
-    package.add_argument(
+    weights = package.add_mutually_exclusive_group(required=True)
+    weights.add_argument(
         "--gguf",
-        required=True,
         help="the GGUF file; the first shard (…-00001-of-0000N.gguf) takes the whole set",
     )
+    weights.add_argument("--whisper", help="a whisper.cpp ggml model (ggml-*.bin), for speech to text")
     package.add_argument("--license", action="append", default=[], help="a license file (repeatable)")
     package.add_argument("--mmproj", help="a multimodal projector GGUF (mmproj-*.gguf), for images")
     package.add_argument("--chat-template", help="a Jinja chat template file that replaces the GGUF's")

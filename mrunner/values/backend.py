@@ -10,7 +10,9 @@ from mrunner.values.model import Model
 COMPLETION = "completion"
 EMBEDDING = "embedding"
 RERANKING = "reranking"
-MODES = (COMPLETION, EMBEDDING, RERANKING)
+#: Speech to text (and translation to English) by a Whisper model's runner.
+TRANSCRIPTION = "transcription"
+MODES = (COMPLETION, EMBEDDING, RERANKING, TRANSCRIPTION)
 
 
 @attrs.frozen

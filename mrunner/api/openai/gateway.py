@@ -142,6 +142,9 @@ class Gateway:
         *,
         named: Callable[[dict[str, Any]], str] = model_name,
         length: Length = NONE,
+        decode: Callable[[bytes], dict[str, Any]] = json_object,
+        limit: int | None = None,
+        recorded: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> Asked[T]:
         """Every step an inference request takes before it waits for a runner, in one order.
 
@@ -157,13 +160,17 @@ class Gateway:
 
         The decoded payload is dropped here unless C{check} returns it: a stream
         can last minutes, and a forwarded request already holds its body as bytes.
+
+        A route whose body is not JSON gives its C{decode} (a form, for audio), its own C{limit}
+        (the door's for its path; C{max_request_bytes} by default), and what its record keeps in
+        the body's place (C{recorded}, from the payload: the fields, not the audio).
         """
         ends: list[Callable[[object], object]] = []  # what ends with the answer, as each step begins
         request.notifyFinish().addBoth(_each, ends)
         ends.append(self._measure(request, mode))
         name = self.scheduler.backend_name(backend)
-        body = read_body(request, self._max_request_bytes)
-        payload = json_object(body)
+        body = read_body(request, self._max_request_bytes if limit is None else limit)
+        payload = decode(body)
         model = stored_name(named(payload), self.aliases.table, self._store)
         who = caller(request)
         check_usable(who.member, self._store, model)
@@ -173,7 +180,7 @@ class Gateway:
         if has_image_parts(payload):
             check_vision(_resolved(lookup).model)
         ticket = self._admit(request, who, model, payload, length, ends)
-        record = self._record(request, model, mode, body, ends)
+        record = self._record(request, model, mode, body if recorded is None else recorded(payload), ends)
         if record is not None and ticket is not None:
             record.key = ticket.key
         return Asked(model, seconds, body, record, checked, lookup, ticket)

@@ -1,10 +1,12 @@
-"""The pinned whisper.cpp source, the one change mrunner makes to it, and where its builds are kept.
+"""The pinned whisper.cpp source, the two changes mrunner makes to it, and where its builds are kept.
 
 The source is the whisper.cpp tree vendored in the pywhispercpp sdist (its ``examples/server``
 included), fetched by pip as llama.cpp's is. Its ``whisper-server`` listens only on TCP; its HTTP
 library (cpp-httplib 0.20) listens on a UNIX socket when told to, so one patch tells it to when the
 host it is given ends in ``.sock``, as llama-server does: a runner is then as private as
-llama-server's (a socket file of mode 0600), with no port another local user could reach.
+llama-server's (a socket file of mode 0600), with no port another local user could reach. The
+other gives a ``text`` answer the type OpenAI gives it, ``text/plain``, not ``text/html`` (which
+a browser would render: the words are whatever the audio said).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from mrunner.backends import build, variants
 
 PYWHISPERCPP = "1.5.1"
 #: The whisper.cpp release vendored in that pywhispercpp sdist (its CMake project's version), and
-#: mrunner's patch of it: a new patch gets a new suffix, so a build made without it is not reused.
-PIN = "v1.8.5-socket1"
+#: mrunner's patches of it: new patches get a new suffix, so a build made without them is not reused.
+PIN = "v1.8.5-mr1"
 
 _BIND = "    if (!svr->bind_to_port(sparams.hostname, sparams.port))\n"
 UNIX_SOCKET_PATCH = (
@@ -28,6 +30,11 @@ UNIX_SOCKET_PATCH = (
     '    if (host.size() > 5 && host.compare(host.size() - 5, 5, ".sock") == 0) {\n'
     "        svr->set_address_family(AF_UNIX);\n"
     "    }\n" + _BIND,
+)
+TEXT_TYPE_PATCH = (
+    "examples/server/server.cpp",
+    'res.set_content(results.c_str(), "text/html; charset=utf-8");',
+    'res.set_content(results.c_str(), "text/plain; charset=utf-8");',
 )
 
 CMAKE_FLAGS = (
@@ -51,7 +58,7 @@ SOURCE = build.Source(
     cmake_flags=CMAKE_FLAGS,
     # whisper-server has no --version; --help prints its usage and exits 0 without a model.
     verify=("--help",),
-    patches=(UNIX_SOCKET_PATCH,),
+    patches=(UNIX_SOCKET_PATCH, TEXT_TYPE_PATCH),
 )
 
 
