@@ -73,7 +73,8 @@ class TranscriptionTests(WhisperTestCase):
             if code is not None:
                 self.assertEqual(error["code"], code)
         chat_model = await self.posted("/v1/audio/transcriptions", audio, model=TINY)
-        self.assertEqual((chat_model.status_code, chat_model.json()["error"]["code"]), (400, "model_not_whisper"))
+        refused = (chat_model.status_code, chat_model.json()["error"]["code"])
+        self.assertEqual(refused, (400, "model_not_whisper"))
         wrong_backend = await self.posted("/engines/llama.cpp/v1/audio/transcriptions", audio, model=WHISPER)
         self.assertEqual(wrong_backend.status_code, 400)
         self.assertEqual(self.daemon.scheduler.snapshot(), [])

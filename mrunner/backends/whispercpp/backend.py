@@ -12,9 +12,10 @@ from zope.interface import implementer
 from mrunner.backends import build, childprocess
 from mrunner.backends.built import BuiltBackend
 from mrunner.backends.whispercpp.source import PIN, SOURCE
+from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend
 from mrunner.values import ContextSize, Footprint
-from mrunner.values.backend import Command, RunnerSettings
+from mrunner.values.backend import TRANSCRIPTION, Command, RunnerSettings
 from mrunner.values.model import Model
 
 #: Seconds a ``whisper-server --help`` probe may take.
@@ -55,6 +56,12 @@ class WhisperCppBackend(BuiltBackend):
 
     def command(self, model: Model, mode: str, socket: str, settings: RunnerSettings) -> Command:
         """``whisper-server -m MODEL --host SOCKET``: it serves C{/inference} and C{/health} there."""
+        if model.config.get("format") != "whisper" or mode != TRANSCRIPTION:
+            raise BadRequest(
+                f"whisper.cpp transcribes with Whisper models; {model.name} is not one, or {mode} is not"
+                " transcription",
+                code="model_not_whisper",
+            )
         args = ["-m", model.gguf, "--host", socket, "--port", UNUSED_PORT]
         if settings.threads:
             args += ["--threads", str(settings.threads)]
