@@ -19,8 +19,9 @@ from collections.abc import Iterator
 import numpy as np
 
 MAGIC = 0x67676D6C
-#: English-only Whisper's vocabulary size (a multilingual one has 51865 or more).
-VOCAB = 51864
+#: Multilingual Whisper's vocabulary size (an English-only one has 51864, and whisper.cpp then neither
+#: translates nor takes another language).
+VOCAB = 51865
 AUDIO_CTX = 1500
 TEXT_CTX = 448
 STATE = 64

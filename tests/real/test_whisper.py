@@ -105,5 +105,5 @@ class WhisperStoreTests(WhisperTestCase):
         model = json.loads(await response.text())
         config = model["config"]
         self.assertEqual((config["format"], config["architecture"]), ("whisper", "whisper"))
-        self.assertEqual(config["whisper"]["languages"], "en")
+        self.assertEqual(config["whisper"]["languages"], "multilingual")
         self.assertEqual(config["quantization"], "F16")

@@ -163,7 +163,9 @@ class OptionsTests(SynchronousTestCase):
                 "Listener",
             ],
         )
-        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})
+        self.assertEqual(
+            parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus(), "whisper.cpp": InstallStatus()}
+        )
         release(service)
 
 

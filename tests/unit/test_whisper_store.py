@@ -24,7 +24,7 @@ class WhisperStoreTests(StoreTestCase):
         config = model.config
         self.assertEqual((config["format"], config["quantization"]), ("whisper", "F16"))
         self.assertEqual(config["whisper"]["n_vocab"], tinywhisper.VOCAB)
-        self.assertEqual(config["whisper"]["languages"], "en")
+        self.assertEqual(config["whisper"]["languages"], "multilingual")
         self.assertEqual(config["parameters"], "3.59 M")
         manifest = parse_manifest(self.store.manifest_bytes(model.id))
         self.assertEqual([layer.media_type for layer in manifest.layers], [WHISPER])
