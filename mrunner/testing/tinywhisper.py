@@ -73,9 +73,34 @@ def _tensors(layers: int) -> Iterator[tuple[str, tuple[int, ...]]]:
                         yield f"{block}.{attention}.{part}.bias", (s,)
 
 
-def write(path: str | os.PathLike[str], seed: int = 0, layers: int = LAYERS) -> str:
-    """Write a random-weight whisper ggml model to C{path}; the same C{seed} writes the same bytes."""
+#: The word a peaked model says (one of the named tokens, not a special one).
+PEAK = 1000
+
+
+def _peaked(name: str, values: np.ndarray, direction: np.ndarray) -> np.ndarray:
+    """The decoder's last norm gives a constant state along C{direction}; L{PEAK}'s embedding points
+    along it (its logit 40, the others' near 0)."""
+    if name == "decoder.ln.weight":
+        return np.zeros_like(values)
+    if name == "decoder.ln.bias":
+        return direction
+    if name == "decoder.token_embedding.weight":
+        values = values.copy()
+        values[PEAK] = 40 * direction
+    return values
+
+
+def write(path: str | os.PathLike[str], seed: int = 0, layers: int = LAYERS, peaked: bool = False) -> str:
+    """Write a random-weight whisper ggml model to C{path}; the same C{seed} writes the same bytes.
+
+    C{peaked}: the decoder's output is one word, whatever it hears, by a margin no sampling
+    temperature overcomes, so every transcription of a clip takes the same work (the bench's
+    need: a random model's near-uniform words make whisper.cpp's temperature fallback sample
+    answers of any length).
+    """
     rng = np.random.default_rng(seed)
+    direction = rng.normal(0, 1, STATE)
+    direction /= np.linalg.norm(direction)
     with open(path, "wb") as f:
         f.write(struct.pack("<I", MAGIC))
         f.write(struct.pack("<11i", *hparams(layers)))
@@ -91,7 +116,10 @@ def write(path: str | os.PathLike[str], seed: int = 0, layers: int = LAYERS) -> 
             f.write(struct.pack(f"<iii{len(shape)}i", len(shape), len(encoded), F16 if half else F32, *shape))
             f.write(encoded)
             norm = name.endswith("ln.weight") or name.endswith("ln_post.weight")
-            values = np.ones(shape) if norm else rng.normal(0, 0.05, shape)
+            rows = tuple(reversed(shape))  # numpy's last axis is ggml's first, the fastest-moving
+            values = np.ones(rows) if norm else rng.normal(0, 0.05, rows)
+            if peaked:
+                values = _peaked(name, values, direction)
             f.write(values.astype(np.float16 if half else np.float32).tobytes())
     return os.fspath(path)
 
