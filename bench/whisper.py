@@ -2,8 +2,9 @@
 whisper-server directly, in one run.
 
 mrunner starts with a Whisper model (a tiny random one whose decoder always says the same word, so
-each request takes the same work, unless ``--model`` names a real ggml file) and loads its runner with a first request; the direct whisper-server then runs with
-that runner's very command line, read back from the kernel, on a socket of its own. The clip is
+each request takes the same work, unless ``--model`` names a real ggml file) and loads its runner
+with a first request; the direct whisper-server then runs with that runner's very command line,
+read back from the kernel, on a socket of its own. The clip is
 espeak-ng's speech padded with silence to 30 s (16 kHz mono WAV). The two paths take the same
 request in alternating rounds; each round's time is from the first byte sent to the last byte
 received. Prints one row: each path's median real-time factor (seconds taken per second of audio:
