@@ -107,3 +107,22 @@ class WhisperStoreTests(WhisperTestCase):
         self.assertEqual((config["format"], config["architecture"]), ("whisper", "whisper"))
         self.assertEqual(config["whisper"]["languages"], "multilingual")
         self.assertEqual(config["quantization"], "F16")
+
+
+class EvictionTests(WhisperTestCase):
+    async def test_a_whisper_runner_and_a_chat_runner_evict_each_other_when_only_one_fits(self) -> None:
+        await self.start_whisper("max_runners = 1\n")
+        await self.tiny()
+        audio = self.wav.read_bytes()
+        first = await self.posted("/v1/audio/transcriptions", audio, model=WHISPER)
+        self.assertEqual(first.status_code, 200, first.text)
+        await self.call(
+            self.client.chat.completions.create,
+            model=TINY,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+        )
+        self.assertEqual([r.backend for r in self.daemon.scheduler.snapshot()], ["llama.cpp"])
+        again = await self.posted("/v1/audio/transcriptions", audio, model=WHISPER)
+        self.assertEqual(again.status_code, 200, again.text)
+        self.assertEqual([r.backend for r in self.daemon.scheduler.snapshot()], ["whisper.cpp"])
