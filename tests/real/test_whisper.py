@@ -126,3 +126,16 @@ class EvictionTests(WhisperTestCase):
         again = await self.posted("/v1/audio/transcriptions", audio, model=WHISPER)
         self.assertEqual(again.status_code, 200, again.text)
         self.assertEqual([r.backend for r in self.daemon.scheduler.snapshot()], ["whisper.cpp"])
+
+
+class MetricsTests(WhisperTestCase):
+    async def test_audio_seconds_and_the_real_time_factor(self) -> None:
+        await self.start_whisper()
+        answer = await self.posted("/v1/audio/transcriptions", self.wav.read_bytes(), model=WHISPER)
+        self.assertEqual(answer.status_code, 200, answer.text)
+        metrics = await (await http.get(self.daemon.url + "/metrics")).text()
+        audio = [line for line in metrics.splitlines() if line.startswith("mrunner_audio_seconds_total{")]
+        (line,) = audio
+        self.assertIn(f'model="{WHISPER}"', line)
+        self.assertGreater(float(line.rsplit(" ", 1)[1]), 1.0)  # espeak-ng's sentence lasts seconds
+        self.assertIn("mrunner_real_time_factor_count", metrics)

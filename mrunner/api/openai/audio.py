@@ -111,5 +111,10 @@ class AudioAPI:
             )
         body, runner_type = asked.checked.runner_form(translate)
         request.requestHeaders.setRawHeaders(b"content-type", [runner_type])
+        clock = self._gateway.clock
         async with self._gateway.lease(request, asked) as lease:
+            began = clock.seconds()
             await self._forwarder.forward(request, lease.socket, b"/inference", body, asked.meter)
+        seconds = asked.checked.audio.seconds
+        if request.code == 200 and seconds:
+            self._gateway.metrics.transcribed(asked.model, seconds, clock.seconds() - began)

@@ -127,7 +127,8 @@ class Gateway:
         self.scheduler = scheduler
         self.aliases = aliases or Aliases({}, store)
         self._store = store
-        self._metrics = metrics
+        #: The daemon's counts; a route adds its own (the audio routes' seconds of audio).
+        self.metrics = metrics
         self.clock = clock
         self._max_request_bytes = max_request_bytes
         self._records = records
@@ -217,7 +218,7 @@ class Gateway:
         started = self.clock.seconds()
 
         def finished(result: object) -> None:
-            self._metrics.finished(mode, request.code, self.clock.seconds() - started)
+            self.metrics.finished(mode, request.code, self.clock.seconds() - started)
 
         return finished
 
@@ -249,7 +250,7 @@ class Gateway:
         self.scheduler.admit()  # a draining node says so before it says a model is missing
         lease = await self.scheduler.acquire(asked.resolved)
         leased = self.clock.seconds()
-        self._metrics.waited(lease.model, leased - started)
+        self.metrics.waited(lease.model, leased - started)
         if asked.record is not None:
             asked.record.queued = leased
         try:
