@@ -131,19 +131,7 @@ class Metrics:
             [*RUNNER_LABELS, "cause"],
             registry=registry,
         )
-        self.audio = Counter(
-            "mrunner_audio_seconds",
-            "Seconds of audio transcribed or translated.",
-            ["model"],
-            registry=registry,
-        )
-        self.real_time = Histogram(
-            "mrunner_real_time_factor",
-            "A transcription's seconds, waiting for its runner excluded, per second of its audio.",
-            ["model"],
-            registry=registry,
-            buckets=FACTOR_BUCKETS,
-        )
+        self.audio, self.real_time = _speech(registry)
         self.pulled = Counter("mrunner_pulled_bytes", "Bytes downloaded from registries.", registry=registry)
         self.pushed = Counter("mrunner_pushed_bytes", "Bytes uploaded to registries.", registry=registry)
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -195,3 +183,18 @@ class Metrics:
 
     def exited(self, key: RunnerKey, model: str, cause: str) -> None:
         self.exits.labels(key.backend, model, key.mode, cause).inc()
+
+
+def _speech(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
+    """The audio routes' counts: seconds of audio, and the real-time factor, by model."""
+    audio = Counter(
+        "mrunner_audio_seconds", "Seconds of audio transcribed or translated.", ["model"], registry=registry
+    )
+    real_time = Histogram(
+        "mrunner_real_time_factor",
+        "A transcription's seconds, waiting for its runner excluded, per second of its audio.",
+        ["model"],
+        registry=registry,
+        buckets=FACTOR_BUCKETS,
+    )
+    return audio, real_time
