@@ -30,6 +30,8 @@ class WhisperCLITests(CLITestCase):
         srt = await self.ok("transcribe", str(wav), "--model", NAME, "--format", "srt")
         self.assertRegex(srt, r"^1\n\d\d:\d\d:\d\d,\d\d\d --> ")
         self.assertIn("transcription", await self.ok("ps"))
+        status = await self.ok("status")
+        self.assertIn("whisper.cpp: installed (whisper.cpp v1.8.5-mr1), 1 runner running", status)
         await self.ok("unload", NAME)
         await self.ok("rm", NAME)
         self.assertNotIn("whisper", await self.ok("ls"))
