@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.support.daemon import http
+from tests.support.daemon import eventually, http
 from tests.support.llamacpp_cases import TINY
 from tests.support.whisper_cases import WHISPER, WhisperTestCase
 
@@ -139,3 +139,15 @@ class MetricsTests(WhisperTestCase):
         self.assertIn(f'model="{WHISPER}"', line)
         self.assertGreater(float(line.rsplit(" ", 1)[1]), 1.0)  # espeak-ng's sentence lasts seconds
         self.assertIn("mrunner_real_time_factor_count", metrics)
+
+
+class PreloadTests(WhisperTestCase):
+    async def test_a_whisper_model_is_preloaded_by_its_own_backend(self) -> None:
+        await self.start_whisper()
+        conf = self.daemon.config_path
+        conf.write_text(conf.read_text() + f'\n[models]\npreload = ["{WHISPER}"]\n')
+        code, reloaded = await self.post("/engines/_reload", {})
+        self.assertEqual(code, 200, reloaded)
+        await eventually(lambda: [r.mode for r in self.daemon.scheduler.snapshot()] == ["transcription"], 20)
+        (runner,) = self.daemon.scheduler.snapshot()
+        self.assertEqual((runner.backend, runner.model_name), ("whisper.cpp", WHISPER))

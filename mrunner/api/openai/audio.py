@@ -23,10 +23,8 @@ from mrunner.api.openai import transcription
 from mrunner.api.openai.gateway import Gateway
 from mrunner.errors import BadRequest
 from mrunner.runners.forwarder import Forwarder
-from mrunner.values.backend import TRANSCRIPTION
+from mrunner.values.backend import TRANSCRIPTION, WHISPER
 
-#: The backend that serves these routes where the path names none.
-WHISPER = "whisper.cpp"
 PREFIXES = ("/engines", "/engines/<backend>", "")
 TRANSCRIPTIONS = [f"{prefix}/v1/audio/transcriptions" for prefix in PREFIXES]
 TRANSLATIONS = [f"{prefix}/v1/audio/translations" for prefix in PREFIXES]
