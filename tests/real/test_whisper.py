@@ -79,6 +79,17 @@ class TranscriptionTests(WhisperTestCase):
         self.assertEqual(wrong_backend.status_code, 400)
         self.assertEqual(self.daemon.scheduler.snapshot(), [])
 
+    async def test_a_file_only_the_runner_finds_undecodable_is_refused_in_openai_shape(self) -> None:
+        await self.start_whisper()
+        answer = await self.posted(
+            "/v1/audio/transcriptions", b"fLaC" + bytes(200), name="x.flac", model=WHISPER
+        )
+        self.assertEqual(answer.status_code, 400, answer.text)
+        error = answer.json()["error"]
+        self.assertEqual(
+            (error["type"], error["code"], error["param"]), ("invalid_request_error", "invalid_file", "file")
+        )
+
     async def test_a_whisper_runner_and_a_chat_runner_share_the_budget(self) -> None:
         await self.start_whisper()
         await self.tiny()

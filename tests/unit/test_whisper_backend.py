@@ -11,7 +11,7 @@ from mrunner.backends import build
 from mrunner.backends.built import Installed
 from mrunner.backends.llamacpp import arguments
 from mrunner.backends.whispercpp.backend import OVERHEAD, WhisperCppBackend
-from mrunner.backends.whispercpp.source import SOURCE, TEXT_TYPE_PATCH, UNIX_SOCKET_PATCH
+from mrunner.backends.whispercpp.source import AUDIO_ERROR_PATCH, SOURCE, TEXT_TYPE_PATCH, UNIX_SOCKET_PATCH
 from mrunner.cli.package import is_whisper, whisper_members
 from mrunner.config import Config
 from mrunner.errors import BadRequest
@@ -32,12 +32,15 @@ class PatchTests(SynchronousTestCase):
         return tree
 
     def test_each_patch_applies_once(self) -> None:
-        tree = self.tree(f"int main() {{\n{UNIX_SOCKET_PATCH[1]}x; {TEXT_TYPE_PATCH[1]}\n}}\n")
+        tree = self.tree(
+            f"int main() {{\n{UNIX_SOCKET_PATCH[1]}x; {TEXT_TYPE_PATCH[1]} {AUDIO_ERROR_PATCH[1]}\n}}\n"
+        )
         build.patch(tree, SOURCE)
         patched = (tree / "examples/server/server.cpp").read_text()
         self.assertIn("svr->set_address_family(AF_UNIX);", patched)
         self.assertIn('"text/plain; charset=utf-8"', patched)
         self.assertNotIn("text/html", patched)
+        self.assertIn('\\"code\\":\\"invalid_file\\"', patched)
 
     def test_a_pin_past_the_patched_code_fails_the_build(self) -> None:
         tree = self.tree("int main() { return 0; }\n")

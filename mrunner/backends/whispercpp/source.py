@@ -1,4 +1,4 @@
-"""The pinned whisper.cpp source, the two changes mrunner makes to it, and where its builds are kept.
+"""The pinned whisper.cpp source, the three changes mrunner makes to it, and where its builds are kept.
 
 The source is the whisper.cpp tree vendored in the pywhispercpp sdist (its ``examples/server``
 included), fetched by pip as llama.cpp's is. Its ``whisper-server`` listens only on TCP; its HTTP
@@ -6,7 +6,9 @@ library (cpp-httplib 0.20) listens on a UNIX socket when told to, so one patch t
 host it is given ends in ``.sock``, as llama-server does: a runner is then as private as
 llama-server's (a socket file of mode 0600), with no port another local user could reach. The
 other gives a ``text`` answer the type OpenAI gives it, ``text/plain``, not ``text/html`` (which
-a browser would render: the words are whatever the audio said).
+a browser would render: the words are whatever the audio said). The third says that a file it
+cannot decode is not audio in OpenAI's error shape, as mrunner's own refusals are (its checks read
+headers; a file whose header is good and whose body is not reaches the runner).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mrunner.backends import build, variants
 PYWHISPERCPP = "1.5.1"
 #: The whisper.cpp release vendored in that pywhispercpp sdist (its CMake project's version), and
 #: mrunner's patches of it: new patches get a new suffix, so a build made without them is not reused.
-PIN = "v1.8.5-mr1"
+PIN = "v1.8.5-mr2"
 
 _BIND = "    if (!svr->bind_to_port(sparams.hostname, sparams.port))\n"
 UNIX_SOCKET_PATCH = (
@@ -30,6 +32,13 @@ UNIX_SOCKET_PATCH = (
     '    if (host.size() > 5 && host.compare(host.size() - 5, 5, ".sock") == 0) {\n'
     "        svr->set_address_family(AF_UNIX);\n"
     "    }\n" + _BIND,
+)
+AUDIO_ERROR_PATCH = (
+    "examples/server/server.cpp",
+    'const std::string error_resp = "{\\"error\\":\\"failed to read audio data\\"}";',
+    'const std::string error_resp = "{\\"error\\":{'
+    '\\"message\\":\\"the file could not be decoded as audio\\",'
+    '\\"type\\":\\"invalid_request_error\\",\\"param\\":\\"file\\",\\"code\\":\\"invalid_file\\"}}";',
 )
 TEXT_TYPE_PATCH = (
     "examples/server/server.cpp",
@@ -58,7 +67,7 @@ SOURCE = build.Source(
     cmake_flags=CMAKE_FLAGS,
     # whisper-server has no --version; --help prints its usage and exits 0 without a model.
     verify=("--help",),
-    patches=(UNIX_SOCKET_PATCH, TEXT_TYPE_PATCH),
+    patches=(UNIX_SOCKET_PATCH, TEXT_TYPE_PATCH, AUDIO_ERROR_PATCH),
 )
 
 
