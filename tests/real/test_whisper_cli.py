@@ -31,7 +31,7 @@ class WhisperCLITests(CLITestCase):
         self.assertRegex(srt, r"^1\n\d\d:\d\d:\d\d,\d\d\d --> ")
         self.assertIn("transcription", await self.ok("ps"))
         status = await self.ok("status")
-        self.assertIn("whisper.cpp: installed (whisper.cpp v1.8.5-mr2), 1 runner running", status)
+        self.assertIn("whisper.cpp: installed (whisper.cpp v1.8.5-mr3), 1 runner running", status)
         await self.ok("unload", NAME)
         await self.ok("rm", NAME)
         self.assertNotIn("whisper", await self.ok("ls"))

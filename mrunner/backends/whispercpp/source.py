@@ -6,9 +6,10 @@ library (cpp-httplib 0.20) listens on a UNIX socket when told to, so one patch t
 host it is given ends in ``.sock``, as llama-server does: a runner is then as private as
 llama-server's (a socket file of mode 0600), with no port another local user could reach. The
 other gives a ``text`` answer the type OpenAI gives it, ``text/plain``, not ``text/html`` (which
-a browser would render: the words are whatever the audio said). The third says that a file it
-cannot decode is not audio in OpenAI's error shape, as mrunner's own refusals are (its checks read
-headers; a file whose header is good and whose body is not reaches the runner).
+a browser would render: the words are whatever the audio said). The third gives its 400s
+(cpp-httplib's error handler makes each one a plain "Invalid request") OpenAI's error shape, as
+mrunner's own refusals have: mrunner checks every field and the file's header first, so what the
+runner still refuses is a file whose header is good and whose body it cannot decode.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mrunner.backends import build, variants
 PYWHISPERCPP = "1.5.1"
 #: The whisper.cpp release vendored in that pywhispercpp sdist (its CMake project's version), and
 #: mrunner's patches of it: new patches get a new suffix, so a build made without them is not reused.
-PIN = "v1.8.5-mr2"
+PIN = "v1.8.5-mr3"
 
 _BIND = "    if (!svr->bind_to_port(sparams.hostname, sparams.port))\n"
 UNIX_SOCKET_PATCH = (
@@ -35,10 +36,10 @@ UNIX_SOCKET_PATCH = (
 )
 AUDIO_ERROR_PATCH = (
     "examples/server/server.cpp",
-    'const std::string error_resp = "{\\"error\\":\\"failed to read audio data\\"}";',
-    'const std::string error_resp = "{\\"error\\":{'
-    '\\"message\\":\\"the file could not be decoded as audio\\",'
-    '\\"type\\":\\"invalid_request_error\\",\\"param\\":\\"file\\",\\"code\\":\\"invalid_file\\"}}";',
+    'res.set_content("Invalid request", "text/plain");',
+    'res.set_content("{\\"error\\":{\\"message\\":\\"the file could not be decoded as audio\\",'
+    '\\"type\\":\\"invalid_request_error\\",\\"param\\":\\"file\\",\\"code\\":\\"invalid_file\\"}}",'
+    ' "application/json");',
 )
 TEXT_TYPE_PATCH = (
     "examples/server/server.cpp",
