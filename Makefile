@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # llama-server and whisper-server, each built once per machine into ~/.cache/mrunner (reused after;
-# whisper-server's CPU build takes 2.5 to 4 minutes on two cores).
+# whisper-server's CPU build takes 1 to 4 minutes on two cores).
 backend: install
 	$(PY) -m mrunner.backends.llamacpp
 	$(PY) -m mrunner.backends.whispercpp
