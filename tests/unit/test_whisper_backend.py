@@ -74,6 +74,12 @@ class CommandTests(SynchronousTestCase):
         )
         self.assertRaises(BadRequest, self.backend.command, model(self.path), COMPLETION, "s", settings)
 
+    def test_runtime_flags_are_refused(self) -> None:
+        flagged = RunnerSettings(flags=("--temp", "0.5"))
+        with self.assertRaises(BadRequest) as refused:
+            self.backend.command(model(self.path), TRANSCRIPTION, "/run/r.sock", flagged)
+        self.assertEqual(refused.exception.code, "flags_not_supported")
+
     def test_llama_cpp_refuses_a_whisper_model(self) -> None:
         with self.assertRaises(BadRequest) as refused:
             arguments.command("llama-server", model(self.path), COMPLETION, "s.sock", RunnerSettings())

@@ -62,12 +62,19 @@ class WhisperCppBackend(BuiltBackend):
                 " transcription",
                 code="model_not_whisper",
             )
+        if settings.flags:
+            # _configure checks runtime flags against llama-server's parser, not whisper-server's.
+            raise BadRequest(
+                f"{model.name} has runtime flags ({' '.join(settings.flags)}); whisper.cpp runners take none:"
+                " configure it again without them",
+                code="flags_not_supported",
+            )
         args = ["-m", model.gguf, "--host", socket, "--port", UNUSED_PORT]
         if settings.threads:
             args += ["--threads", str(settings.threads)]
         if self.variant == "cpu":
             args.append("--no-gpu")
-        return Command(self.running(), (*args, *settings.flags))
+        return Command(self.running(), tuple(args))
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
         """The weights, held whole in memory, and L{OVERHEAD}."""
