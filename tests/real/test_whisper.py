@@ -162,3 +162,29 @@ class PreloadTests(WhisperTestCase):
         await eventually(lambda: [r.mode for r in self.daemon.scheduler.snapshot()] == ["transcription"], 20)
         (runner,) = self.daemon.scheduler.snapshot()
         self.assertEqual((runner.backend, runner.model_name), ("whisper.cpp", WHISPER))
+
+
+class BudgetTests(WhisperTestCase):
+    async def test_the_memory_budget_is_shared_with_the_chat_runners(self) -> None:
+        """A budget that holds either runner, not both (the Whisper one is estimated at 200 MiB, the
+        tiny chat model's at 24): each load evicts the other."""
+        await self.start_whisper('memory_budget = "210MiB"\n')
+        await self.tiny()
+        audio = self.wav.read_bytes()
+        self.assertEqual(
+            (await self.posted("/v1/audio/transcriptions", audio, model=WHISPER)).status_code, 200
+        )
+        (whisper,) = self.daemon.scheduler.snapshot()
+        await self.call(
+            self.client.chat.completions.create,
+            model=TINY,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+        )
+        (chat,) = self.daemon.scheduler.snapshot()
+        self.assertEqual((whisper.backend, chat.backend), ("whisper.cpp", "llama.cpp"))
+        self.assertGreater(whisper.memory + chat.memory, 210 * 2**20)
+        self.assertEqual(
+            (await self.posted("/v1/audio/transcriptions", audio, model=WHISPER)).status_code, 200
+        )
+        self.assertEqual([r.backend for r in self.daemon.scheduler.snapshot()], ["whisper.cpp"])
