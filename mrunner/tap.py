@@ -36,6 +36,7 @@ from mrunner.api.openai.gateway import Gateway
 from mrunner.api.route_groups import route_groups
 from mrunner.backends.command import CommandBackend
 from mrunner.backends.llamacpp import LlamaCppBackend
+from mrunner.backends.whispercpp import WhisperCppBackend
 from mrunner.cache.metrics import CacheCollector
 from mrunner.cache.opening import prompt_cache
 from mrunner.cache.turns import PromptCache
@@ -108,8 +109,11 @@ class Options(usage.Options):
 
 
 def make_backends(config: configuration.Config, reactor: Any) -> dict[str, IBackend]:
-    """llama.cpp, plus every ``[backends.NAME]`` table that gives a ``command``."""
-    backends: dict[str, IBackend] = {"llama.cpp": LlamaCppBackend(config, reactor)}
+    """llama.cpp and whisper.cpp, plus every ``[backends.NAME]`` table that gives a ``command``."""
+    backends: dict[str, IBackend] = {
+        "llama.cpp": LlamaCppBackend(config, reactor),
+        "whisper.cpp": WhisperCppBackend(config, reactor),
+    }
     for name, table in config.backends.items():
         if "command" in table:
             backends[name] = CommandBackend(name, table["command"], table.get("env"))

@@ -24,6 +24,7 @@ from mrunner.api.observe.logs import LogsAPI
 from mrunner.api.observe.page import PageAPI
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.observe.usage_api import UsageAPI
+from mrunner.api.openai.audio import AudioAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
 from mrunner.interfaces import IBackend, IDevices, IModelStoreAdmin
@@ -61,6 +62,7 @@ def route_groups(
     scheduler, clock = gateway.scheduler, gateway.clock
     groups: list[RouteGroup] = [
         InferenceAPI(gateway, store, forwarder),
+        AudioAPI(gateway, forwarder),
         AnthropicAPI(gateway, forwarder),
         ResponsesAPI(gateway, forwarder, responses, store),
         OllamaAPI(gateway, forwarder, store),

@@ -55,6 +55,11 @@ class Source:
     #: The CMake target, and the executable it produces.
     target: str
     cmake_flags: Sequence[str]
+    #: The arguments that show a built executable runs (and exits 0) before it is put in place.
+    verify: Sequence[str] = ("--version",)
+    #: Edits to the extracted tree, each C{(path in the tree, text, replacement)}: the text must be
+    #: there exactly once, so a pin moved past the code it changes fails the build, not the server.
+    patches: Sequence[tuple[str, str, str]] = ()
 
     @property
     def top(self) -> str:
@@ -225,7 +230,7 @@ class Build:
         built = executable_in(staged, source)
         built.parent.mkdir(parents=True)
         os.rename(executable_in(build, source), built)
-        await self._step([str(built), "--version"], "verifying build")
+        await self._step([str(built), *source.verify], "verifying build")
         if self._dest.exists():
             # A broken earlier install: set it aside so the rename below can take its place.
             os.rename(self._dest, work / "replaced")
@@ -254,6 +259,7 @@ class Build:
         self._report("extracting source")
         tree = f"{source.top}/{source.tree}"
         await self._step([tar, "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
+        patch(work / tree, source)
         return work / tree
 
     async def _step(self, argv: Sequence[str], what: str, **kwargs: Any) -> None:
@@ -268,6 +274,20 @@ class Build:
         """Remove what crashed builds left; we hold the lock, so none of them is running."""
         for stale in self._dest.parent.glob(f".{self._dest.name}.*-*"):
             await remove(self._reactor, stale)
+
+
+def patch(tree: Path, source: Source) -> None:
+    """Apply C{source}'s patches to its extracted C{tree}, or raise L{InstallFailed} naming the one that
+    no longer fits."""
+    for path, text, replacement in source.patches:
+        file = tree / path
+        found = file.read_text()
+        if found.count(text) != 1:
+            raise InstallFailed(
+                f"building {source.name} {source.pin} failed while patching {path}:"
+                f" the text to change is there {found.count(text)} times, not once"
+            )
+        file.write_text(found.replace(text, replacement))
 
 
 _log = Logger()

@@ -16,7 +16,7 @@ from typing import NoReturn, Protocol
 
 from rich.console import Console
 
-from mrunner.cli import bench, devices, engines, launch, login, models, prompt_cache, usage
+from mrunner.cli import bench, devices, engines, launch, login, models, prompt_cache, transcribe, usage
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -131,6 +131,12 @@ def _model_commands(add: Add) -> None:
         default=DEFAULT_MAX_TOKENS,
         help=f"the most tokens an answer may have (default: {DEFAULT_MAX_TOKENS}; 0: no limit)",
     )
+    speech = add("transcribe", transcribe.transcribe, "turn the speech in an audio file into text")
+    speech.add_argument("file", help="a WAV, MP3, FLAC or Ogg Vorbis file")
+    speech.add_argument("--model", required=True, help=f"a Whisper model: {STORED}")
+    speech.add_argument("--format", choices=transcribe.FORMATS, default="text", help="default: text")
+    speech.add_argument("--language", help="the language spoken, e.g. en (default: the model detects it)")
+    speech.add_argument("--translate", action="store_true", help="into English text, whatever is spoken")
     add("ls", models.ls, "list the models in the store", "list", json=True)
     add("inspect", models.inspect, "show a model's details as JSON").add_argument("model", help=STORED)
     add("verify", models.verify, "re-hash a model's files (all models without NAME)").add_argument(
@@ -191,13 +197,16 @@ def _daemon_commands(add: Add) -> None:
 
 def _package_commands(add: Add) -> None:
     """Making a model from local files, and the registries' credentials."""
-    package = add("package", models.package, "store a GGUF file (or shard set) as a model, with its files")
+    package = add(
+        "package", models.package, "store a GGUF file (or shard set) or a Whisper model, with its files"
+    )
     package.add_argument("model", metavar="NAME", help="its name in the store, e.g. ai/mymodel:v1")
-    package.add_argument(
+    weights = package.add_mutually_exclusive_group(required=True)
+    weights.add_argument(
         "--gguf",
-        required=True,
         help="the GGUF file; the first shard (…-00001-of-0000N.gguf) takes the whole set",
     )
+    weights.add_argument("--whisper", help="a whisper.cpp ggml model (ggml-*.bin), for speech to text")
     package.add_argument("--license", action="append", default=[], help="a license file (repeatable)")
     package.add_argument("--mmproj", help="a multimodal projector GGUF (mmproj-*.gguf), for images")
     package.add_argument("--chat-template", help="a Jinja chat template file that replaces the GGUF's")

@@ -15,7 +15,7 @@ from mrunner.cli.client import model_path
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError, DaemonError
 from mrunner.cli.output import ago, show_json, table
-from mrunner.cli.package import TarStream, members
+from mrunner.cli.package import TarStream, is_whisper, members, whisper_members
 from mrunner.cli.progress import layer_progress
 
 
@@ -114,9 +114,18 @@ def split_tag(name: str) -> tuple[str, str]:
 
 
 def package(ctx: Context, args: Namespace) -> None:
-    """Upload the GGUF or shard set (and licenses, projector, template) as C{args.model}; C{--push} too."""
+    """Upload the GGUF or shard set (and licenses, projector, template), or the Whisper model, as
+    C{args.model}; C{--push} too."""
     optional = [Path(path) if path else None for path in (args.mmproj, args.chat_template)]
-    stream = TarStream(members(Path(args.gguf), [Path(path) for path in args.license], *optional))
+    licenses = [Path(path) for path in args.license]
+    weights = Path(args.gguf or args.whisper)
+    if args.whisper or is_whisper(weights):
+        if any(optional):
+            raise CommandError("a Whisper model takes no --mmproj or --chat-template")
+        files = whisper_members(weights, licenses)
+    else:
+        files = members(weights, licenses, *optional)
+    stream = TarStream(files)
     query = {"name": args.model} | ({"context_size": args.context_size} if args.context_size else {})
     with layer_progress(ctx.out, "package") as bars:
         model = ctx.daemon.call(
@@ -125,6 +134,6 @@ def package(ctx: Context, args: Namespace) -> None:
             data=stream.chunks(lambda sent: bars.update("upload", stream.length, sent)),
             headers={"Content-Type": "application/x-tar", "Content-Length": str(stream.length)},
         )
-    ctx.out.print(f"Packaged {args.gguf} as {', '.join(model['tags'])} ({model['id']})", markup=False)
+    ctx.out.print(f"Packaged {weights} as {', '.join(model['tags'])} ({model['id']})", markup=False)
     if args.push:
         push(ctx, args)

@@ -15,6 +15,7 @@ from pathlib import Path
 from mrunner.cli.errors import CommandError
 
 BLOCK = 512
+WHISPER_MAGIC = b"lmgg"
 CHUNK = 1024 * 1024
 #: llama.cpp's shard names: ``<prefix>-00001-of-00003.gguf``.
 SHARD = re.compile(r"(?P<prefix>.*)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf")
@@ -50,6 +51,20 @@ def members(
     files += [(f"mmproj/{mmproj.name}", mmproj)] if mmproj else []
     files += [(f"chat-template/{chat_template.name}", chat_template)] if chat_template else []
     return files
+
+
+def is_whisper(path: Path) -> bool:
+    """Whether C{path} starts as a whisper.cpp ggml model (its magic, C{ggml} little-endian), read or not."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == WHISPER_MAGIC
+    except OSError:
+        return False
+
+
+def whisper_members(model: Path, licenses: Sequence[Path]) -> list[tuple[str, Path]]:
+    """A Whisper model's package: its weights as C{model.bin} (which the daemon reads as one), licenses."""
+    return [("model.bin", model), *((f"licenses/{i}-{path.name}", path) for i, path in enumerate(licenses))]
 
 
 class TarStream:

@@ -21,6 +21,8 @@ RUNNER_LABELS = ["backend", "model", "mode"]
 # From a request that finds its runner ready (well under a millisecond) to one that waits minutes.
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+#: Seconds a transcription took per second of its audio (under 1: faster than real time).
+FACTOR_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
 
 class SchedulerCollector(Collector):
@@ -146,6 +148,7 @@ class Metrics:
             [*RUNNER_LABELS, "cause"],
             registry=registry,
         )
+        self.audio, self.real_time = _speech(registry)
         self.pulled = Counter("mrunner_pulled_bytes", "Bytes downloaded from registries.", registry=registry)
         self.pushed = Counter("mrunner_pushed_bytes", "Bytes uploaded to registries.", registry=registry)
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -177,6 +180,11 @@ class Metrics:
             child = self._waits[model] = self.queue_wait.labels(model)
         child.observe(seconds)
 
+    def transcribed(self, model: str, audio: float, seconds: float) -> None:
+        """C{model} turned C{audio} seconds of speech into text in C{seconds}."""
+        self.audio.labels(model).inc(audio)
+        self.real_time.labels(model).observe(seconds / audio)
+
     def moved(self, mode: str, count: int) -> None:
         """A pull or push (C{mode}) moved C{count} bytes."""
         (self.pulled if mode == "pull" else self.pushed).inc(count)
@@ -192,3 +200,18 @@ class Metrics:
 
     def exited(self, key: RunnerKey, model: str, cause: str) -> None:
         self.exits.labels(key.backend, model, key.mode, cause).inc()
+
+
+def _speech(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
+    """The audio routes' counts: seconds of audio, and the real-time factor, by model."""
+    audio = Counter(
+        "mrunner_audio_seconds", "Seconds of audio transcribed or translated.", ["model"], registry=registry
+    )
+    real_time = Histogram(
+        "mrunner_real_time_factor",
+        "A transcription's seconds, waiting for its runner excluded, per second of its audio.",
+        ["model"],
+        registry=registry,
+        buckets=FACTOR_BUCKETS,
+    )
+    return audio, real_time

@@ -14,7 +14,7 @@ from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.preloads import Preloads
 from mrunner.scheduling.requests import Requests
 from mrunner.values import Preload
-from mrunner.values.backend import COMPLETION
+from mrunner.values.backend import default_use
 from mrunner.values.request import Resolved
 from mrunner.values.sizes import format_size
 
@@ -64,7 +64,9 @@ class Preloader:
 
     async def _one(self, name: str) -> None:
         await self._pull_missing(name)
-        asked = Resolved(self._backend(), self._store.resolve(name), COMPLETION)
+        model = self._store.resolve(name)
+        backend, mode = default_use(model, self._backend())
+        asked = Resolved(backend, model, mode)
         request = await self._requests.build(asked, install_wait=None)
         if request.key not in self._loader.runners and not self._loader.fits(
             request.memory, request.footprint

@@ -24,6 +24,10 @@ GGUF = "application/vnd.docker.ai.gguf.v3"
 LICENSE = "application/vnd.docker.ai.license"
 CHAT_TEMPLATE = "application/vnd.docker.ai.chat.template.jinja"
 MMPROJ = "application/vnd.docker.ai.mmproj"
+#: A whisper.cpp ggml model's weights: mrunner's own type, in Docker Model Runner's style (it has none).
+WHISPER = "application/vnd.mrunner.ai.whisper.ggml.v1"
+#: The layers that are a model's weights: a GGUF file (or its shards), or one Whisper model.
+WEIGHTS = (GGUF, WHISPER)
 
 # Layers other than the weights are files of the model, found by role.
 ROLES = {
@@ -108,8 +112,8 @@ class Manifest:
 
     @property
     def shards(self) -> tuple[Descriptor, ...]:
-        """The GGUF layers in manifest order: one file, or the shards of a split model."""
-        return tuple(layer for layer in self.layers if layer.media_type == GGUF)
+        """The weights layers in manifest order: one file, or the shards of a split GGUF model."""
+        return tuple(layer for layer in self.layers if layer.media_type in WEIGHTS)
 
     def oversized(self) -> Descriptor | None:
         """The first blob larger than L{MAX_SIZES} allows its type, if any."""
@@ -134,7 +138,7 @@ class Manifest:
         """Role (``license``, ``chat_template``, ``mmproj``, or the media type) → digest, weights excluded."""
         files: dict[str, str] = {}
         for layer in self.layers:
-            if layer.media_type == GGUF:
+            if layer.media_type in WEIGHTS:
                 continue
             role = ROLES.get(layer.media_type, layer.media_type)
             key, n = role, 1
@@ -180,8 +184,8 @@ def parse_manifest(data: bytes) -> Manifest:
         raise InvalidManifest(
             f"not a model: config type is {manifest.config.media_type[:100]!r}, not {MODEL_CONFIG}"
         )
-    if not any(layer.media_type == GGUF for layer in manifest.layers):
-        raise InvalidManifest("the model has no GGUF layer; only GGUF models are supported")
+    if not any(layer.media_type in WEIGHTS for layer in manifest.layers):
+        raise InvalidManifest("the model has no GGUF or Whisper layer; only those models are supported")
     return manifest
 
 

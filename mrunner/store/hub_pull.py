@@ -1,4 +1,5 @@
-"""Pull a GGUF model from a Hugging Face repository into the store as a Docker Model Runner artifact.
+"""Pull a GGUF model, or a whisper.cpp model (L{hub_whisper}), from a Hugging Face repository into
+the store as a Docker Model Runner artifact.
 
 The files chosen (L{select}) are blobs named by the sha256 the Hub publishes
 for them, fetched, resumed and verified as registry blobs are; the config is
@@ -19,9 +20,9 @@ from twisted.web.iweb import IResponse
 
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IProgress
-from mrunner.store import gguf_meta
-from mrunner.store.artifact import GGUF, MMPROJ, MODEL_CONFIG, Descriptor, Manifest, model_config
-from mrunner.store.huggingface import HubClient, HubFile, hub_reference, select
+from mrunner.store import gguf_meta, hub_whisper, whisper_meta
+from mrunner.store.artifact import GGUF, MMPROJ, MODEL_CONFIG, WHISPER, Descriptor, Manifest, model_config
+from mrunner.store.huggingface import HubClient, HubFile, Selection, hub_reference, select
 from mrunner.store.local import ModelStore
 from mrunner.values.model import Model, Reference
 
@@ -50,8 +51,14 @@ class HubPuller:
                 code="invalid_hub_name",
             )
         revision = await self._client.revision(repo)
-        chosen = select(repo, revision.files, ref.tag)
-        files = [(GGUF, f) for f in chosen.weights] + ([(MMPROJ, chosen.mmproj)] if chosen.mmproj else [])
+        has_gguf = any(f.path.lower().endswith(".gguf") for f in revision.files)
+        whisper = None if has_gguf else hub_whisper.select(repo, revision.files, ref.tag)
+        if whisper is not None:
+            chosen = Selection(whisper.name, (whisper,))
+            files = [(WHISPER, whisper)]
+        else:
+            chosen = select(repo, revision.files, ref.tag)
+            files = [(GGUF, f) for f in chosen.weights] + ([(MMPROJ, chosen.mmproj)] if chosen.mmproj else [])
         layers = [Descriptor(media_type, _digest(repo, f), f.size) for media_type, f in files]
         progress.total = sum(layer.size for layer in layers)
         try:
@@ -60,7 +67,7 @@ class HubPuller:
                     await self._fetch(
                         layer, progress, self._client.host, partial(self._client.open, repo, revision, f)
                     )
-                info = await self._describe(layers, chosen.mmproj is not None)
+                info = await self._describe(layers, chosen.mmproj is not None, whisper is not None)
                 config = model_config(info.config(), revision.modified, layers)
                 self._store.blobs.put(config)
                 manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), tuple(layers))
@@ -78,13 +85,18 @@ class HubPuller:
         )
         return model
 
-    async def _describe(self, layers: list[Descriptor], mmproj: bool) -> gguf_meta.GGUFInfo:
+    async def _describe(
+        self, layers: list[Descriptor], mmproj: bool, whisper: bool
+    ) -> gguf_meta.GGUFInfo | whisper_meta.WhisperInfo:
         """The weights' header, read from the store's files.
 
-        @raise NotGGUF: a file is not a GGUF file, or not one model's (a refusal, not a fault).
+        @raise NotGGUF: a file is not a GGUF file (or, C{whisper}, a Whisper model), or not one
+            model's (a refusal, not a fault).
         """
         paths = [self._store.blobs.path(layer.digest) for layer in layers]
         try:
+            if whisper:
+                return await self._store.in_thread(whisper_meta.read, paths[0])
             headers = await self._store.in_thread(gguf_meta.read_all, paths)
             if mmproj:
                 gguf_meta.check_projector(headers.pop())

@@ -1,6 +1,7 @@
 """What ``mrunner package`` uploads: a tar of the model's files, each kind in its place.
 
 - ``*.gguf`` at the top: the weights, one file or the shards of a split model in order;
+- or ``*.bin`` at the top: a whisper.cpp ggml model (speech to text), one file;
 - ``licenses/*``: license texts;
 - ``mmproj/*``: at most one multimodal projector;
 - ``chat-template/*``: at most one Jinja chat template.
@@ -19,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from mrunner.errors import BadRequest
-from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ
+from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ, WHISPER
 
 LICENSES_DIR = "licenses/"
 MMPROJ_DIR = "mmproj/"
@@ -151,6 +152,8 @@ def member_kind(member: tarfile.TarInfo) -> str | None:
     name = member.name
     if "/" not in name and name.endswith(".gguf"):
         return GGUF
+    if "/" not in name and name.endswith(".bin"):
+        return WHISPER
     for directory, kind in ((LICENSES_DIR, LICENSE), (MMPROJ_DIR, MMPROJ), (TEMPLATE_DIR, CHAT_TEMPLATE)):
         if name.startswith(directory):
             return kind
@@ -159,12 +162,15 @@ def member_kind(member: tarfile.TarInfo) -> str | None:
 
 def check_members(seen: Counter[str], unexpected: list[str]) -> None:
     """@raise BadRequest: a package whose members, C{seen} by kind, lack weights or hold what they may not."""
-    if not seen[GGUF] or unexpected or seen[MMPROJ] > 1 or seen[CHAT_TEMPLATE] > 1 or seen[GGUF] > MAX_SHARDS:
+    whisper = seen[WHISPER] == 1 and not seen[GGUF] and not seen[MMPROJ] and not seen[CHAT_TEMPLATE]
+    gguf = seen[GGUF] and not seen[WHISPER] and seen[MMPROJ] <= 1 and seen[CHAT_TEMPLATE] <= 1
+    if unexpected or not (whisper or gguf) or seen[GGUF] > MAX_SHARDS:
         raise invalid(
             "a package holds the weights (one .gguf file, or up to"
-            f" {MAX_SHARDS} shards in order) at its top, license files under {LICENSES_DIR}, at most one"
-            f" projector under {MMPROJ_DIR} and one chat template under {TEMPLATE_DIR}; this one has"
-            f" {seen[GGUF]} .gguf file(s), {seen[MMPROJ]} projector(s), {seen[CHAT_TEMPLATE]} template(s)"
+            f" {MAX_SHARDS} shards in order; or one Whisper model's .bin) at its top, license files under"
+            f" {LICENSES_DIR}, and beside GGUF weights at most one projector under {MMPROJ_DIR} and one"
+            f" chat template under {TEMPLATE_DIR}; this one has {seen[GGUF]} .gguf file(s),"
+            f" {seen[WHISPER]} .bin file(s), {seen[MMPROJ]} projector(s), {seen[CHAT_TEMPLATE]} template(s)"
             f" and {unexpected or 'nothing else'}"
         )
 

@@ -25,8 +25,8 @@ from zope.interface import implementer
 
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IUpload
-from mrunner.store import gguf_meta
-from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ
+from mrunner.store import gguf_meta, whisper_meta
+from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ, WHISPER
 from mrunner.store.blobs import CHUNK, Blobs, BlobWriter
 from mrunner.store.package import (
     MAX_SHARDS,
@@ -43,7 +43,7 @@ from mrunner.store.package import (
 #: The error names the first few members a package may not hold; the others are not kept.
 UNEXPECTED_NAMED = 5
 #: The weights' header and the sealed writers with their media types, in manifest order.
-Staged = tuple[gguf_meta.GGUFInfo, list[tuple[str, BlobWriter]]]
+Staged = tuple[gguf_meta.GGUFInfo | whisper_meta.WhisperInfo, list[tuple[str, BlobWriter]]]
 
 
 class StoreWriteFailed(MrunnerError):
@@ -68,7 +68,7 @@ class Upload:
         self._reader = gguf_meta.Reader()  # its child imports gguf while the bytes arrive
         self._error: MrunnerError | None = None
         self._temps: list[BlobWriter] = []  # every staged file, to remove what is not committed
-        self._files: dict[str, list[BlobWriter]] = {GGUF: [], MMPROJ: []}
+        self._files: dict[str, list[BlobWriter]] = {GGUF: [], MMPROJ: [], WHISPER: []}
         self._texts: dict[str, list[io.BytesIO]] = {LICENSE: [], CHAT_TEMPLATE: []}
         self._seen: Counter[str] = Counter()  # members of each kind, kept or not
         self._license_bytes = 0
@@ -122,6 +122,8 @@ class Upload:
         if self._error is not None:
             raise self._error
         self._check()
+        if self._files[WHISPER] or _starts_whisper(self._files[GGUF][0]):
+            return self._whisper()
         parts = [(GGUF, writer) for writer in self._files[GGUF]]
         parts += [(LICENSE, self._stored(text)) for text in self._texts[LICENSE]]
         parts += [(MMPROJ, writer) for writer in self._files[MMPROJ]]
@@ -136,6 +138,18 @@ class Upload:
         if self._files[MMPROJ]:
             gguf_meta.check_projector(headers.pop())
         return gguf_meta.weights(headers), parts
+
+    def _whisper(self) -> Staged:
+        """A Whisper model's weights (a package's ``.bin``, or a body that starts as one) and licenses,
+        sealed, with its header read; L{whisper_meta.NotWhisper} naming what a ``.bin`` is instead."""
+        (weights,) = self._files[WHISPER] or self._files[GGUF]
+        parts = [(WHISPER, weights), *((LICENSE, self._stored(text)) for text in self._texts[LICENSE])]
+        for _, writer in parts:
+            writer.flush()
+        info = whisper_meta.read(weights.temp)
+        for _, writer in parts:
+            writer.seal()
+        return info, parts
 
     def discard(self) -> None:
         """Remove the staged temps (those committed are gone already) and stop the header reader."""
@@ -186,8 +200,8 @@ class Upload:
             return self._file(GGUF) if self._seen[GGUF] <= MAX_SHARDS else ignore
         if self._seen[kind] > 1 and kind != LICENSE:  # a second projector or template
             return ignore
-        if kind == MMPROJ:
-            return self._file(MMPROJ)
+        if kind in (MMPROJ, WHISPER):
+            return self._file(kind)
         if kind == LICENSE:
             check_license(member, self._seen[LICENSE], self._license_bytes)
             self._license_bytes += member.size
@@ -205,3 +219,10 @@ class Upload:
             raise BadRequest("not a valid GGUF file: the body is empty", code="invalid_gguf")
         for template in self._texts[CHAT_TEMPLATE]:
             check_template(template.getvalue())
+
+
+def _starts_whisper(writer: BlobWriter) -> bool:
+    """Whether the file C{writer} staged starts as a whisper.cpp model does (it is flushed first)."""
+    writer.flush()
+    with open(writer.temp, "rb") as f:
+        return whisper_meta.is_whisper(f.read(4))

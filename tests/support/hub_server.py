@@ -150,7 +150,7 @@ class StandInHub(_Server):
                     "pointerSize": 134,
                 },
             }
-            if path.endswith((".gguf", ".safetensors"))
+            if path.endswith((".gguf", ".safetensors", ".bin"))
             else {"rfilename": path, "size": len(data)}
             for path, data in repo.files.items()
         ]

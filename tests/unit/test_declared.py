@@ -10,7 +10,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mrunner import config as configuration
 from mrunner.api.door import declared
-from mrunner.api.door.declared import MAX_CREATE_BODY, ROUTES, Reach
+from mrunner.api.door.declared import AUDIO_PATHS, MAX_AUDIO_FORM, MAX_CREATE_BODY, ROUTES, Reach
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.trust import ADMIN, METRICS, OPEN_PATHS, is_admin
 from mrunner.api.errors import ErrorShape, anthropic_shape, ollama_shape, openai_shape, shape_for
@@ -105,7 +105,11 @@ class DeclaredTests(SynchronousTestCase):
 
     def test_body_limits_sinks_and_the_cap(self) -> None:
         http = HTTPConfig(max_load_bytes=12345)
-        self.assertEqual(declared.limits(http), {b"/models/load": 12345, b"/models/create": MAX_CREATE_BODY})
+        audio = {path.encode(): MAX_AUDIO_FORM for path in AUDIO_PATHS}
+        self.assertEqual(
+            declared.limits(http), {b"/models/load": 12345, b"/models/create": MAX_CREATE_BODY, **audio}
+        )
+        self.assertEqual(len(audio), 6)
         self.assertEqual(MAX_CREATE_BODY, 64 * 1024)
         upload = object()
         self.assertEqual(declared.sinks({"upload": upload}), {b"/models/load": upload})

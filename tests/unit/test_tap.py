@@ -45,7 +45,7 @@ class OptionsTests(SynchronousTestCase):
 
     def test_the_documented_tap_conf_is_the_defaults(self) -> None:
         documented = config.load(Path(__file__).parents[2] / "tap.conf", environ={})
-        self.assertEqual(documented.backends, {"llama.cpp": {}})
+        self.assertEqual(documented.backends, {"llama.cpp": {}, "whisper.cpp": {}})
         self.assertEqual(attrs.evolve(documented, backends={}), config.load(self.write(""), environ={}))
 
     def test_command_line_overrides_file(self) -> None:
@@ -163,7 +163,9 @@ class OptionsTests(SynchronousTestCase):
                 "Listener",
             ],
         )
-        self.assertEqual(parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus()})
+        self.assertEqual(
+            parts.scheduler.backend_statuses(), {"llama.cpp": InstallStatus(), "whisper.cpp": InstallStatus()}
+        )
         release(service)
 
 

@@ -99,7 +99,9 @@ class UploadTests(StoreTestCase):
         upload.write(package([("model.gguf", tiny_gguf(self.home)), *templates, *others]))
         self.assertEqual(len(upload._texts[CHAT_TEMPLATE]), 1)
         error = self.failureResultOf(self.store.import_upload("x", upload), BadRequest).value
-        self.assertIn("1 .gguf file(s), 0 projector(s), 3 template(s) and ['other/0',", error.message)
+        self.assertIn(
+            "1 .gguf file(s), 0 .bin file(s), 0 projector(s), 3 template(s) and ['other/0',", error.message
+        )
         self.assertEqual(error.message.count("other/"), 5)
 
     def test_an_upload_nobody_took_leaves_nothing(self) -> None:

@@ -25,6 +25,15 @@ from mrunner.config import HTTPConfig
 
 #: The most a pull's request (C{{"from": ref}}, Ollama's C{{"model": ...}}) may carry.
 MAX_CREATE_BODY = 64 * 1024
+#: The largest audio file OpenAI's audio routes take (OpenAI's own limit), and their whole form's.
+MAX_AUDIO_BYTES = 25 * 1024 * 1024
+MAX_AUDIO_FORM = MAX_AUDIO_BYTES + 64 * 1024
+#: Where OpenAI's audio routes are served: under /v1, /engines/v1 and the backend that serves them.
+AUDIO_PATHS = tuple(
+    f"{prefix}/v1/audio/{task}"
+    for prefix in ("", "/engines", "/engines/whisper.cpp")
+    for task in ("transcriptions", "translations")
+)
 T = TypeVar("T")
 
 
@@ -84,6 +93,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/engines/_drain", Who.ADMIN),
     Route("/engines/requests", Who.ADMIN),  # records hold prompts
     Route("/engines/cache", Who.ADMIN),  # the prompt cache's states: whose prompts, when
+    # OpenAI's audio routes take a form with a file, larger than a JSON body.
+    *(Route(path, limit=lambda http: MAX_AUDIO_FORM) for path in AUDIO_PATHS),
     # Anthropic's Messages, under /anthropic and wherever its two routes are served.
     Route("/anthropic", reach=Reach.BELOW, shape="anthropic"),
     Route("/v1/messages", reach=Reach.ENDING, shape="anthropic"),

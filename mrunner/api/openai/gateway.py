@@ -128,7 +128,8 @@ class Gateway:
         self.scheduler = scheduler
         self.aliases = aliases or Aliases({}, store)
         self._store = store
-        self._metrics = metrics
+        #: The daemon's counts; a route adds its own (the audio routes' seconds of audio).
+        self.metrics = metrics
         self.clock = clock
         self._max_request_bytes = max_request_bytes
         self._records = records
@@ -143,6 +144,9 @@ class Gateway:
         *,
         named: Callable[[dict[str, Any]], str] = model_name,
         length: Length = NONE,
+        decode: Callable[[bytes], dict[str, Any]] = json_object,
+        limit: int | None = None,
+        recorded: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> Asked[T]:
         """Every step an inference request takes before it waits for a runner, in one order.
 
@@ -158,13 +162,17 @@ class Gateway:
 
         The decoded payload is dropped here unless C{check} returns it: a stream
         can last minutes, and a forwarded request already holds its body as bytes.
+
+        A route whose body is not JSON gives its C{decode} (a form, for audio), its own C{limit}
+        (the door's for its path; C{max_request_bytes} by default), and what its record keeps in
+        the body's place (C{recorded}, from the payload: the fields, not the audio).
         """
         ends: list[Callable[[object], object]] = []  # what ends with the answer, as each step begins
         request.notifyFinish().addBoth(_each, ends)
         ends.append(self._measure(request, mode))
         name = self.scheduler.backend_name(backend)
-        body = read_body(request, self._max_request_bytes)
-        payload = json_object(body)
+        body = read_body(request, self._max_request_bytes if limit is None else limit)
+        payload = decode(body)
         model = stored_name(named(payload), self.aliases.table, self._store)
         who = caller(request)
         check_usable(who.member, self._store, model)
@@ -175,7 +183,7 @@ class Gateway:
         if has_image_parts(payload):
             check_vision(_resolved(lookup).model)
         ticket = self._admit(request, who, model, payload, length, ends)
-        record = self._record(request, model, mode, body, ends)
+        record = self._record(request, model, mode, body if recorded is None else recorded(payload), ends)
         if record is not None and ticket is not None:
             record.key = ticket.key
         return Asked(model, seconds, body, record, checked, lookup, ticket)
@@ -216,7 +224,7 @@ class Gateway:
         started = self.clock.seconds()
 
         def finished(result: object) -> None:
-            self._metrics.finished(mode, request.code, self.clock.seconds() - started)
+            self.metrics.finished(mode, request.code, self.clock.seconds() - started)
 
         return finished
 
@@ -248,7 +256,7 @@ class Gateway:
         self.scheduler.admit()  # a draining node says so before it says a model is missing
         lease = await self.scheduler.acquire(asked.resolved)
         leased = self.clock.seconds()
-        self._metrics.waited(lease.model, leased - started)
+        self.metrics.waited(lease.model, leased - started)
         if asked.record is not None:
             asked.record.queued = leased
         try:

@@ -57,6 +57,12 @@ def command(
         args += ["--threads", str(settings.threads)]
     if settings.placement is not None:
         args += placement_args(settings.placement, draft=settings.draft is not None)
+    if model.config.get("format") == "whisper":
+        raise BadRequest(
+            f"model {model.name} is a Whisper model: it turns speech into text"
+            " (POST /v1/audio/transcriptions), which llama.cpp does not serve",
+            code="model_is_whisper",
+        )
     if mode == RERANKING and not can_rerank(model):
         raise BadRequest(
             f"model {model.name} cannot rerank: it has no ranking head (GGUF pooling type"

@@ -42,11 +42,6 @@ def build_dir(root: Path, variant: str = "cpu") -> Path:
     return build.directory(root, SOURCE, variants.directory_name(PIN, variant))
 
 
-def failure_note(directory: Path) -> Path:
-    """Where a failed GPU build's reason is kept, so the next start does not spend a build failing again."""
-    return directory.with_name(directory.name + ".failed")
-
-
 def cached_executable(environ: Mapping[str, str] = os.environ, variant: str = "cpu") -> Path:
     """Where ``python -m mrunner.backends.llamacpp`` (``make backend``) puts the shared build."""
     return build.executable_in(build_dir(build.cache_root({}, environ), variant), SOURCE)

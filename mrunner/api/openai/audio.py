@@ -1,0 +1,118 @@
+"""OpenAI's audio routes, C{/v1/audio/transcriptions} and C{/v1/audio/translations}, served by a
+Whisper model's runner (whisper.cpp's ``whisper-server``) under C{/v1}, C{/engines/v1} and
+C{/engines/whisper.cpp/v1}.
+
+A request takes the gateway's path as every inference does (the key, the record, the queue, the
+budget), with its form checked first (L{transcription}); the runner is sent a form of its own
+making, C{translate} set for a translation, and its answer (JSON, text, SRT or WebVTT) is relayed
+as it comes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klein import Klein
+from twisted.web.server import Request
+
+from mrunner.api.documented import Documented
+from mrunner.api.door.declared import MAX_AUDIO_BYTES, MAX_AUDIO_FORM
+from mrunner.api.errors import handle_json_errors, openai_shape
+from mrunner.api.manage.openapi import Piece, answer, errors, operation
+from mrunner.api.openai import transcription
+from mrunner.api.openai.gateway import Gateway
+from mrunner.errors import BadRequest
+from mrunner.runners.forwarder import Forwarder
+from mrunner.values.backend import TRANSCRIPTION, WHISPER
+
+PREFIXES = ("/engines", "/engines/<backend>", "")
+TRANSCRIPTIONS = [f"{prefix}/v1/audio/transcriptions" for prefix in PREFIXES]
+TRANSLATIONS = [f"{prefix}/v1/audio/translations" for prefix in PREFIXES]
+
+FORM = {
+    "multipart/form-data": {
+        "schema": {
+            "type": "object",
+            "required": ["file", "model"],
+            "properties": {
+                "file": {"type": "string", "format": "binary", "description": "WAV, MP3, FLAC or Ogg Vorbis"},
+                "model": {"type": "string"},
+                "language": {"type": "string", "description": "ISO-639-1, e.g. en"},
+                "prompt": {"type": "string"},
+                "response_format": {"enum": list(transcription.FORMATS)},
+                "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+                "timestamp_granularities[]": {
+                    "type": "array",
+                    "items": {"enum": list(transcription.GRANULARITIES)},
+                },
+            },
+        }
+    }
+}
+ANSWERS = {
+    "200": answer(
+        "the text: JSON ({text}), verbose JSON with segments, plain text, SRT or WebVTT",
+        {"application/json": {"schema": {"type": "object"}}, "text/plain": {"schema": {"type": "string"}}},
+    ),
+    **errors(
+        **{
+            "400": "not audio, an empty file, an unknown field or format, or a model that is not Whisper",
+            "413": f"a form over {MAX_AUDIO_BYTES} bytes of audio",
+            "500": "the runner failed to start; the message has the tail of its log",
+        }
+    ),
+}
+
+
+class AudioAPI:
+    """Checks an audio request's form, leases a Whisper runner and sends it the audio."""
+
+    app = Klein()
+    handle_json_errors(app, openai_shape)
+    routes = Documented(app)
+
+    def __init__(self, gateway: Gateway, forwarder: Forwarder):
+        self._gateway = gateway
+        self._forwarder = forwarder
+
+    def openapi(self) -> Piece:
+        return self.routes.openapi()
+
+    @routes.route(TRANSCRIPTIONS, "POST", operation("Speech to text (OpenAI)", ANSWERS, body=FORM))
+    def transcriptions(self, request: Request, backend: str | None = None) -> Any:
+        return self._transcribe(request, backend, translate=False)
+
+    @routes.route(TRANSLATIONS, "POST", operation("Speech to English text (OpenAI)", ANSWERS, body=FORM))
+    def translations(self, request: Request, backend: str | None = None) -> Any:
+        return self._transcribe(request, backend, translate=True)
+
+    async def _transcribe(self, request: Request, backend: str | None, translate: bool) -> None:
+        content_type = request.getHeader(b"content-type")
+        asked = self._gateway.begin(
+            request,
+            TRANSCRIPTION,
+            backend or WHISPER,
+            transcription.check,
+            decode=lambda body: transcription.payload(body, content_type),
+            limit=MAX_AUDIO_FORM,
+            recorded=transcription.recorded,
+        )
+        resolved = asked.resolved
+        if resolved.backend != WHISPER:
+            raise BadRequest(f"the {resolved.backend} backend does not transcribe; {WHISPER} does")
+        if resolved.model.config.get("format") != "whisper":
+            raise BadRequest(
+                f"{asked.model} is a {resolved.model.config.get('format', 'unknown')} model, not a Whisper"
+                " model: package one with `mrunner package --whisper FILE NAME`",
+                code="model_not_whisper",
+                param="model",
+            )
+        body, runner_type = asked.checked.runner_form(translate)
+        request.requestHeaders.setRawHeaders(b"content-type", [runner_type])
+        clock = self._gateway.clock
+        async with self._gateway.lease(request, asked) as lease:
+            began = clock.seconds()
+            await self._forwarder.forward(request, lease.socket, b"/inference", body, asked.meter)
+        seconds = asked.checked.audio.seconds
+        if request.code == 200 and seconds:
+            self._gateway.metrics.transcribed(asked.model, seconds, clock.seconds() - began)

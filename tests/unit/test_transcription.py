@@ -1,0 +1,162 @@
+"""OpenAI audio requests read and checked before a runner is asked for: the form, the file's format
+and duration, each field's rules, and the form whisper-server is sent."""
+
+from __future__ import annotations
+
+import io
+import struct
+import wave
+from pathlib import Path
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from mrunner.api.openai import transcription
+from mrunner.api.reading import audio, form
+from mrunner.cli.transcribe import form as cli_form
+from mrunner.errors import BadRequest
+
+
+def wav(seconds: float, rate: int = 16000) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(bytes(2 * int(rate * seconds)))
+    return buffer.getvalue()
+
+
+def multipart(
+    fields: list[tuple[str, str]], data: bytes | None, filename: str = "a.wav"
+) -> tuple[bytes, bytes]:
+    boundary = "XyZ"
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{n}"\r\n\r\n{v}\r\n' for n, v in fields]
+    body = "".join(parts).encode()
+    if data is not None:
+        body += (
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+                "Content-Type: audio/wav\r\n\r\n"
+            ).encode()
+            + data
+            + b"\r\n"
+        )
+    return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}".encode()
+
+
+def checked(fields: list[tuple[str, str]], data: bytes | None = None) -> transcription.Transcription:
+    body, content_type = multipart([("model", "ai/whisper"), *fields], wav(2) if data is None else data)
+    return transcription.check(transcription.payload(body, content_type))
+
+
+class FormTests(SynchronousTestCase):
+    def test_fields_and_a_file(self) -> None:
+        body, content_type = multipart(
+            [("model", "m"), ("timestamp_granularities[]", "word")], b"\x00\r\n--X"
+        )
+        found = form.fields(body, content_type)
+        self.assertEqual(found["model"], [form.Part(b"m")])
+        self.assertEqual(found["file"], [form.Part(b"\x00\r\n--X", "a.wav")])
+
+    def test_refusals(self) -> None:
+        body, content_type = multipart([("model", "m")], b"x")
+        for bad_body, bad_type in [
+            (body, b"application/json"),
+            (body, None),
+            (body[:-10], content_type),
+            (b"--XyZ\r\nno headers\r\n--XyZ--\r\n", content_type),
+        ]:
+            self.assertRaises(BadRequest, form.fields, bad_body, bad_type)
+
+    def test_the_cli_form_reads_back(self) -> None:
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(b"RIFF")
+        body, content_type = cli_form({"model": "m", "response_format": "srt"}, Path(path))
+        found = form.fields(body, content_type.encode())
+        self.assertEqual(found["response_format"][0].value, b"srt")
+        self.assertEqual(found["file"][0].value, b"RIFF")
+
+
+class AudioTests(SynchronousTestCase):
+    def test_wav_duration(self) -> None:
+        heard = audio.read(wav(2.5), "a.wav")
+        self.assertEqual(heard.format, "wav")
+        self.assertAlmostEqual(heard.seconds or 0, 2.5)
+
+    def test_other_formats_by_their_magic(self) -> None:
+        flac = b"fLaC" + bytes(14) + ((16000 << 44) | 32000).to_bytes(8, "big")
+        self.assertEqual(audio.read(flac, None), audio.Audio("flac", 2.0))
+        mp3 = bytes([0xFF, 0xFB, 0x90, 0x00]) + bytes(16000 - 4)  # 128 kbit/s
+        self.assertEqual(audio.read(mp3, None), audio.Audio("mp3", 1.0))
+        vorbis = b"OggS" + bytes(24) + b"\x01vorbis" + bytes(5) + struct.pack("<I", 8000)  # version, channels
+        last = b"OggS" + bytes(2) + struct.pack("<q", 16000) + bytes(8)
+        self.assertEqual(audio.read(vorbis + last, None), audio.Audio("ogg", 2.0))
+
+    def test_not_audio_is_named(self) -> None:
+        for data, named in [
+            (b"", "empty"),
+            (b"GGUF\x03", "GGUF"),
+            (b"%PDF-1.4", "PDF"),
+            (b"abc", "not audio"),
+        ]:
+            with self.assertRaises(BadRequest) as refused:
+                audio.read(data, "x.bin")
+            self.assertIn(named, refused.exception.message)
+            self.assertEqual(refused.exception.param, "file")
+
+
+class CheckTests(SynchronousTestCase):
+    def test_defaults(self) -> None:
+        asked = checked([])
+        self.assertEqual((asked.response_format, asked.language, asked.temperature), ("json", None, None))
+
+    def test_fields(self) -> None:
+        asked = checked(
+            [
+                ("response_format", "verbose_json"),
+                ("language", "de"),
+                ("prompt", "Names: Ada."),
+                ("temperature", "0.2"),
+                ("timestamp_granularities[]", "word"),
+                ("timestamp_granularities[]", "segment"),
+            ]
+        )
+        self.assertEqual(asked.granularities, ("word", "segment"))
+        self.assertEqual((asked.language, asked.temperature), ("de", 0.2))
+
+    def test_each_refusal(self) -> None:
+        for fields, data in [
+            ([("response_format", "docx")], None),
+            ([("temperature", "2")], None),
+            ([("temperature", "warm")], None),
+            ([("language", "English")], None),
+            ([("timestamp_granularities[]", "word")], None),  # needs verbose_json
+            ([("response_format", "verbose_json"), ("timestamp_granularities[]", "line")], None),
+            ([("prompt", "x" * 5000)], None),
+            ([("stream", "true")], None),
+            ([("model", "again")], None),
+            ([], b""),
+            ([], wav(transcription.MAX_AUDIO_SECONDS + 1, rate=100)),
+        ]:
+            self.assertRaises(BadRequest, checked, fields, data)
+
+    def test_no_file(self) -> None:
+        body, content_type = multipart([("model", "m")], None)
+        self.assertRaises(BadRequest, transcription.payload, body, content_type)
+
+    def test_the_runner_form(self) -> None:
+        asked = checked([("response_format", "srt"), ("language", "en")])
+        body, content_type = asked.runner_form(translate=True)
+        found = form.fields(body, content_type)
+        sent = {name: parts[0].value for name, parts in found.items()}
+        self.assertEqual(sent["translate"], b"true")
+        self.assertEqual(sent["response_format"], b"srt")
+        self.assertEqual(sent["file"], asked.file)
+        self.assertNotIn("translate", form.fields(*asked.runner_form(translate=False)))
+
+    def test_the_record_keeps_no_audio(self) -> None:
+        body, content_type = multipart([("model", "m")], wav(1))
+        kept = transcription.recorded(transcription.payload(body, content_type))
+        self.assertNotIn(b"RIFF", kept)
+        self.assertIn(b'"bytes": 32044', kept)
