@@ -72,6 +72,9 @@ class PromptCacheTests(LlamaCppTestCase):
         usage = (await self.ask(messages)).usage
         self.assertGreaterEqual(usage.prompt_tokens_details.cached_tokens, 0.9 * usage.prompt_tokens, usage)
         self.assertEqual(await self.metric("restores_total"), 1)
+        response = await http.get(self.daemon.url + "/engines/requests?limit=1", headers=self.keys)
+        (record,) = await response.json()
+        self.assertEqual(record["cached_tokens"], usage.prompt_tokens_details.cached_tokens, "its record")
 
     async def test_next_turn_after_a_daemon_restart(self) -> None:
         await self.start("[cache]\nmin_tokens = 64\n")

@@ -51,16 +51,42 @@ class RecordTests(SynchronousTestCase):
         self.assertEqual((shown["status"], shown["completed"]), (200, True))
         self.assertEqual(shown["timings"], {"queued": 0.5, "ttfb": 0.75, "total": 1.75})
         self.assertEqual(shown["tokens"], {"prompt": 4, "completion": 2})
+        self.assertIsNone(shown["cached_tokens"])
         self.assertEqual(shown["answer"]["text"], "Hello")
         self.assertTrue(shown["answer"]["stream"])
         self.assertEqual(shown["request"]["body"]["messages"][0]["content"], "hi")
 
     def test_a_json_answer_and_llama_timings(self) -> None:
-        answer = {"choices": [{"text": "four"}], "timings": {"prompt_n": 3, "predicted_n": 1}}
+        answer = {"choices": [{"text": "four"}], "timings": {"prompt_n": 3, "predicted_n": 1, "cache_n": 7}}
         self.assertEqual(
             read_answer(json.dumps(answer).encode()),
-            {"stream": False, "text": "four", "body": answer, "tokens": {"prompt": 3, "completion": 1}},
+            {
+                "stream": False,
+                "text": "four",
+                "body": answer,
+                "tokens": {"prompt": 3, "completion": 1},
+                "cached_tokens": 7,
+            },
         )
+
+    def test_cached_prompt_tokens_in_each_apis_field(self) -> None:
+        """The prompt cache's hits, as each API counts them; none where the answer says nothing."""
+        answers = [
+            ({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 8}}}, 8),
+            ({"usage": {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 5}}}, 5),
+            ({"usage": {"input_tokens": 1, "cache_read_input_tokens": 6}}, 6),
+            ({"type": "message_start", "message": {"usage": {"cache_read_input_tokens": 4}}}, 4),
+            ({"usage": {"prompt_tokens": 9}}, None),
+            ({"eval_count": 2, "prompt_eval_count": 3}, None),
+        ]
+        for answer, cached in answers:
+            self.assertEqual(read_answer(json.dumps(answer).encode())["cached_tokens"], cached, answer)
+        stream = (
+            b"data: "
+            + json.dumps({"timings": {"prompt_n": 2, "cache_n": 30}}).encode()
+            + b"\n\ndata: [DONE]\n\n"
+        )
+        self.assertEqual(read_answer(stream)["cached_tokens"], 30)
 
     def test_every_apis_answers_are_read(self) -> None:
         """Anthropic's, Responses' and Ollama's answers, whole and streamed, give their text and tokens."""

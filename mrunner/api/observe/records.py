@@ -103,6 +103,7 @@ class Record:
                 "total": _since(self.started, self.ended),
             },
             "tokens": answer.pop("tokens"),
+            "cached_tokens": answer.pop("cached_tokens"),
             "request": {
                 "headers": _header_fields(self.headers),
                 "body": _decoded(self.body, self.body_size > len(self.body)),
@@ -137,7 +138,8 @@ def unchunk(data: bytes) -> bytes:
 
 
 def read_answer(raw: bytes) -> dict[str, Any]:
-    """C{{"stream", "text", "body", "tokens"}} from an answer: SSE events, NDJSON lines or one JSON body.
+    """C{{"stream", "text", "body", "tokens", "cached_tokens"}} from an answer: SSE events, NDJSON lines
+    or one JSON body.
 
     The shapes read are OpenAI's (chat, completions, Responses), Anthropic's and Ollama's.
     """
@@ -147,7 +149,13 @@ def read_answer(raw: bytes) -> dict[str, Any]:
     body = _decoded(raw, False)
     if isinstance(body, str) and stripped.startswith(b"{"):  # NDJSON: Ollama's stream
         return _read_events(_lines(raw))
-    return {"stream": False, "text": _text(body), "body": body, "tokens": _tokens(body)}
+    return {
+        "stream": False,
+        "text": _text(body),
+        "body": body,
+        "tokens": _tokens(body),
+        "cached_tokens": _cached(body),
+    }
 
 
 def _lines(raw: bytes) -> list[str]:
@@ -156,7 +164,7 @@ def _lines(raw: bytes) -> list[str]:
 
 def _read_events(datas: Iterable[str]) -> dict[str, Any]:
     pieces: list[str] = []
-    tokens = None
+    tokens = cached = None
     for data in datas:
         if data == "[DONE]":
             continue
@@ -166,7 +174,9 @@ def _read_events(datas: Iterable[str]) -> dict[str, Any]:
             continue
         pieces.append(_text(event, delta=True) or "")
         tokens = _tokens(event) or tokens
-    return {"stream": True, "text": "".join(pieces), "body": None, "tokens": tokens}
+        found = _cached(event)
+        cached = cached if found is None else found
+    return {"stream": True, "text": "".join(pieces), "body": None, "tokens": tokens, "cached_tokens": cached}
 
 
 def _text(body: Any, delta: bool = False) -> str | None:
@@ -227,6 +237,24 @@ def _tokens(body: Any) -> dict[str, int] | None:
     if isinstance(timings, dict) and "prompt_n" in timings:
         return {"prompt": timings.get("prompt_n", 0), "completion": timings.get("predicted_n", 0)}
     return None
+
+
+def _cached(body: Any) -> int | None:
+    """Prompt tokens the runner found in its cache: each API's own field, or llama-server's C{timings}."""
+    if not isinstance(body, dict):
+        return None
+    inner = body.get("response") if isinstance(body.get("response"), dict) else body.get("message")
+    for usage in (body.get("usage"), inner.get("usage") if isinstance(inner, dict) else None):
+        if not isinstance(usage, dict):
+            continue
+        for details in (usage.get("prompt_tokens_details"), usage.get("input_tokens_details")):
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                return details["cached_tokens"]
+        if isinstance(usage.get("cache_read_input_tokens"), int):  # Anthropic's
+            return usage["cache_read_input_tokens"]
+    timings = body.get("timings")
+    cache_n = timings.get("cache_n") if isinstance(timings, dict) else None
+    return cache_n if isinstance(cache_n, int) else None
 
 
 @lru_cache(maxsize=256)  # parsing a name costs more than the rest of a record: requests repeat names
