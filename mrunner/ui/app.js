@@ -166,6 +166,13 @@ function showRunners(overview) {
   const rows = $("runner-rows");
   rows.replaceChildren();
   let used = 0;
+  // Each model's queue goes on its first runner's row, or on a row of its own while its runner starts.
+  const queues = new Map(overview.waiting.map((w) => [w.model, w]));
+  const queued = (model) => {
+    const w = queues.get(model);
+    queues.delete(model);
+    return w ? " · " + w.waiting + " waiting, the oldest " + seconds(w.oldest_wait) : "";
+  };
   for (const runner of overview.runners) {
     used += runner.memory;
     const button = element("button", "Unload", "admin-only");
@@ -174,7 +181,7 @@ function showRunners(overview) {
       runner.model_name,
       runner.mode,
       element("span", runner.state, "state-" + runner.state),
-      runner.in_use + " / " + runner.parallel,
+      runner.in_use + " / " + runner.parallel + queued(runner.model_name),
       memoryBar(runner, overview.memory_budget),
       countdown(runner, overview.now),
       button,
@@ -184,7 +191,13 @@ function showRunners(overview) {
     tr.dataset.inUse = runner.in_use;
     rows.append(tr);
   }
-  $("no-runners").hidden = overview.runners.length > 0;
+  for (const w of queues.values()) {
+    const tr = row([w.model, "-", element("span", "waiting", "state-waiting"), "0" + queued(w.model), "-", "-", ""]);
+    tr.dataset.model = w.model;
+    tr.dataset.state = "waiting";
+    rows.append(tr);
+  }
+  $("no-runners").hidden = rows.children.length > 0;
   const budget = overview.memory_budget;
   $("total-bar").style.width = budget ? Math.min(100, (100 * used) / budget) + "%" : "0";
   $("summary").textContent =

@@ -21,6 +21,7 @@ from mrunner.runners.forwarder import forwarded_headers
 from mrunner.scheduling.facade import Scheduler
 from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
+from tests.support.loading import request
 from tests.support.route_groups import daemon_groups
 
 BASE = "http://mrunner"
@@ -602,3 +603,11 @@ class PageRouteTests(SynchronousTestCase):
         self.assertEqual(overview["runners"], [])
         self.assertEqual((overview["queue"], overview["now"]), (0, 1000))
         self.assertEqual(overview["memory_budget"], Config().scheduler.memory_budget)
+        self.assertEqual(overview["waiting"], [])
+
+    def test_overview_shows_each_models_queue(self) -> None:
+        self.scheduler.loader.acquire(request("a"))
+        self.clock.advance(2)
+        self.scheduler.loader.acquire(request("a"))
+        overview = json.loads(self.get("/engines/overview")[2])
+        self.assertEqual(overview["waiting"], [{"model": "ai/a:latest", "waiting": 2, "oldest_wait": 2}])

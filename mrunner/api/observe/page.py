@@ -20,7 +20,7 @@ from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.api.manage.scheduler_json import runner_json
 from mrunner.errors import NotFound
 from mrunner.interfaces import IModelStore, IScheduler
-from mrunner.teams.access import visible_runners
+from mrunner.teams.access import visible_name, visible_runners
 
 TYPES = {
     "index.html": b"text/html; charset=utf-8",
@@ -44,7 +44,10 @@ def wants_html(request: IRequest) -> bool:
     return b"text/html" in (request.getHeader(b"accept") or b"")
 
 
-OVERVIEW = {"type": "object", "required": ["now", "runners", "queue", "memory_budget", "key", "admin"]}
+OVERVIEW = {
+    "type": "object",
+    "required": ["now", "runners", "queue", "waiting", "memory_budget", "key", "admin"],
+}
 
 
 class PageAPI:
@@ -105,7 +108,8 @@ class PageAPI:
         ),
     )
     def overview(self, request: IRequest) -> bytes:
-        """What the page's runners view shows; C{now} is the daemon's clock, for keep-alive countdowns.
+        """What the page's runners view shows; C{now} is the daemon's clock, for keep-alive countdowns,
+        and C{waiting} each model's queue.
 
         The runners are those of the models the key may use; C{key} and C{admin} say who
         asked, so that the page offers only what that key can do.
@@ -118,6 +122,11 @@ class PageAPI:
                 "now": self._clock.seconds(),
                 "runners": [runner_json(runner) for runner in runners],
                 "queue": self._scheduler.queued(),
+                "waiting": [
+                    {"model": w.model_name, "waiting": w.count, "oldest_wait": round(w.oldest_seconds, 3)}
+                    for w in self._scheduler.waiting()
+                    if visible_name(who.member, w.model_name)
+                ],
                 "memory_budget": self._scheduler.memory_budget(),
                 "key": who.name,
                 "admin": who.admin,
