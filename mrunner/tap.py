@@ -47,6 +47,7 @@ from mrunner.devices.nvml import Nvml
 from mrunner.home import PRIVATE_UMASK, Home
 from mrunner.interfaces import IBackend
 from mrunner.runners.checks import RunnerChecks
+from mrunner.runners.fastrelay import FastRelay
 from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.metrics import RunnerScraper
 from mrunner.runners.pool import RunnerPool, unix_connect
@@ -127,6 +128,11 @@ class Parts:
     teams: Teams
 
 
+def _forwarder(config: configuration.Config, reactor: Any, pool: RunnerPool) -> Forwarder:
+    """The one forwarder, with the fast relay's thread where C{[http] relay = "fast"}."""
+    return Forwarder(pool, openai_stream_error, FastRelay(reactor) if config.http.relay == "fast" else None)
+
+
 def make_parts(
     config: configuration.Config, reactor: Any, read_config: Callable[[], configuration.Config] | None = None
 ) -> Parts:
@@ -168,7 +174,7 @@ def make_parts(
     groups = route_groups(
         gateway=gateway,
         store=store,
-        forwarder=Forwarder(runner_pool, openai_stream_error),
+        forwarder=_forwarder(config, reactor, runner_pool),
         responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
         models=models,
         operations=operations,

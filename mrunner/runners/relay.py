@@ -95,7 +95,9 @@ class Relay(BodyReceiver):
     body that the runner stopped; C{None} where the body cannot carry it.
     C{observer} (the key's meter) sees the body relayed; the
     request's record (L{recorder}) what the client was sent. Cancelling
-    C{done} (the client went away) aborts the runner's connection.
+    C{done} (the client went away) aborts the runner's connection. C{taken},
+    while the fast relay moves the body (L{mrunner.runners.fastrelay}), has it
+    give the connections back first.
     """
 
     log = Logger()
@@ -108,7 +110,9 @@ class Relay(BodyReceiver):
         error_event: ErrorEvent | None,
         observer: Observer | None = None,
     ):
-        self._request = request
+        self.request = self._request = request
+        self._connection = connection
+        self.taken: Callable[[], None] | None = None
         self._framed = framed
         self._error_event = error_event
         self._observer = observer
@@ -116,9 +120,18 @@ class Relay(BodyReceiver):
         for watching in (observer, self._recorder):
             if watching is not None:
                 watching.start(framed)
-        self.done: Deferred[None] = Deferred(lambda d: connection.abort())
+        self.done: Deferred[None] = Deferred(self._cancel)
         producer: IPushProducer = connection.transport  # type: ignore[assignment]
         request.registerProducer(producer, True)
+
+    def _cancel(self, done: Deferred[None]) -> None:
+        if self.taken is not None:
+            self.taken()
+        self._connection.abort()
+
+    def watching(self) -> list[Observer]:
+        """What sees the body relayed: the key's meter, the request's record."""
+        return [watching for watching in (self._observer, self._recorder) if watching is not None]
 
     def write(self, data: bytes) -> None:
         request = self._request
