@@ -126,6 +126,12 @@ class Parts:
     closers: tuple[Callable[[], object], ...]
     reloader: Reloader
     teams: Teams
+    forwarder: Forwarder
+
+
+def _response_store(config: configuration.Config, reactor: Any) -> ResponseStore:
+    responses = config.responses
+    return ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes)
 
 
 def _forwarder(config: configuration.Config, reactor: Any, pool: RunnerPool) -> Forwarder:
@@ -170,12 +176,12 @@ def make_parts(
     followers, logs = _follows(config, reactor, home, reloadable)
     gateway, records, teams = _gateway(config, reactor, store, scheduler, metrics, reloadable)
     history = RecordsAPI(records, followers)
-    responses = config.responses
+    forwarder = _forwarder(config, reactor, runner_pool)
     groups = route_groups(
         gateway=gateway,
         store=store,
-        forwarder=_forwarder(config, reactor, runner_pool),
-        responses=ResponseStore(reactor, responses.ttl, responses.max_count, responses.max_bytes),
+        forwarder=forwarder,
+        responses=_response_store(config, reactor),
         models=models,
         operations=operations,
         metrics=metrics.registry,
@@ -192,7 +198,7 @@ def make_parts(
     site = GatedSite(Routes(groups), config, reactor, sinks=declared.sinks({"upload": models.upload}))
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
-    return Parts(site, scheduler, logs, history, closers, reloader, teams)
+    return Parts(site, scheduler, logs, history, closers, reloader, teams, forwarder)
 
 
 def _store(config: configuration.Config, reactor: Any) -> ModelStore:

@@ -193,6 +193,8 @@ class FastRelay:
         self._reactor = reactor
         self._mover = Mover(reactor.callFromThread, self._show, self._back)
         self._taken: dict[Moved, tuple[Relay, RunnerConnection, list[Observer]]] = {}
+        #: Streams the thread has taken, to tell which relay served them.
+        self.moved = 0
 
     def take(self, relay: Relay, connection: RunnerConnection) -> bool:
         """Move the rest of C{relay}'s body in the thread, if both sockets are plain and idle."""
@@ -214,10 +216,11 @@ class FastRelay:
             return False
         client.stopReading()  # type: ignore[union-attr]
         runner.stopReading()  # type: ignore[union-attr]
-        moved = Moved(_dup(runner), _dup(client), chunks)
+        moved = Moved(duplicate(runner.socket), duplicate(client.socket), chunks)  # type: ignore[union-attr]
         self._taken[moved] = (relay, connection, relay.watching())
         relay.taken = lambda: self._reclaim(moved)
         self._mover.add(moved)
+        self.moved += 1
         return True
 
     def _show(self, moved: Moved) -> None:
@@ -256,9 +259,8 @@ def _transport(connection: RunnerConnection) -> Any:
     return connection.transport
 
 
-def _dup(transport: Any) -> socket.socket:
-    """A duplicate of C{transport}'s socket, non-blocking, for the thread alone."""
-    sock: socket.socket = transport.socket
-    duplicate = socket.socket(sock.family, sock.type, fileno=os.dup(sock.fileno()))
-    duplicate.setblocking(False)
-    return duplicate
+def duplicate(sock: socket.socket) -> socket.socket:
+    """A duplicate of C{sock}, non-blocking, for the thread alone."""
+    twin = socket.socket(sock.family, sock.type, fileno=os.dup(sock.fileno()))
+    twin.setblocking(False)
+    return twin

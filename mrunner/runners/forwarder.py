@@ -106,7 +106,7 @@ class Forwarder:
     def __init__(self, pool: RunnerPool, error_event: ErrorEvent, fast: FastRelay | None = None):
         self._pool = pool
         self._error_event = error_event
-        self._fast = fast
+        self.fast = fast
 
     @overload
     async def forward(
@@ -201,7 +201,7 @@ class Forwarder:
         if framed:
             request.write(b"")
             request.chunked = False
-        fast = self._fast if framed else None
+        fast = self.fast if framed else None
         relayed = _relay(request, answer, framed, self._error_event if events else None, renaming, fast)
         del answer, head  # not kept for the minutes a stream may last (1,000 streams: 0.5 MB)
         await relayed
