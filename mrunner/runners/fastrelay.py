@@ -38,7 +38,7 @@ import socket
 import threading
 from typing import Any
 
-from twisted.logger import Logger
+from twisted.internet import tcp
 
 from mrunner.runners.connection import RunnerConnection
 from mrunner.runners.fastio import writable_now
@@ -80,8 +80,6 @@ class Mover:
     C{call_soon(f, *args)} runs C{f} on the reactor thread (C{reactor.callFromThread}):
     C{show(moved)} to show the bytes kept aside, C{back(moved)} once it is handed back.
     """
-
-    log = Logger()
 
     def __init__(self, call_soon: Any, show: Any, back: Any) -> None:
         self._call_soon = call_soon
@@ -191,7 +189,7 @@ class FastRelay:
 
     def __init__(self, reactor: Any) -> None:
         self._reactor = reactor
-        self._mover = Mover(reactor.callFromThread, self._show, self._back)
+        self._made: Mover | None = None  # made, and its thread started, for the first stream
         self._taken: dict[Moved, tuple[Relay, RunnerConnection, list[Observer]]] = {}
         #: Streams the thread has taken, to tell which relay served them.
         self.moved = 0
@@ -202,8 +200,8 @@ class FastRelay:
         client = request.channel.transport if request.channel is not None else None
         runner = connection.transport
         chunks = connection.chunks
-        if client is not None and not writable_now(client):
-            client.doWrite()  # type: ignore[attr-defined]  # the head, queued by Twisted for the next turn
+        if isinstance(client, tcp.Connection) and not client.TLS and not writable_now(client):
+            client.doWrite()  # the head, queued by Twisted for the reactor's next turn: sent now
         readers = self._reactor.getReaders()
         if not (
             chunks is not None
@@ -222,6 +220,12 @@ class FastRelay:
         self._mover.add(moved)
         self.moved += 1
         return True
+
+    @property
+    def _mover(self) -> Mover:
+        if self._made is None:
+            self._made = Mover(self._reactor.callFromThread, self._show, self._back)
+        return self._made
 
     def _show(self, moved: Moved) -> None:
         taken = self._taken.get(moved)
@@ -245,14 +249,15 @@ class FastRelay:
         client: Any = channel.transport if channel is not None else None
         if client is not None and client.connected and not client.disconnecting:
             client.startReading()
+        runner = _transport(connection)
+        if not moved.ended and runner.connected:
+            runner.startReading()  # before the write, which may pause it again
         if moved.pending:
             relay.write(moved.pending)
         if moved.ended:
             connection.ended_elsewhere(moved.extra)
-        elif (runner := _transport(connection)).connected:
-            runner.startReading()
-            if moved.raw:
-                connection.dataReceived(moved.raw)
+        elif moved.raw and runner.connected:
+            connection.dataReceived(moved.raw)
 
 
 def _transport(connection: RunnerConnection) -> Any:
