@@ -17,17 +17,20 @@ what is offered.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench import daemon, servers
 from bench.report import NO_GOAL, Row, share, times
+from bench.rounds import interleave
 from bench.servers import ServerFailed, Target
 from bench.settings import CHAT, Settings, chat
 from mrunner.testing.tinymodel import write_tiny_llama
@@ -84,8 +87,10 @@ class Load:
         argv = [*self._argv, target, "1", "0", "0", str(self._warm)]
         subprocess.run(argv, capture_output=True, check=True, timeout=60)
 
-    def drive(self, target: str, streams: int, charged: Target | None) -> dict[str, float]:
-        """C{streams} at once; the figures of the window, with C{charged}'s CPU in it."""
+    def drive(self, charged: Target | str, streams: int) -> dict[str, float]:
+        """C{streams} at once through C{charged} (or to the address C{charged}, direct); the figures of
+        the window, with the target's CPU in it."""
+        target = charged if isinstance(charged, str) else "tcp:" + charged.url.removeprefix("http://")
         settings = self._settings
         window = [str(settings.fast_ramp), str(settings.fast_seconds)]
         marks = []
@@ -95,7 +100,8 @@ class Load:
             assert process.stdout is not None
             for line in process.stdout:
                 if line.strip() in ("window", "end"):
-                    marks.append((time.perf_counter(), charged.cpu_seconds() if charged else 0.0))
+                    cpu = 0.0 if isinstance(charged, str) else charged.cpu_seconds()
+                    marks.append((time.perf_counter(), cpu))
                 elif line.startswith("{"):
                     result = json.loads(line)
         if len(marks) != 2 or not result:
@@ -111,12 +117,6 @@ class Load:
             "failed": result["failed"],
         }
 
-    def sweep(self, target: Target, counts: list[int]) -> dict[int, dict[str, float]]:
-        """Each count of streams through C{target} in turn."""
-        address = "tcp:" + target.url.removeprefix("http://")
-        self.warm(address)
-        return {count: self.drive(address, count, target) for count in counts}
-
 
 @contextmanager
 def mrunner(tmp: Path, runner: list[str], relay: str, streams: int, proxy: list[str]) -> Iterator[Target]:
@@ -131,7 +131,7 @@ def mrunner(tmp: Path, runner: list[str], relay: str, streams: int, proxy: list[
 
 
 def measure(tmp: Path, settings: Settings, progress: Callable[[str], None]) -> list[Row]:
-    """Direct at the largest count, then nginx and mrunner's two relays at every count."""
+    """Direct at the largest count, then nginx and mrunner's two relays, interleaved, at every count."""
     runner_exe, load_exe = build(tmp)
     proxy, near = cores()
     counts = [int(count) for count in settings.fast_streams.split(",")]
@@ -139,19 +139,28 @@ def measure(tmp: Path, settings: Settings, progress: Callable[[str], None]) -> l
     load = Load(near, load_exe, tmp, settings, events)
     runner = [*near, str(runner_exe), "{socket}", str(events), str(1 / settings.fast_rate)]
     upstream = tmp / "fast.sock"
-    results: dict[str, dict[int, dict[str, float]]] = {}
     direct = [str(upstream) if arg == "{socket}" else arg for arg in runner]
-    with servers.on_socket(direct, upstream, tmp / "fast-runner.log"):
-        progress(f"10: {counts[-1]} streams direct, then {counts} through nginx")
+    with ExitStack() as running:
+        running.enter_context(servers.on_socket(direct, upstream, tmp / "fast-runner.log"))
         load.warm(f"unix:{upstream}")
-        results["direct"] = {counts[-1]: load.drive(f"unix:{upstream}", counts[-1], None)}
-        with servers.nginx(upstream, tmp / "nginx-10", proxy) as nginx:
-            results["nginx"] = load.sweep(nginx, counts)
-    for relay in RELAYS:
-        progress(f"10: {counts} through mrunner, relay {relay}")
-        with mrunner(tmp, runner, relay, counts[-1], proxy) as target:
-            results[relay] = load.sweep(target, counts)
+        results = {"direct": {counts[-1]: load.drive(f"unix:{upstream}", counts[-1])}}
+        targets = {"nginx": running.enter_context(servers.nginx(upstream, tmp / "nginx-10", proxy))}
+        for relay in RELAYS:
+            targets[relay] = running.enter_context(mrunner(tmp, runner, relay, counts[-1], proxy))
+        for target in targets.values():
+            load.warm("tcp:" + target.url.removeprefix("http://"))
+        for count in counts:
+            progress(f"10: {count} streams, {settings.fast_rounds} rounds of {', '.join(targets)}")
+            rounds = interleave(targets, settings.fast_rounds, functools.partial(_drive, load, count))
+            for name, samples in rounds.items():
+                results.setdefault(name, {})[count] = {
+                    key: statistics.median(sample[key] for sample in samples) for key in samples[0]
+                }
     return rows(results, counts, settings)
+
+
+def _drive(load: Load, count: int, _: str, target: Target) -> dict[str, float]:
+    return load.drive(target, count)
 
 
 def rows(results: dict[str, dict[int, dict[str, float]]], counts: list[int], settings: Settings) -> list[Row]:

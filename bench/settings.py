@@ -59,11 +59,14 @@ class Settings:
     fast_rate: float = field(
         default=50.0, metadata={"help": "events a second of each stream of scenario 10 (the C stand-in)"}
     )
+    fast_rounds: int = field(
+        default=2, metadata={"help": "rounds of scenario 10 at each count, the proxies taking turns"}
+    )
     fast_ramp: float = field(
         default=0.5, metadata={"help": "seconds over which scenario 10 opens its streams"}
     )
     fast_seconds: float = field(
-        default=2.0, metadata={"help": "seconds of each measured window of scenario 10, once all are open"}
+        default=1.5, metadata={"help": "seconds of each measured window of scenario 10, once all are open"}
     )
 
 
