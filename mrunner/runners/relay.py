@@ -110,16 +110,15 @@ class Relay(BodyReceiver):
         error_event: ErrorEvent | None,
         observer: Observer | None = None,
     ):
-        self.request = self._request = request
+        self.request = request
         self._connection = connection
         self.taken: Callable[[], None] | None = None
         self._framed = framed
         self._error_event = error_event
         self._observer = observer
         self._recorder = recorder(request)
-        for watching in (observer, self._recorder):
-            if watching is not None:
-                watching.start(framed)
+        for watching in self.watching():
+            watching.start(framed)
         self.done: Deferred[None] = Deferred(self._cancel)
         producer: IPushProducer = connection.transport  # type: ignore[assignment]
         request.registerProducer(producer, True)
@@ -134,7 +133,7 @@ class Relay(BodyReceiver):
         return [watching for watching in (self._observer, self._recorder) if watching is not None]
 
     def write(self, data: bytes) -> None:
-        request = self._request
+        request = self.request
         if request.startedWriting and not request.chunked and request.channel is not None:
             send_now(request.channel.transport, data)
             if self._recorder is not None:
@@ -145,8 +144,8 @@ class Relay(BodyReceiver):
             self._observer.write(data)
 
     def end(self) -> None:
-        if self._request.channel is not None:
-            self._request.unregisterProducer()
+        if self.request.channel is not None:
+            self.request.unregisterProducer()
         if not self.done.called:
             self.done.callback(None)
 
@@ -156,7 +155,7 @@ class Relay(BodyReceiver):
         Passing the runner's chunks through, the error event is a chunk of its
         own, and Twisted ends the body; a chunk cut in its middle cannot be ended.
         """
-        request = self._request
+        request = self.request
         if self.done.called or request.channel is None:
             return  # the client is gone, and the request with it
         request.unregisterProducer()
