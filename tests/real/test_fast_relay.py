@@ -28,6 +28,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner.runners.connection import RunnerConnection
 from mrunner.runners.fastrelay import Moved, Mover, duplicate, show_aside
 from mrunner.runners.pool import RunnerPool
+from mrunner.runners.wire import Malformed
 from tests.unit.runners.fakes import CHUNKED_HEAD, Connections, Recorder, lost
 
 SMALL_BUFFER = 4096
@@ -64,14 +65,27 @@ def answering() -> tuple[RunnerConnection, Recorder]:
     return connection, body
 
 
-def twisted_alone(pieces: list[bytes], cut: bool) -> tuple[bytes, bool, tuple[str, bool] | None]:
+Ending = tuple[bytes, bool, "tuple[str, bool] | None", bool]
+
+
+def received(connection: RunnerConnection, piece: bytes) -> bool:
+    """C{piece} given to the connection as the reactor would; False where it was found malformed (the
+    reactor then drops the connection)."""
+    try:
+        connection.dataReceived(piece)
+    except Malformed:
+        return False
+    return True
+
+
+def twisted_alone(pieces: list[bytes], cut: bool) -> Ending:
     connection, body = answering()
     for piece in pieces:
-        if connection.relaying is not None:
-            connection.dataReceived(piece)
+        if connection.relaying is not None and not received(connection, piece):
+            return b"".join(body.data), body.ended, body.cut_because, True
     if cut and connection.relaying is not None:
         lost(connection)
-    return b"".join(body.data), body.ended, body.cut_because
+    return b"".join(body.data), body.ended, body.cut_because, False
 
 
 def read_all(sock: socket.socket) -> bytes:
@@ -98,7 +112,7 @@ class Reactor:
 
 def fast(
     pieces: list[bytes], cut: bool, pauses: list[float], reads_at_once: bool
-) -> tuple[bytes, bool, tuple[str, bool] | None, bytes, bytes]:
+) -> tuple[Ending, bytes, bytes]:
     """What the client gets through the mover, then Twisted; and what the observers and client saw."""
     connection, body = answering()
     runner_far, runner_near = socket.socketpair()
@@ -145,18 +159,18 @@ def fast(
     # The Twisted relay goes on, as FastRelay._back does.
     if moved.pending:
         body.write(moved.pending)
+    malformed = False
     if moved.ended:
         connection.ended_elsewhere(moved.extra)
     else:
-        for piece in (moved.raw, read_all(runner_near)):
-            if piece and connection.relaying is not None:
-                connection.dataReceived(piece)
-        if cut and connection.relaying is not None:
+        rest = moved.raw + read_all(runner_near)  # what the reactor reads once it reads again
+        malformed = bool(rest) and not received(connection, rest)
+        if cut and connection.relaying is not None and not malformed:
             lost(connection)
     sent = b"".join(client_got)
     for sock in (runner_far, runner_near, client_near, client_far):
         sock.close()
-    return sent + b"".join(body.data), body.ended, body.cut_because, b"".join(observed), sent
+    return (sent + b"".join(body.data), body.ended, body.cut_because, malformed), b"".join(observed), sent
 
 
 class FastRelayTests(SynchronousTestCase):
@@ -169,6 +183,7 @@ class FastRelayTests(SynchronousTestCase):
         st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.005]), max_size=8),
         st.booleans(),
         st.binary(max_size=20),
+        st.sampled_from([b"", b"", b"", b"zz\r\n", b"5\r\nhello\r\nq"]),
     )
     def test_the_client_gets_exactly_what_the_twisted_relay_sends(
         self,
@@ -179,12 +194,16 @@ class FastRelayTests(SynchronousTestCase):
         pauses: list[float],
         reads_at_once: bool,
         after: bytes,
+        garbage: bytes,
     ) -> None:
+        """Also where the runner's bytes go wrong midway (C{garbage}: a size line that is not hex)."""
         whole = chunked(events, trailer)
+        if garbage:
+            whole = whole[: -len(b"0\r\n\r\n")] + garbage + b"0\r\n\r\n"
         cut = cut_at % 3 == 0  # a third of the runners close mid-body
         data = whole[: cut_at % len(whole)] if cut else whole + after
         pieces = cuts(data, cut_points)
         expected = twisted_alone(pieces, cut)
-        got, ended, cut_because, observed, sent = fast(pieces, cut, pauses, reads_at_once)
-        self.assertEqual((got, ended, cut_because), expected)
+        ending, observed, sent = fast(pieces, cut, pauses, reads_at_once)
+        self.assertEqual(ending, expected)
         self.assertEqual(observed, sent, "the observers see the bytes the thread sent, as they went")
