@@ -14,8 +14,9 @@ first one at once (the record's first byte), then every L{BATCH} bytes, then
 the rest at the end.
 
 Anything but the next event gives the stream back to the Twisted relay, which
-goes on from that byte as if it had moved them all: the body's end (the
-connection then ends the answer and goes back to its pool), the runner's close
+goes on from that byte as if it had moved them all: the body's end (whose
+last bytes the reactor sends, then ends the answer, and the connection goes
+back to its pool, so a client never has the end before the daemon does), the runner's close
 or error (its reactor read then sees it and cuts the answer as before), the
 client's leaving or its full socket (the bytes not sent are written by Twisted,
 which then applies backpressure), and a cancel from the reactor (L{reclaim}).
@@ -150,14 +151,18 @@ class Mover:
             self._hand_back(moved)
             return
         if end >= 0:
-            data, moved.extra, moved.ended = data[:end], data[end:], True
+            # The body's last bytes go out from the reactor, as with the Twisted relay: a client that
+            # has them finds the answer over there (its record kept, its tokens counted).
+            moved.pending, moved.extra, moved.ended = data[:end], data[end:], True
+            self._hand_back(moved)
+            return
         try:
             sent = moved.client.send(data)
         except OSError:  # full, or gone: Twisted writes it, and sees which
             sent = 0
         if sent:
             self._aside(moved, data[:sent] if sent < len(data) else data)
-        if sent < len(data) or moved.ended:
+        if sent < len(data):
             moved.pending = data[sent:]
             self._hand_back(moved)
 

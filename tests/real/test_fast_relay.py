@@ -205,5 +205,12 @@ class FastRelayTests(SynchronousTestCase):
         pieces = cuts(data, cut_points)
         expected = twisted_alone(pieces, cut)
         ending, observed, sent = fast(pieces, cut, pauses, reads_at_once)
-        self.assertEqual(ending, expected)
+        if expected[3]:
+            # Malformed: either relay sends the reads before the one that completes the bad line, and
+            # how the runner's bytes fell into reads is the kernel's, so only a prefix can be compared.
+            bad_line_read = data.index(b"\r\n", data.index(garbage) + len(garbage)) + 2
+            self.assertEqual(ending[1:], expected[1:])
+            self.assertTrue(data.startswith(ending[0]) and len(ending[0]) < bad_line_read, ending)
+        else:
+            self.assertEqual(ending, expected)
         self.assertEqual(observed, sent, "the observers see the bytes the thread sent, as they went")
