@@ -49,8 +49,7 @@ class FastRelayTests(DaemonTestCase):
         self.assertTrue(await events.done)
         self.assertTrue(events.data.endswith(b"data: [DONE]\n\n"))
         self.assertEqual(moved(self.daemon), self.expected(1))
-        # The client may have the last bytes a moment before the reactor is told the answer ended.
-        for _ in range(100):
+        for _ in range(100):  # the record, once its answer has ended
             response = await http.get(self.daemon.url + "/engines/requests")
             records = json.loads(await response.text())
             if '"completed": true' in json.dumps(records):
@@ -109,7 +108,7 @@ class ListenerTests(TestCase):
         self.addCleanup(lambda: ensureDeferred(daemon.stop()))
         gguf = home / "tiny.gguf"
         write_tiny_gguf(gguf)
-        body = {"model": MODEL, "messages": HI, "stream": True, "test": {"events": 3}}
+        body = {"model": MODEL, "messages": HI, "stream": True, "test": {"events": 3, "interval": 0.05}}
 
         def talk() -> bytes:
             with httpx2.Client(transport=httpx2.HTTPTransport(uds=str(path)), timeout=30) as client:
@@ -130,7 +129,7 @@ class ListenerTests(TestCase):
         gguf = home / "tiny.gguf"
         write_tiny_gguf(gguf)
         trusted = ssl.create_default_context(cafile=str(pem))
-        body = {"model": MODEL, "messages": HI, "stream": True, "test": {"events": 3}}
+        body = {"model": MODEL, "messages": HI, "stream": True, "test": {"events": 3, "interval": 0.05}}
 
         def talk() -> bytes:
             with httpx2.Client(verify=trusted, timeout=30) as client:
