@@ -28,7 +28,20 @@ from typing import Any
 
 import httpx2
 
-from bench import conversation, daemon, inputs, keyed, loading, report, servers, small, soak, store, streaming
+from bench import (
+    conversation,
+    daemon,
+    fastrunner,
+    inputs,
+    keyed,
+    loading,
+    report,
+    servers,
+    small,
+    soak,
+    store,
+    streaming,
+)
 from bench.client import BadResponse
 from bench.report import Row
 from bench.servers import Target
@@ -210,6 +223,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run only scenario 10, an agent's conversation on SmolLM2 across a swap, cache on and off",
     )
+    parser.add_argument(
+        "--fast-only",
+        action="store_true",
+        help="run only scenario 12, the fast runner (a C stand-in: no llama-server needed): under 2 min",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 
@@ -218,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     try:
-        executable = None if args.streams_only else inputs.llama_server()
+        executable = None if args.streams_only or args.fast_only else inputs.llama_server()
     except inputs.MissingInput as e:
         progress(str(e))
         return 1
@@ -228,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     # Short, because runner sockets live under it and UNIX socket paths are limited to 108 bytes.
     tmp = Path(tempfile.mkdtemp(prefix="mrb-", dir="/tmp"))
     try:
-        if executable is None:
+        if args.fast_only:
+            rows = fastrunner.measure(tmp, settings, progress)
+        elif executable is None:
             rows = many_streams(tmp, settings)
         elif args.store_only:
             rows = store_scenarios(tmp, executable, settings)
@@ -237,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
             rows += conversations(tmp, executable)
+            rows += fastrunner.measure(tmp, settings, progress)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1

@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -47,6 +47,7 @@ keep_alive = -1
 [http]
 # Every stream holds a connection: room for all of them and the bench's own calls.
 max_connections = {connections}
+{http}
 
 [backends.trickle]
 command = {command}
@@ -58,15 +59,24 @@ def llama_conf(executable: Path, parallel: int, threads: int) -> str:
     return LLAMA_CONF.format(parallel=parallel, threads=threads, executable=executable)
 
 
-def trickle_conf(command: list[str], streams: int) -> str:
-    """A tap.conf whose default backend runs C{command} with room for C{streams} at once."""
-    return TRICKLE_CONF.format(streams=streams, connections=streams + 64, command=json.dumps(command))
+def trickle_conf(command: list[str], streams: int, http: str = "") -> str:
+    """A tap.conf whose default backend runs C{command} with room for C{streams} at once; C{http}: more
+    lines of its C{[http]}."""
+    return TRICKLE_CONF.format(
+        streams=streams, connections=streams + 64, command=json.dumps(command), http=http
+    )
 
 
 @contextmanager
-def started(home: Path, conf: str, backend: str, headers: dict[str, str] | None = None) -> Iterator[Target]:
+def started(
+    home: Path,
+    conf: str,
+    backend: str,
+    headers: dict[str, str] | None = None,
+    prefix: Sequence[str] = (),
+) -> Iterator[Target]:
     """``twistd -n mrunner`` with C{conf} and its state in C{home}, once C{backend} is installed
-    (asked with C{headers}: a key, where C{conf} needs one)."""
+    (asked with C{headers}: a key, where C{conf} needs one); C{prefix} (C{taskset -c 1}) goes first."""
     home.mkdir()
     (home / "tap.conf").write_text(conf)
     port = free_port()
@@ -74,7 +84,7 @@ def started(home: Path, conf: str, backend: str, headers: dict[str, str] | None 
     twistd = Path(sys.executable).with_name("twistd")
     if not twistd.exists():
         twistd = Path(shutil.which("twistd") or twistd)
-    argv = [str(twistd), "-n", "--pidfile=", "mrunner", "--config", str(home / "tap.conf")]
+    argv = [*prefix, str(twistd), "-n", "--pidfile=", "mrunner", "--config", str(home / "tap.conf")]
     argv += ["--listen", f"tcp:{port}:interface={LOOPBACK}"]
     env = {**os.environ, "MRUNNER_HOME": str(home)}
     with running(argv, home / "twistd.log", env) as process:

@@ -205,15 +205,16 @@ http {{
 
 
 @contextmanager
-def nginx(upstream: Path, directory: Path) -> Iterator[Target]:
-    """nginx on a free port, proxying to the UNIX socket C{upstream} without buffering."""
+def nginx(upstream: Path, directory: Path, prefix: Sequence[str] = ()) -> Iterator[Target]:
+    """nginx on a free port, proxying to the UNIX socket C{upstream} without buffering; C{prefix}
+    (C{taskset -c 1}) goes before its command line."""
     directory.mkdir()
     port = free_port()
     conf = directory / "nginx.conf"
     user = pwd.getpwuid(os.getuid()).pw_name
     conf.write_text(NGINX_CONF.format(user=user, dir=directory, host=LOOPBACK, upstream=upstream, port=port))
     argv = ["nginx", "-p", str(directory), "-c", str(conf), "-e", str(directory / "nginx-error.log")]
-    with running([*argv, "-g", "daemon off;"], directory / "nginx.log") as process:
+    with running([*prefix, *argv, "-g", "daemon off;"], directory / "nginx.log") as process:
         url = f"http://{LOOPBACK}:{port}"
         process.wait_ready(f"{url}/health")
         yield Target(url, (process.pid, *proc.children(process.pid)))

@@ -52,6 +52,22 @@ class Settings:
     soak_ramp: float = field(
         default=5.0, metadata={"help": "seconds over which scenario 5 opens its streams"}
     )
+    fast_streams: str = field(
+        default="64,256,512,1024",
+        metadata={"help": "counts of streams scenario 10 runs through each proxy, comma-separated"},
+    )
+    fast_rate: float = field(
+        default=50.0, metadata={"help": "events a second of each stream of scenario 10 (the C stand-in)"}
+    )
+    fast_rounds: int = field(
+        default=2, metadata={"help": "rounds of scenario 10 at each count, the proxies taking turns"}
+    )
+    fast_ramp: float = field(
+        default=0.5, metadata={"help": "seconds over which scenario 10 opens its streams"}
+    )
+    fast_seconds: float = field(
+        default=1.5, metadata={"help": "seconds of each measured window of scenario 10, once all are open"}
+    )
 
 
 def chat(model: str, max_tokens: int, stream: bool, **extra: Any) -> dict[str, Any]:

@@ -52,7 +52,8 @@ from mrunner.devices.nvml import Nvml
 from mrunner.home import PRIVATE_UMASK, Home
 from mrunner.interfaces import IBackend
 from mrunner.runners.checks import RunnerChecks
-from mrunner.runners.forwarder import Forwarder
+from mrunner.runners.fastrelay import FastRelay
+from mrunner.runners.forwarder import Forwarder, as_sent
 from mrunner.runners.metrics import RunnerScraper
 from mrunner.runners.pool import RunnerPool, unix_connect
 from mrunner.runners.process import RunnerOptions, new_process
@@ -134,6 +135,16 @@ class Parts:
     closers: tuple[Callable[[], object], ...]
     reloader: Reloader
     teams: Teams
+    forwarder: Forwarder
+
+
+def _forwarder(
+    config: configuration.Config, reactor: Any, pool: RunnerPool, cache: PromptCache | None
+) -> Forwarder:
+    """The one forwarder: the prompt cache's turns where it is on, the fast relay's thread where
+    C{[http] relay = "fast"}."""
+    fast = FastRelay(reactor) if config.http.relay == "fast" else None
+    return Forwarder(pool, openai_stream_error, cache.turn if cache else as_sent, fast=fast)
 
 
 def make_parts(
@@ -166,10 +177,12 @@ def make_parts(
     followers, logs = _follows(config, reactor, home, reloadable)
     gateway, records, teams = _gateway(config, reactor, store, scheduler, metrics, reloadable)
     history = RecordsAPI(records, followers)
+    forwarder = _forwarder(config, reactor, runner_pool, cache)
     groups = route_groups(
         gateway=gateway,
         store=store,
-        **_cache_parts(cache, runner_pool, scheduler),
+        forwarder=forwarder,
+        **_cache_parts(cache, scheduler),
         responses=_responses(config, reactor),
         models=models,
         operations=operations,
@@ -187,7 +200,7 @@ def make_parts(
     site = GatedSite(Routes(groups), config, reactor, sinks=declared.sinks({"upload": models.upload}))
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
-    return Parts(site, scheduler, logs, history, closers, reloader, teams)
+    return Parts(site, scheduler, logs, history, closers, reloader, teams, forwarder)
 
 
 def _responses(config: configuration.Config, reactor: Any) -> ResponseStore:
@@ -229,13 +242,13 @@ def _runner_options(config: configuration.Config) -> RunnerOptions:
     )
 
 
-def _cache_parts(cache: PromptCache | None, pool: RunnerPool, scheduler: Scheduler) -> dict[str, Any]:
-    """The route groups' parts the prompt cache changes: the forwarder's turns, its states' routes;
-    and the loader's choice of instance (the one whose slot holds a conversation's earlier turn)."""
+def _cache_parts(cache: PromptCache | None, scheduler: Scheduler) -> dict[str, Any]:
+    """The route groups' part the prompt cache adds, its states' routes; and the loader's choice of
+    instance (the one whose slot holds a conversation's earlier turn)."""
     if cache is None:
-        return {"forwarder": Forwarder(pool, openai_stream_error)}
+        return {}
     scheduler.loader.prefer = cache.prefer
-    return {"forwarder": Forwarder(pool, openai_stream_error, cache.turn), "cache": cache.store}
+    return {"cache": cache.store}
 
 
 def _runners(

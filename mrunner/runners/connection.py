@@ -89,6 +89,21 @@ class RunnerConnection(Protocol):
         if self._lost and self._body is not None:
             self._closed_in_body()
 
+    @property
+    def relaying(self) -> BodyReceiver | None:
+        """Where the body being relayed goes, until it has ended."""
+        return self._body
+
+    @property
+    def chunks(self) -> ChunkedEnd | None:
+        """Where a chunked body relayed with its framing ends, read as it goes (L{ChunkedEnd})."""
+        return self._chunks if self._payload is None else None
+
+    def ended_elsewhere(self, extra: bytes) -> None:
+        """The body's bytes were moved past this protocol (L{mrunner.runners.fastrelay}) to its end;
+        C{extra} came after it."""
+        self._finish(b"", extra)
+
     def close(self) -> Deferred[None]:
         """Close the connection; fires when it is closed."""
         self._keep_alive = False

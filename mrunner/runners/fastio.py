@@ -23,19 +23,24 @@ def send_now(transport: Any, data: bytes) -> None:
     behind it, so the order holds. Private: C{_tempDataBuffer}, the queue of
     writes not yet joined into C{dataBuffer}.
     """
-    if (
+    if writable_now(transport):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):
+            data = data[sent:]
+    if data:
+        transport.write(data)
+
+
+def writable_now(transport: Any) -> bool:
+    """A plain TCP or UNIX connection (not TLS), open, with nothing queued to write before what comes."""
+    return bool(
         isinstance(transport, tcp.Connection)
         and not transport.TLS
         and transport.connected
         and not transport.disconnecting
         and not transport.dataBuffer
         and not transport._tempDataBuffer
-    ):
-        sent = transport.writeSomeData(data)
-        if isinstance(sent, int):
-            data = data[sent:]
-    if data:
-        transport.write(data)
+    )
 
 
 class RecvClient(unix.Client):

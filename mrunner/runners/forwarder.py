@@ -26,6 +26,7 @@ from twisted.web.server import Request
 
 from mrunner.errors import ContextExceeded
 from mrunner.runners.answer import Answer, refusal
+from mrunner.runners.fastrelay import FastRelay
 from mrunner.runners.pool import RunnerPool
 from mrunner.runners.relay import ErrorEvent, Observer, Relay, is_event_stream, start_event_stream
 from mrunner.runners.rename import Renaming
@@ -110,13 +111,18 @@ class Forwarder:
     """Sends requests to runners through one pool of keep-alive connections (L{RunnerPool}).
 
     C{error_event} is OpenAI's error in a server-sent event, for a stream the runner stops;
-    C{turns}, the slot a request's body names while it is served (the prompt cache's).
+    C{turns}, the slot a request's body names while it is served (the prompt cache's). With
+    C{fast} (C{[http] relay = "fast"}), a chunked answer passed through unchanged is moved by its
+    thread (L{FastRelay}) where both sockets allow it.
     """
 
-    def __init__(self, pool: RunnerPool, error_event: ErrorEvent, turns: Turns = as_sent):
+    def __init__(
+        self, pool: RunnerPool, error_event: ErrorEvent, turns: Turns = as_sent, fast: FastRelay | None = None
+    ):
         self._pool = pool
         self._error_event = error_event
         self._turns = turns
+        self.fast = fast
 
     @overload
     async def forward(
@@ -212,7 +218,8 @@ class Forwarder:
         if framed:
             request.write(b"")
             request.chunked = False
-        relayed = _relay(request, answer, framed, self._error_event if events else None, renaming)
+        fast = self.fast if framed else None
+        relayed = _relay(request, answer, framed, self._error_event if events else None, renaming, fast)
         del answer, head  # not kept for the minutes a stream may last (1,000 streams: 0.5 MB)
         await relayed
 
@@ -261,15 +268,23 @@ def relayed(request: Request, error_event: ErrorEvent, renaming: Renaming | None
 
 
 def _relay(
-    request: Request, answer: Answer, framed: bool, error_event: ErrorEvent | None, renaming: Renaming | None
+    request: Request,
+    answer: Answer,
+    framed: bool,
+    error_event: ErrorEvent | None,
+    renaming: Renaming | None,
+    fast: FastRelay | None = None,
 ) -> Deferred[None]:
     """Relay the answer's body to C{request} as it comes (L{Relay}), shown to its observer; fires at
     its end. The head is sent.
 
     With a C{renaming} (never C{framed}: the lengths change), the model's name is the one asked.
+    With C{fast}, the thread moves what it can of the rest (L{FastRelay.take}).
     """
     relay = Relay(request, answer.connection, framed, error_event, answer.observer)
     answer.connection.relay(relay if renaming is None else renaming.around(relay), framed)
+    if fast is not None and renaming is None:
+        fast.take(relay, answer.connection)
     return relay.done
 
 

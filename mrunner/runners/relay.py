@@ -104,7 +104,9 @@ class Relay(BodyReceiver):
     body that the runner stopped; C{None} where the body cannot carry it.
     C{observer} (the key's meter) sees the body relayed; the
     request's record (L{recorder}) what the client was sent. Cancelling
-    C{done} (the client went away) aborts the runner's connection.
+    C{done} (the client went away) aborts the runner's connection. C{taken},
+    while the fast relay moves the body (L{mrunner.runners.fastrelay}), has it
+    give the connections back first.
     """
 
     log = Logger()
@@ -117,20 +119,30 @@ class Relay(BodyReceiver):
         error_event: ErrorEvent | None,
         observer: Observer | None = None,
     ):
-        self._request = request
+        self.request = request
+        self._connection = connection
+        self.taken: Callable[[], None] | None = None
         self._framed = framed
         self._error_event = error_event
         self._observer = observer
         self._recorder = recorder(request)
-        for watching in (observer, self._recorder):
-            if watching is not None:
-                watching.start(framed)
-        self.done: Deferred[None] = Deferred(lambda d: connection.abort())
+        for watching in self.watching():
+            watching.start(framed)
+        self.done: Deferred[None] = Deferred(self._cancel)
         producer: IPushProducer = connection.transport  # type: ignore[assignment]
         request.registerProducer(producer, True)
 
+    def _cancel(self, done: Deferred[None]) -> None:
+        if self.taken is not None:
+            self.taken()
+        self._connection.abort()
+
+    def watching(self) -> list[Observer]:
+        """What sees the body relayed: the key's meter, the request's record."""
+        return [watching for watching in (self._observer, self._recorder) if watching is not None]
+
     def write(self, data: bytes) -> None:
-        request = self._request
+        request = self.request
         if request.startedWriting and not request.chunked and request.channel is not None:
             send_now(request.channel.transport, data)
             if self._recorder is not None:
@@ -141,8 +153,8 @@ class Relay(BodyReceiver):
             self._observer.write(data)
 
     def end(self) -> None:
-        if self._request.channel is not None:
-            self._request.unregisterProducer()
+        if self.request.channel is not None:
+            self.request.unregisterProducer()
         if not self.done.called:
             self.done.callback(None)
 
@@ -152,7 +164,7 @@ class Relay(BodyReceiver):
         Passing the runner's chunks through, the error event is a chunk of its
         own, and Twisted ends the body; a chunk cut in its middle cannot be ended.
         """
-        request = self._request
+        request = self.request
         if self.done.called or request.channel is None:
             return  # the client is gone, and the request with it
         request.unregisterProducer()

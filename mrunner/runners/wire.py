@@ -100,6 +100,13 @@ class ChunkedEnd:
         self._line = b""  # the start of a size or trailer line cut by the end of a read
         self._trailer = False  # past the last chunk: reading trailer lines until an empty one
 
+    def state(self) -> tuple[int, bytes, bool]:
+        """Where the reading stands, to L{restore} after a piece that L{feed} found malformed."""
+        return self._skip, self._line, self._trailer
+
+    def restore(self, state: tuple[int, bytes, bool]) -> None:
+        self._skip, self._line, self._trailer = state
+
     def between_chunks(self) -> bool:
         """Whether what was fed ends with a whole chunk, so another could follow."""
         return not self._skip and not self._line and not self._trailer

@@ -113,6 +113,7 @@ class InProcessDaemon:
         self.scheduler = parts.scheduler
         self.site = parts.site
         self.teams = parts.teams
+        self.forwarder = parts.forwarder
         self.service.startService()
         self.url = f"https://localhost:{port}" if tls is not None else f"http://127.0.0.1:{port}"
 

@@ -12,13 +12,14 @@ from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http import HTTPChannel, Request
 from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 
 from mrunner.errors import MrunnerError
+from mrunner.runners.fastrelay import FastRelay
 from mrunner.runners.forwarder import Forwarder
 from mrunner.runners.pool import RunnerPool, unix_connect
 from mrunner.runners.relay import start_event_stream
@@ -67,16 +68,20 @@ class EventStreamTests(SynchronousTestCase):
 class ForwardingTests(SynchronousTestCase):
     """What a client gets, by its HTTP version, when the runner answers, in chunks or not, or stops."""
 
+    fast: FastRelay | None = None
+
     def forward(self, version: bytes, *data: bytes, cut: bool = False) -> tuple[bytes, StringTransport]:
         connections = Connections()
         pool = RunnerPool(Clock(), connections, per_socket=2)
         request, client = client_request(version)
-        forwarder = Forwarder(pool, error_event)
+        forwarder = Forwarder(pool, error_event, fast=self.fast)
         forwarding = Deferred.fromCoroutine(forwarder.forward(request, "/run/r.sock", b"/v1/x", b"{}"))
         runner_sends(connections.made[0][0], data, cut)
         self.successResultOf(forwarding)
         if not client.disconnecting:
             request.finish()
+        if self.fast is not None:
+            self.assertEqual(self.fast.moved, 0, "the fast relay declined")
         return client.value(), client
 
     def test_an_http11_client_gets_the_runners_chunks(self) -> None:
@@ -112,6 +117,14 @@ class ForwardingTests(SynchronousTestCase):
         data, client = self.forward(b"HTTP/1.1", head + b"{}   ", cut=True)
         self.assertEqual(data.partition(b"\r\n\r\n")[2], b"{}   ")
         self.assertTrue(client.disconnecting)
+
+
+class FallbackTests(ForwardingTests):
+    """With C{[http] relay = "fast"}, sockets the thread cannot take (a TLS client's; here
+    StringTransports) are served by the Twisted relay, byte for byte as without it."""
+
+    def setUp(self) -> None:
+        self.fast = FastRelay(MemoryReactor())
 
 
 class Silent(Protocol):

@@ -1,0 +1,142 @@
+"""Which relay serves a stream (C{[http] relay}), on each listener, and that each keeps what a stream does.
+
+The daemon runs in this process with the stand-in runner (tests/support/runner_program.py),
+whose streams are chunked, so a plain TCP or UNIX client's go to the fast relay's
+thread (L{mrunner.runners.fastrelay}); a TLS client's and those with C{relay = "twisted"}
+stay on the Twisted relay.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from pathlib import Path
+
+import httpx2
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
+
+from mrunner.runners.fastrelay import FastRelay
+from tests.support.daemon import InProcessDaemon, eventually, http, lines, short_home, sleep, write_config
+from tests.support.daemon_cases import HI, MODEL, DaemonTestCase
+from tests.support.front_door import self_signed
+from tests.support.ggufs import write_tiny_gguf
+
+USAGE = {"stream_options": {"include_usage": True}}
+
+
+def moved(daemon: InProcessDaemon) -> int | None:
+    """Streams the fast relay's thread took; None where the daemon has no fast relay."""
+    fast: FastRelay | None = daemon.forwarder.fast
+    return None if fast is None else fast.moved
+
+
+class FastRelayTests(DaemonTestCase):
+    relay = "fast"
+
+    def setUp(self) -> None:
+        self.config_text = f'[http]\nrelay = "{self.relay}"\n'
+
+    def expected(self, streams: int) -> int | None:
+        return streams if self.relay == "fast" else None
+
+    async def test_a_stream_is_sent_as_it_comes_and_recorded_and_metered(self) -> None:
+        await self.start()
+        gate, events = await self.gated_stream()
+        self.assertNotIn(b"tok1", events.data, "the first event was not held back")
+        Path(f"{gate}1").touch()
+        self.assertTrue(await events.done)
+        self.assertTrue(events.data.endswith(b"data: [DONE]\n\n"))
+        self.assertEqual(moved(self.daemon), self.expected(1))
+        for _ in range(100):  # the record, once its answer has ended
+            response = await http.get(self.daemon.url + "/engines/requests")
+            records = json.loads(await response.text())
+            if '"completed": true' in json.dumps(records):
+                break
+            await sleep(0.05)
+        self.assertIn("tok0 tok1", json.dumps(records), "the record holds the answer reassembled")
+
+    async def test_the_usage_chunk_reaches_the_client(self) -> None:
+        await self.start()
+        _, events = await self.open_stream({"test": {"events": 3}, **USAGE})
+        self.assertTrue(await events.done)
+        self.assertIn(b'"completion_tokens": 3', events.data)
+        self.assertEqual(moved(self.daemon), self.expected(1))
+
+    async def test_a_client_that_leaves_cancels_the_runners_answer(self) -> None:
+        await self.start()
+        _, events = await self.gated_stream()
+        events.transport.stopProducing()
+        await eventually(lambda: lines(self.home / "events") == ["cancelled"])
+        await eventually(lambda: [r.in_use for r in self.daemon.scheduler.snapshot()] == [0])
+        self.assertEqual(moved(self.daemon), self.expected(1))
+
+    async def test_a_runner_that_cuts_the_stream_ends_it_with_an_error_event(self) -> None:
+        await self.start()
+        _, events = await self.open_stream({"test": {"events": 3, "crash_after": 1}})
+        await events.done
+        self.assertIn(b"tok0", events.data)
+        last = json.loads(events.data.split(b"data: ")[-1])
+        self.assertEqual(
+            last["error"]["message"], "the runner stopped in the middle of the answer: its connection closed"
+        )
+        self.assertEqual(moved(self.daemon), self.expected(1))
+
+    async def test_streams_one_after_another_reuse_the_runners_connection(self) -> None:
+        await self.start()
+        for _ in range(3):
+            _, events = await self.open_stream({"test": {"events": 2, "interval": 0.05}})
+            self.assertTrue(await events.done)
+            self.assertIn(b"data: [DONE]", events.data)
+        self.assertEqual(moved(self.daemon), self.expected(3))
+
+
+class TwistedRelayTests(FastRelayTests):
+    relay = "twisted"
+
+
+class ListenerTests(TestCase):
+    """A UNIX listener's streams go to the fast relay; a TLS listener's stay on the Twisted relay."""
+
+    timeout = 60
+
+    async def test_a_unix_listeners_stream_goes_to_the_fast_relay(self) -> None:
+        home = short_home(self)
+        path = home / "api.sock"
+        daemon = InProcessDaemon(write_config(home), listen=f"unix:{path}")
+        self.addCleanup(lambda: ensureDeferred(daemon.stop()))
+        gguf = home / "tiny.gguf"
+        write_tiny_gguf(gguf)
+        body = {"model": MODEL, "messages": HI, "stream": True, "test": {"events": 3, "interval": 0.05}}
+
+        def talk() -> bytes:
+            with httpx2.Client(transport=httpx2.HTTPTransport(uds=str(path)), timeout=30) as client:
+                client.post("http://localhost/models/load", params={"name": MODEL}, content=gguf.read_bytes())
+                return client.post("http://localhost/v1/chat/completions", json=body).content
+
+        data = await deferToThread(talk)
+        self.assertIn(b"tok2", data)
+        self.assertTrue(data.endswith(b"data: [DONE]\n\n"))
+        self.assertEqual(moved(daemon), 1)
+
+    async def test_a_tls_listeners_stream_stays_on_the_twisted_relay(self) -> None:
+        home = short_home(self)
+        pem = home / "daemon.pem"
+        self_signed(pem)
+        daemon = InProcessDaemon(write_config(home), tls=pem)
+        self.addCleanup(lambda: ensureDeferred(daemon.stop()))
+        gguf = home / "tiny.gguf"
+        write_tiny_gguf(gguf)
+        trusted = ssl.create_default_context(cafile=str(pem))
+        body = {"model": MODEL, "messages": HI, "stream": True, "test": {"events": 3, "interval": 0.05}}
+
+        def talk() -> bytes:
+            with httpx2.Client(verify=trusted, timeout=30) as client:
+                client.post(f"{daemon.url}/models/load", params={"name": MODEL}, content=gguf.read_bytes())
+                return client.post(f"{daemon.url}/v1/chat/completions", json=body).content
+
+        data = await deferToThread(talk)
+        self.assertIn(b"tok2", data)
+        self.assertTrue(data.endswith(b"data: [DONE]\n\n"))
+        self.assertEqual(moved(daemon), 0)
