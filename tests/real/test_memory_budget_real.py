@@ -18,10 +18,9 @@ from twisted.internet.task import LoopingCall, deferLater
 from mrunner.testing.tinymodel import write_tiny_llama
 from tests.support.daemon import http
 from tests.support.held import Held
-from tests.support.llamacpp_cases import LlamaCppTestCase, smollm2
+from tests.support.llamacpp_cases import ONE_TINY_MODEL, LlamaCppTestCase, smollm2
 
 A, B = "ai/tiny-a", "ai/tiny-b"
-ONE_TINY_MODEL = 'memory_budget = "40MiB"'
 
 
 def live_children() -> set[int]:

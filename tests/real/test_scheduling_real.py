@@ -13,9 +13,8 @@ from twisted.internet.task import deferLater
 
 from mrunner.runners.runner import Runner
 from mrunner.testing.tinymodel import write_tiny_llama
-from tests.real.test_memory_budget_real import ONE_TINY_MODEL
 from tests.support.daemon import http
-from tests.support.llamacpp_cases import LlamaCppTestCase
+from tests.support.llamacpp_cases import ONE_TINY_MODEL, LlamaCppTestCase
 
 A, B = "ai/tiny-a", "ai/tiny-b"
 SECONDS = 12.0

@@ -16,6 +16,9 @@ from mrunner.backends.llamacpp.source import cached_executable
 from mrunner.testing.tinymodel import write_tiny_llama
 from tests.support.daemon import InProcessDaemon, http, short_home, sleep
 
+#: A [scheduler] memory budget that holds one of the tiny test models' runners, not two.
+ONE_TINY_MODEL = 'memory_budget = "40MiB"'
+
 
 def cached_llama_server() -> Path:
     """The pinned llama-server in the shared cache, or skip the test that needs it."""
