@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import attrs
+from twisted.internet.defer import TimeoutError
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -87,6 +88,23 @@ def directory(root: Path, source: Source, leaf: str) -> Path:
 
 class InstallFailed(Exception):
     """The backend cannot be installed; the message says why, for ``Error: <message>``."""
+
+
+#: Seconds a server's probe (C{--version}, C{--help}) may take.
+PROBE_TIMEOUT = 30.0
+
+
+async def probe(reactor: Any, server: str, path: Path, flag: str) -> childprocess.Exit:
+    """Run C{path} C{flag}: how it exited, else L{InstallFailed} saying that C{server} does not run."""
+    running = childprocess.run(reactor, [str(path), flag])
+    running.addTimeout(PROBE_TIMEOUT, reactor)
+    try:
+        return await running
+    except (childprocess.ChildFailed, OSError) as e:
+        raise InstallFailed(f"{server} at {path} does not run: {e}") from None
+    except TimeoutError:
+        took = f"`{flag}` took over {PROBE_TIMEOUT:.0f}s"
+        raise InstallFailed(f"{server} at {path} does not run: {took}") from None
 
 
 def progress(line: str) -> str | None:

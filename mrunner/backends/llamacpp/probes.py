@@ -13,9 +13,6 @@ from mrunner.backends import build, childprocess
 from mrunner.devices import listing
 from mrunner.devices.listing import Listed
 
-#: Seconds a ``llama-server --version`` probe may take.
-PROBE_TIMEOUT = 30.0
-
 # "version: 0.5.0-dev (build 1, commit 0c1e570)" now, "version: 4123 (0c1e570)" in older builds.
 _VERSION = re.compile(r"version:.*\(.*?\b([0-9a-f]{7,40})\)")
 
@@ -24,16 +21,7 @@ log = Logger()
 
 async def version(reactor: Any, path: Path, name: str) -> str:
     """Run C{path} ``--version``: C{name} and the commit it was built from, else L{build.InstallFailed}."""
-    probe = childprocess.run(reactor, [str(path), "--version"])
-    probe.addTimeout(PROBE_TIMEOUT, reactor)
-    try:
-        exit = await probe
-    except (childprocess.ChildFailed, OSError) as e:
-        raise build.InstallFailed(f"llama-server at {path} does not run: {e}") from None
-    except TimeoutError:
-        raise build.InstallFailed(
-            f"llama-server at {path} does not run: `--version` took over {PROBE_TIMEOUT:.0f}s"
-        ) from None
+    exit = await build.probe(reactor, "llama-server", path, "--version")
     for line in exit.tail:
         if match := _VERSION.search(line):
             return f"{name} {match[1]}"
@@ -45,7 +33,7 @@ async def devices(reactor: Any, path: Path) -> list[Listed]:
     something else."""
     found = listing.Listing()
     probe = childprocess.run(reactor, [str(path), "--list-devices"], on_line=found.feed)
-    probe.addTimeout(PROBE_TIMEOUT, reactor)
+    probe.addTimeout(build.PROBE_TIMEOUT, reactor)
     try:
         tail = (await probe).tail
     except (childprocess.ChildFailed, OSError, TimeoutError) as e:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from twisted.internet.defer import TimeoutError
 from zope.interface import implementer
 
-from mrunner.backends import build, childprocess
+from mrunner.backends import build
 from mrunner.backends.built import BuiltBackend
 from mrunner.backends.whispercpp.source import PIN, SOURCE
 from mrunner.errors import BadRequest
@@ -18,8 +17,6 @@ from mrunner.values import ContextSize, Footprint
 from mrunner.values.backend import TRANSCRIPTION, Command, RunnerSettings
 from mrunner.values.model import Model
 
-#: Seconds a ``whisper-server --help`` probe may take.
-PROBE_TIMEOUT = 30.0
 #: What a runner holds beside its weights, measured with whisper.cpp v1.8.5 on the CPU: the KV caches
 #: (under 40 MiB for large-v3), the compute buffers (about 100 MiB, most of it the decoder's, for any
 #: size) and the process itself.
@@ -39,16 +36,7 @@ class WhisperCppBackend(BuiltBackend):
 
     async def version(self, path: Path) -> str:
         """C{whisper.cpp <pin>} once C{path} ``--help`` runs (whisper-server prints no version)."""
-        probe = childprocess.run(self._reactor, [str(path), "--help"])
-        probe.addTimeout(PROBE_TIMEOUT, self._reactor)
-        try:
-            await probe
-        except (childprocess.ChildFailed, OSError) as e:
-            raise build.InstallFailed(f"whisper-server at {path} does not run: {e}") from None
-        except TimeoutError:
-            raise build.InstallFailed(
-                f"whisper-server at {path} does not run: `--help` took over {PROBE_TIMEOUT:.0f}s"
-            ) from None
+        await build.probe(self._reactor, "whisper-server", path, "--help")
         return f"{self.name} {PIN}"
 
     async def found(self, version: str) -> str:
