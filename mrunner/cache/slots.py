@@ -27,7 +27,9 @@ COMPLETIONS = b"/v1/completions"
 def conversation(path: bytes, payload: Mapping[str, Any]) -> Conversation | None:
     """C{payload}'s conversation: each chat message (and Anthropic's system) as a comparable value, or
     a completion prompt's lines; None for another shape (a list of prompts, tokens) or path (OpenAI's
-    and Anthropic's, under any prefix)."""
+    and Anthropic's, under any prefix), and for a payload that names its slot itself (C{id_slot})."""
+    if "id_slot" in payload:
+        return None
     if path.endswith((CHAT, MESSAGES)) and isinstance(payload.get("messages"), list):
         system = (_part(payload["system"]),) if "system" in payload else ()
         return system + tuple(_part(m) for m in payload["messages"])

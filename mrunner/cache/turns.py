@@ -30,7 +30,7 @@ from twisted.web.iweb import IRequest
 from mrunner.cache.anthropic import MESSAGES
 from mrunner.cache.calls import Refused, RunnerCalls
 from mrunner.cache.layout import flag_value, layout
-from mrunner.cache.slots import Slot, Slots, conversation
+from mrunner.cache.slots import Conversation, Slot, Slots, conversation
 from mrunner.cache.store import CacheStore, SaveRefused
 from mrunner.config import Config
 from mrunner.interfaces import IRunnerProcess
@@ -183,17 +183,21 @@ class PromptCache:
     # Turns
 
     @asynccontextmanager
-    async def turn(self, request: IRequest, socket: str, path: bytes, body: bytes) -> AsyncIterator[bytes]:
+    async def turn(
+        self, request: IRequest, socket: str, path: bytes, body: bytes, known: Conversation = ()
+    ) -> AsyncIterator[bytes]:
         """The body to send for this turn (with the C{id_slot} it takes), for the block's duration.
 
         The slot is the free one that holds the turn's conversation; else, when states of the
         runner's layout and the turn's key are saved, a spare one to restore the best of them into;
         else the nearest. It is busy until the block ends, however it ends (a client gone too).
+        C{known}: the conversation the gateway already read from the body (an OpenAI chat's), so
+        the body is decoded again only to tokenize it; else it is read here (a translated one's).
         """
         live = self._live.get(socket)
-        payload = _payload(body) if live is not None else None
-        parts = None if payload is None else conversation(path, payload)
-        if live is None or payload is None or parts is None:
+        payload = None if known or live is None else _payload(body)
+        parts = known or (None if payload is None else conversation(path, payload))
+        if live is None or parts is None:
             yield body
             return
         owner = None if live.shared else self._owner_of(request)
@@ -208,7 +212,7 @@ class PromptCache:
         try:
             if restoring:
                 slot.held = ()
-                await self._restore_into(slot, live, socket, path, payload, owner)
+                await self._restore_into(slot, live, socket, path, payload or json.loads(body), owner)
             elif slot.held and slot.shared(parts) == len(slot.held):
                 self.counts.hits += 1
             else:
@@ -252,11 +256,9 @@ class PromptCache:
 
 
 def _payload(body: bytes) -> dict[str, Any] | None:
-    """The request's JSON object, unless it names its slot itself or is empty."""
+    """The request's JSON object, if it is one."""
     try:
         payload = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(payload, dict) or not payload or "id_slot" in payload:
-        return None
-    return payload
+    return payload if isinstance(payload, dict) else None

@@ -38,12 +38,14 @@ T = TypeVar("T")
 Transform = Callable[[Answer], Awaitable[T]]
 
 #: What a turn's body becomes for the block's duration (the prompt cache's slot, L{mrunner.cache.turns}):
-#: called with the request, the runner's socket, the path and the body.
-Turns = Callable[[Request, str, bytes, bytes], AbstractAsyncContextManager[bytes]]
+#: called with the request, the runner's socket, the path, the body and its conversation if known.
+Turns = Callable[[Request, str, bytes, bytes, tuple[object, ...]], AbstractAsyncContextManager[bytes]]
 
 
 @asynccontextmanager
-async def as_sent(request: Request, socket: str, path: bytes, body: bytes) -> AsyncIterator[bytes]:
+async def as_sent(
+    request: Request, socket: str, path: bytes, body: bytes, known: tuple[object, ...]
+) -> AsyncIterator[bytes]:
     """No prompt cache: the body goes as it is."""
     yield body
 
@@ -133,6 +135,8 @@ class Forwarder:
         body: bytes,
         observer: Observer | None = None,
         renaming: Renaming | None = None,
+        *,
+        conversation: tuple[object, ...] = (),
     ) -> None: ...
 
     @overload
@@ -146,6 +150,7 @@ class Forwarder:
         renaming: Renaming | None = None,
         *,
         transform: Transform[T],
+        conversation: tuple[object, ...] = (),
     ) -> T: ...
 
     async def forward(
@@ -158,6 +163,7 @@ class Forwarder:
         renaming: Renaming | None = None,
         *,
         transform: Transform[T] | None = None,
+        conversation: tuple[object, ...] = (),
     ) -> T | None:
         """Send C{body} for C{path} to the runner at C{socket}; returns when the answer is sent.
 
@@ -174,10 +180,12 @@ class Forwarder:
 
         C{observer} (the key's meter) sees the runner's answer body however it is
         taken (L{Answer.observer}); the request's record sees what its client is
-        sent (L{record_writes}). Cancelling the Deferred that awaits it (Klein
-        does, when the client disconnects) aborts the upstream connection.
+        sent (L{record_writes}). C{conversation}, where the caller has read it from
+        the body already, spares the prompt cache reading it again. Cancelling the
+        Deferred that awaits it (Klein does, when the client disconnects) aborts the
+        upstream connection.
         """
-        async with self._turns(request, socket, path, body) as sent:
+        async with self._turns(request, socket, path, body, conversation) as sent:
             if transform is None:
                 await self._pass_through(request, socket, path, sent, observer, renaming)
                 return None

@@ -114,6 +114,13 @@ class AffinityTests(TurnTestCase):
         self.assertIsNone(self.cache.prefer(turn(), [elsewhere, here]))
         self.assertIsNone(self.cache.prefer(turn("a", "b"), [other(SOCKET, False)]))
 
+    async def test_a_conversation_the_gateway_read_is_not_read_again(self) -> None:
+        """Given the turn's conversation, the body is not decoded (here it could not be) to place it."""
+        parts = conversation(CHAT, json.loads(chat("a")))
+        async with self.cache.turn(None, SOCKET, CHAT, b"{not json}", parts) as sent:  # type: ignore[arg-type]
+            self.assertTrue(sent.startswith(b'{"id_slot":'), sent)
+        self.assertEqual((await self.turn(chat("a", "reply", "more")))["id_slot"], int(sent[11:12]))
+
     async def test_a_body_naming_its_slot_is_left_alone(self) -> None:
         body = json.dumps({"id_slot": 1, "messages": []}).encode()
         async with self.cache.turn(None, SOCKET, CHAT, body) as sent:  # type: ignore[arg-type]

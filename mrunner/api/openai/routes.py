@@ -134,7 +134,13 @@ class InferenceAPI:
             if preload:
                 return json_body(request, {"status": "loaded", "model": asked.named or lease.model})
             await self._forwarder.forward(
-                request, lease.socket, path, body, asked.meter, asked.renaming(lease)
+                request,
+                lease.socket,
+                path,
+                body,
+                asked.meter,
+                asked.renaming(lease),
+                conversation=asked.resolved.conversation,
             )
         return None
 

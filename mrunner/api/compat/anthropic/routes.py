@@ -79,7 +79,10 @@ class AnthropicAPI:
         body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
             relay = relayed(request, anthropic_stream_error, asked.renaming(lease))
-            await self._forwarder.forward(request, lease.socket, path, body, asked.meter, transform=relay)
+            talk = asked.resolved.conversation
+            await self._forwarder.forward(
+                request, lease.socket, path, body, asked.meter, transform=relay, conversation=talk
+            )
         return b""
 
     def openapi(self) -> Piece:
