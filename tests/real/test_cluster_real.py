@@ -28,7 +28,7 @@ import treq
 from openai import OpenAI
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
-from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.error import ConnectError
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
@@ -374,7 +374,7 @@ class ClusterTests(TestCase):
         try:
             response = await http.get(node.url + "/health")
             await response.content()
-        except (ConnectionRefusedError, ResponseNeverReceived):  # closed, or closing as it accepted
+        except (ConnectError, ResponseNeverReceived):  # refused or reset as it closes, or closing as it took
             return True
         return False
 
