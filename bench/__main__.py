@@ -35,6 +35,7 @@ from bench import (
     inputs,
     keyed,
     loading,
+    mixed,
     report,
     servers,
     small,
@@ -257,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
             rows += conversations(tmp, executable)
+            progress("11: mixed models under max_runners 1, order loaded against fifo")
+            rows += mixed.rows(*mixed.measure())
             rows += fastrunner.measure(tmp, settings, progress)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")

@@ -16,6 +16,7 @@ slowest request (its wait for a runner included).
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -26,6 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench import daemon, http, inputs
+from bench.report import NO_GOAL, Row, at_most, share
 from bench.settings import CHAT, chat
 from mrunner.testing.tinymodel import write_tiny_llama
 
@@ -130,9 +132,17 @@ def shape_row(url: str, turns: list[tuple[int, ...]]) -> tuple[float, ...]:
     )
 
 
-def main() -> int:
+#: Where a shape's figures are in L{shape_row}'s tuple.
+RPS, PER_LOAD, SLOWEST = 0, len(MODELS) + 2, -1
+SCENARIO = "11 mixed models"
+#: Each (shape, order)'s medians.
+Medians = dict[tuple[str, str], list[float]]
+
+
+def measure() -> tuple[Medians, float]:
     """Both daemons up at once, idle but for the one measured, each shape run on one then the
-    other, so other work on the machine weighs on both orders alike."""
+    other, so other work on the machine weighs on both orders alike: each (shape, order)'s
+    medians, and the slowest model's load here (seconds, its mean, as the scheduler keeps it)."""
     executable = inputs.llama_server()
     results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
     with tempfile.TemporaryDirectory(prefix="mrb-mixed-", dir="/tmp") as name, ExitStack() as running:
@@ -150,6 +160,35 @@ def main() -> int:
             for shape, turns in SHAPES.items():
                 for order in ORDERS[:: 1 if n % 2 == 0 else -1]:
                     results.setdefault((shape, order), []).append(shape_row(urls[order], turns))
+        load = max(json.loads((tmp / "home-loaded" / "load-times.json").read_text()).values())
+    medians = {
+        key: [statistics.median(column) for column in zip(*rows, strict=True)]
+        for key, rows in results.items()
+    }
+    return medians, load
+
+
+def rows(medians: Medians, load: float) -> list[Row]:
+    """The bench table's rows, C{fifo} in the baseline's column: each shape's requests/s and
+    requests per load, and its slowest request against C{max_wait} and one C{load} (seconds)."""
+    table = []
+    bound = at_most(float(MAX_WAIT.rstrip("s")) + load, "s (max_wait + a load)")
+    for shape in SHAPES:
+        new, old = medians[(shape, "loaded")], medians[(shape, "fifo")]
+        speed = share("direct", 2.0 if shape == "fixed" else 1.0)
+        for what, at, goal in (
+            ("requests/s", RPS, speed),
+            ("requests per load", PER_LOAD, NO_GOAL),
+            ("slowest request s", SLOWEST, bound),
+        ):
+            table.append(
+                Row(SCENARIO, f"{shape}: {what}; direct: fifo", {"direct": old[at], "mrunner": new[at]}, goal)
+            )
+    return table
+
+
+def main() -> int:
+    medians, _ = measure()
     models = " and ".join(MODELS)
     print(f"11 mixed models: {models}, max_runners 1, {SECONDS:g} s a shape, max_wait {MAX_WAIT}")
     print(f"medians of {ROUNDS} rounds, the orders interleaved")
@@ -158,10 +197,9 @@ def main() -> int:
     heads = zip((*names, "max s"), widths, strict=True)
     print(f"{'shape':12} {'order':7} " + " ".join(f"{name:>{width}}" for name, width in heads))
     formats = (".1f", *(".1f",) * len(MODELS), ".0f", ".1f", ".0f", ".0f", ".2f")
-    for (shape, order), rows in results.items():  # in the order first measured
-        medians = [statistics.median(column) for column in zip(*rows, strict=True)]
-        figures = " ".join(f"{v:>{w}{f}}" for v, w, f in zip(medians, widths, formats, strict=True))
-        print(f"{shape:12} {order:7} {figures}")
+    for (shape, order), figures in medians.items():  # in the order first measured
+        line = " ".join(f"{v:>{w}{f}}" for v, w, f in zip(figures, widths, formats, strict=True))
+        print(f"{shape:12} {order:7} {line}")
     return 0
 
 

@@ -337,6 +337,10 @@ class IScheduler(Interface):
     def queued() -> int:
         """How many requests wait for a runner."""
 
+    def ahead(request: Resolved) -> int | None:
+        """How many requests are served before C{request} (the one given to L{acquire}), which waits
+        in the queue; None while it does not: its backend installing, its files checked, or leased."""
+
     def waiting() -> list[Waiting]:
         """The queue, model by model (for C{/engines/ps} and the metrics)."""
 

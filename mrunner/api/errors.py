@@ -75,6 +75,9 @@ def stream_error(shape: ErrorShape, event: bytes = b"") -> Callable[[MrunnerErro
 openai_stream_error = stream_error(openai_shape)
 anthropic_stream_error = stream_error(anthropic_shape, b"error")
 
+#: How an error ends a begun stream, for the APIs whose streams are server-sent events.
+STREAMED = {openai_shape: openai_stream_error, anthropic_shape: anthropic_stream_error}
+
 #: Each API's shape by the name its routes declare (L{mrunner.api.door.declared}).
 SHAPES: dict[str, ErrorShape] = {"openai": openai_shape, "anthropic": anthropic_shape, "ollama": ollama_shape}
 _SHAPED = tuple((reach, path, SHAPES[name]) for reach, path, name in shaped())
@@ -106,13 +109,20 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
 def render_error(request: IRequest, error: MrunnerError, shape: ErrorShape | None = None) -> bytes:
     """The response for C{error} in C{shape} (by default the path's), with its headers.
 
-    C{Retry-After} goes out when a retry can help, C{WWW-Authenticate} with a 401.
+    C{Retry-After} goes out when a retry can help, C{WWW-Authenticate} with a 401. Where the
+    answer's head is out already, as a stream's, the error is the stream's last event: its
+    status is kept for the logs and the records, not sent.
     """
     if error.retry_after is not None:
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
     for name, value in error.headers:
         request.setHeader(name, value)
-    status, body = (shape or shape_for(request.path))(error)
+    shape = shape or shape_for(request.path)
+    if getattr(request, "startedWriting", False) and shape in STREAMED:
+        # A stream's head is out (its wait's notes, L{WaitNotes}): the error is its last event.
+        request.setResponseCode(shape(error)[0])
+        return STREAMED[shape](error)
+    status, body = shape(error)
     return json_body(request, body, status)
 
 

@@ -206,6 +206,8 @@ class Forwarder:
         """OpenAI's forwarding: the answer as the runner sent it (L{forward})."""
         forwarded = forwarded_headers(request.requestHeaders)
         answer = await self._send(request, socket, path, forwarded, body, observer)
+        if answer.code >= 400 and request.startedWriting:  # a wait's notes began the stream
+            raise refusal(answer.code, await answer.read())
         refused = await _refused(answer) if answer.code == 400 else None
         head = answer.head
         request.setResponseCode(head.code, head.phrase)
@@ -221,11 +223,12 @@ class Forwarder:
         if events:
             start_event_stream(request)
         # An HTTP/1.1 client takes the runner's chunks as they are: Twisted sends the
-        # headers saying chunked, and is then told not to frame the body a second time.
-        framed = head.framing == CHUNKED and request.clientproto == b"HTTP/1.1" and renaming is None
+        # headers saying chunked (unless a wait's notes sent them already), and is then told
+        # not to frame the body a second time.
+        framed = head.framing == CHUNKED and renaming is None
         if framed:
             request.write(b"")
-            request.chunked = False
+            framed, request.chunked = bool(request.chunked), False
         fast = self.fast if framed else None
         relayed = _relay(request, answer, framed, self._error_event if events else None, renaming, fast)
         del answer, head  # not kept for the minutes a stream may last (1,000 streams: 0.5 MB)

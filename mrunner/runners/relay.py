@@ -68,6 +68,11 @@ def record_writes(request: Request, observer: Observer) -> None:
     request.write = Recorded(request, observer)  # type: ignore[method-assign]
 
 
+def unrecorded(request: Request, data: bytes) -> None:
+    """Write C{data} to C{request}'s client unseen by its record (L{record_writes}): not the answer."""
+    type(request).write(request, data)
+
+
 def recorder(request: Request) -> Observer | None:
     """What sees C{request}'s writes (L{record_writes}), if anything does."""
     write = request.write

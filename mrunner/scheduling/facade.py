@@ -24,6 +24,7 @@ from mrunner.interfaces import IBackend, IDevices, ILease, ILoaderEvents, IModel
 from mrunner.scheduling.configured import Configured
 from mrunner.scheduling.configuring import Reconfigurer
 from mrunner.scheduling.installer import Installer
+from mrunner.scheduling.lease import Lease
 from mrunner.scheduling.load_times import LoadTimes
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.patience import Rules
@@ -77,6 +78,8 @@ class Scheduler:
         self._requests = Requests(backends, store, self.installer, self.loader, self._configured)
         self._preloads = Preloader(store, self._requests, self.loader, lambda: self.backend_name(None), pull)
         self._reconfigurer = Reconfigurer(self._configured, self.loader, self.acquire)
+        #: The loader's lease each request in its queue waits for, by the request's identity (L{ahead}).
+        self._queued: dict[int, Deferred[Lease]] = {}
 
     @property
     def _config(self) -> Config:
@@ -136,7 +139,16 @@ class Scheduler:
     async def _acquire(self, asked: Resolved) -> ILease:
         self.loader.admit()  # a draining node refuses before it waits for an install
         request = await self._requests.build(asked, self._config.scheduler.install_wait)
-        return await self.loader.acquire(request, asked.rank)
+        queued = self._queued[id(asked)] = self.loader.acquire(request, asked.rank)
+        try:
+            return await queued
+        finally:
+            del self._queued[id(asked)]
+
+    def ahead(self, request: Resolved) -> int | None:
+        """By identity: the gateway holds the request it passed to L{acquire} as long as it waits."""
+        queued = self._queued.get(id(request))
+        return None if queued is None else self.loader.ahead(queued)
 
     def preloads(self) -> list[Preload]:
         return self._preloads.all()

@@ -28,7 +28,7 @@ from mrunner.scheduling import policy, priority, refusals, smaller
 from mrunner.scheduling.backoff import Backoffs
 from mrunner.scheduling.lease import Lease, Waiter, first, instances, least_busy
 from mrunner.scheduling.load_times import LoadTimes
-from mrunner.scheduling.pacing import Pacing, waiting
+from mrunner.scheduling.pacing import Pacing, ahead, waiting
 from mrunner.scheduling.patience import FIFO, Rules
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import NoEvents, Roster
@@ -100,6 +100,10 @@ class Loader:
     def waiting(self) -> list[Waiting]:
         """How many wait for each model, and how long the oldest has."""
         return waiting(self._queue, self._clock.seconds())
+
+    def ahead(self, waiting: Deferred[Lease]) -> int | None:
+        """How many are served before the waiter C{waiting} is for (L{ahead}); None once not queued."""
+        return ahead(self._queue, waiting)
 
     @property
     def in_flight(self) -> int:

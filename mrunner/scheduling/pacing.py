@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from mrunner.runners.runner import Runner
@@ -82,3 +84,13 @@ def waiting(queue: Iterable[Waiter], now: float) -> list[Waiting]:
         Waiting(key.backend, first.request.model.name, key.model, key.mode, count, now - since)
         for key, (first, count, since) in found.items()
     ]
+
+
+def ahead(queue: Iterable[Waiter], deferred: Deferred[Any]) -> int | None:
+    """How many of C{queue} come before the waiter whose lease is C{deferred}: a better class, or the
+    same one and earlier (what a streamed request's wait notes say); None when it is not queued."""
+    queued = list(queue)
+    mine = next((waiter for waiter in queued if waiter.deferred is deferred), None)
+    if mine is None:
+        return None
+    return sum((waiter.priority, waiter.since) < (mine.priority, mine.since) for waiter in queued)

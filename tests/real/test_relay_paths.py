@@ -24,6 +24,9 @@ from tests.support.front_door import self_signed
 from tests.support.ggufs import write_tiny_gguf
 
 USAGE = {"stream_options": {"include_usage": True}}
+#: Seconds between a stream's events, so the relay has it before its end is in (the fast thread
+#: takes a stream still open; one whose every byte came with its head is over already).
+SPACED = 0.05
 
 
 def moved(daemon: InProcessDaemon) -> int | None:
@@ -59,7 +62,7 @@ class FastRelayTests(DaemonTestCase):
 
     async def test_the_usage_chunk_reaches_the_client(self) -> None:
         await self.start()
-        _, events = await self.open_stream({"test": {"events": 3}, **USAGE})
+        _, events = await self.open_stream({"test": {"events": 3, "interval": SPACED}, **USAGE})
         self.assertTrue(await events.done)
         self.assertIn(b'"completion_tokens": 3', events.data)
         self.assertEqual(moved(self.daemon), self.expected(1))
@@ -74,7 +77,7 @@ class FastRelayTests(DaemonTestCase):
 
     async def test_a_runner_that_cuts_the_stream_ends_it_with_an_error_event(self) -> None:
         await self.start()
-        _, events = await self.open_stream({"test": {"events": 3, "crash_after": 1}})
+        _, events = await self.open_stream({"test": {"events": 3, "crash_after": 1, "interval": SPACED}})
         await events.done
         self.assertIn(b"tok0", events.data)
         last = json.loads(events.data.split(b"data: ")[-1])

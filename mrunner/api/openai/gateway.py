@@ -16,12 +16,12 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.aliases import Aliases, stored_name
 from mrunner.api.door.callers import Caller, caller
 from mrunner.api.observe.records import Record, Records, record_key
+from mrunner.api.openai.wait_notes import WaitNotes, wait_note
 from mrunner.api.reading.bodies import (
     check_vision,
     has_image_parts,
@@ -40,6 +40,7 @@ from mrunner.store.names import DIGEST, SHORT_ID, normal_name
 from mrunner.teams.access import check_usable
 from mrunner.teams.admission import Teams, Ticket
 from mrunner.teams.lengths import NONE, Length
+from mrunner.values import State
 from mrunner.values.request import Resolved
 
 T = TypeVar("T")
@@ -62,6 +63,8 @@ class Asked(Generic[T]):
     lookup: Resolved | MrunnerError
     #: The key's admission (L{Teams.admit}); None where no teams are kept.
     ticket: Ticket | None = None
+    #: Whether its answer is a stream of server-sent events, which a long wait notes (L{WaitNotes}).
+    streamed: bool = False
 
     @property
     def resolved(self) -> Resolved:
@@ -147,6 +150,7 @@ class Gateway:
         decode: Callable[[bytes], dict[str, Any]] = json_object,
         limit: int | None = None,
         recorded: Callable[[dict[str, Any]], bytes] | None = None,
+        events: bool = False,
     ) -> Asked[T]:
         """Every step an inference request takes before it waits for a runner, in one order.
 
@@ -166,6 +170,8 @@ class Gateway:
         A route whose body is not JSON gives its C{decode} (a form, for audio), its own C{limit}
         (the door's for its path; C{max_request_bytes} by default), and what its record keeps in
         the body's place (C{recorded}, from the payload: the fields, not the audio).
+
+        C{events}: the API answers C{stream: true} with server-sent events (not Ollama's NDJSON).
         """
         ends: list[Callable[[object], object]] = []  # what ends with the answer, as each step begins
         request.notifyFinish().addBoth(_each, ends)
@@ -186,7 +192,8 @@ class Gateway:
         record = self._record(request, model, mode, body if recorded is None else recorded(payload), ends)
         if record is not None and ticket is not None:
             record.key = ticket.key
-        return Asked(model, seconds, body, record, checked, lookup, ticket)
+        streamed = events and payload.get("stream") is True
+        return Asked(model, seconds, body, record, checked, lookup, ticket, streamed)
 
     def _lookup(
         self, backend: str, name: str, mode: str, seconds: float | None, rank: int, talk: tuple[object, ...]
@@ -243,18 +250,25 @@ class Gateway:
         return record
 
     @asynccontextmanager
-    async def lease(self, request: IRequest, asked: Asked[Any]) -> AsyncIterator[Any]:
+    async def lease(self, request: Request, asked: Asked[Any]) -> AsyncIterator[Any]:
         """A lease on a runner for what C{asked} names, for the block's duration, released however
         the block ends.
 
         A client that disconnects cancels the wait for the lease (leaving the
         queue) or the block's work (aborting the runner request) alike. The
-        wait is measured by model, and noted in the request's record. A normal
+        wait is measured by model, and noted in the request's record, and a
+        streamed one's client is told of a long one (L{WaitNotes}). A normal
         key's C{keep_alive} is bounded here, whichever API asked (L{Caller.keep_alive}).
         """
         started = self.clock.seconds()
         self.scheduler.admit()  # a draining node says so before it says a model is missing
-        lease = await self.scheduler.acquire(asked.resolved)
+        resolved = asked.resolved
+        notes = self._notes(request, resolved) if asked.streamed else None
+        try:
+            lease = await self.scheduler.acquire(resolved)
+        finally:
+            if notes is not None:
+                notes.stop()
         leased = self.clock.seconds()
         self.metrics.waited(lease.model, leased - started)
         if asked.record is not None:
@@ -263,3 +277,16 @@ class Gateway:
             yield lease
         finally:
             lease.release()
+
+    def _notes(self, request: Request, resolved: Resolved) -> WaitNotes:
+        """The notes a streamed request's client gets while it waits in the queue for its runner."""
+
+        def note() -> str | None:
+            ahead = self.scheduler.ahead(resolved)
+            if ahead is None:
+                return None
+            served = resolved.model.id
+            loaded = any(r.model_id == served and r.state is State.READY for r in self.scheduler.snapshot())
+            return wait_note(resolved.model.name, loaded, ahead)
+
+        return WaitNotes(request, self.clock, note)

@@ -128,6 +128,7 @@ class InferenceAPI:
             backend,
             _unchecked if preload else check,
             length=NONE if preload else length,
+            events=not preload,
         )
         body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:

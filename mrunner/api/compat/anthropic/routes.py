@@ -75,7 +75,7 @@ class AnthropicAPI:
         self._forwarder = forwarder
 
     async def _forward(self, request: Request, backend: str | None, path: bytes, length: Length) -> bytes:
-        asked = self._gateway.begin(request, COMPLETION, backend, MESSAGES, length=length)
+        asked = self._gateway.begin(request, COMPLETION, backend, MESSAGES, length=length, events=True)
         body = asked.forwarded()
         async with self._gateway.lease(request, asked) as lease:
             relay = relayed(request, anthropic_stream_error, asked.renaming(lease))

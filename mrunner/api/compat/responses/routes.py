@@ -162,7 +162,7 @@ class ResponsesAPI:
 
     async def _create(self, request: Request, backend: str | None) -> bytes:
         asked = self._gateway.begin(
-            request, COMPLETION, backend, partial(self._read, request), length=RESPONSES
+            request, COMPLETION, backend, partial(self._read, request), length=RESPONSES, events=True
         )
         payload, items, conversation, body = asked.checked
         stream = body["stream"]
