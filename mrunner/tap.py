@@ -30,7 +30,7 @@ from mrunner.api.manage.model_operations import ModelOperations
 from mrunner.api.manage.models import ModelsAPI
 from mrunner.api.observe.follow import Followers
 from mrunner.api.observe.logs import LogsAPI
-from mrunner.api.observe.records import Records
+from mrunner.api.observe.records import Records, cache_source
 from mrunner.api.observe.records_api import RecordsAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.route_groups import route_groups
@@ -256,7 +256,7 @@ def _runners(
 ) -> tuple[PromptCache | None, StartRunner]:
     """The prompt cache, if on, and how a runner's process is started: its slots saved by the prompt
     cache before a planned stop when there is one."""
-    cache = prompt_cache(config, reactor, pool, lambda request: caller(request).owner)
+    cache = prompt_cache(config, reactor, pool, lambda request: caller(request).owner, cache_source)
     if cache is not None:
         metrics.registry.register(CacheCollector(cache))
     start: StartRunner = partial(new_process, reactor, checks.healthy, _runner_options(config))

@@ -6,7 +6,7 @@ from typing import Any
 
 from mrunner.cache.calls import RunnerCalls
 from mrunner.cache.store import CacheStore
-from mrunner.cache.turns import OwnerOf, PromptCache
+from mrunner.cache.turns import OwnerOf, PromptCache, Told, untold
 from mrunner.config import Config
 from mrunner.daemon.startup import StartupError
 from mrunner.runners.pool import RunnerPool
@@ -15,8 +15,12 @@ from mrunner.runners.pool import RunnerPool
 CALL_TIMEOUT = 10.0
 
 
-def prompt_cache(config: Config, reactor: Any, pool: RunnerPool, owner_of: OwnerOf) -> PromptCache | None:
+def prompt_cache(
+    config: Config, reactor: Any, pool: RunnerPool, owner_of: OwnerOf, told: Told = untold
+) -> PromptCache | None:
     """The prompt cache, None when it is off; a folder it cannot make ends the start with one line.
+
+    C{told}: who keeps where each turn's cached prompt came from (the requests' records).
 
     Its saves fit in half the stop's grace, so a runner they delay is still stopped, not killed.
     """
@@ -31,6 +35,6 @@ def prompt_cache(config: Config, reactor: Any, pool: RunnerPool, owner_of: Owner
         raise StartupError(f"[cache] folder {folder}: {e.strerror}") from None
     save_timeout = min(settings.save_timeout, config.scheduler.stop_grace / 2)
     calls = RunnerCalls(pool, reactor, max(save_timeout, CALL_TIMEOUT))
-    cache = PromptCache(store, calls, reactor, save_timeout, owner_of)
+    cache = PromptCache(store, calls, reactor, save_timeout, owner_of, told)
     cache.configure(config)
     return cache

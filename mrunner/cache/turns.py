@@ -39,6 +39,15 @@ from mrunner.values.backend import Command
 StartRunner = Callable[[Command, str, Path, str], IRunnerProcess]
 #: The key a request came with, as its SHA-256 (None without keys): whose saved states it may use.
 OwnerOf = Callable[[IRequest], str | None]
+#: Told, for a turn, where its cached prompt came from: "slot" (held there since its earlier turn),
+#: "restored" (from a saved state) or "none" (the request's record keeps it).
+Told = Callable[[IRequest, str], None]
+SLOT, RESTORED, NONE = "slot", "restored", "none"
+
+
+def untold(request: IRequest, source: str) -> None:
+    """No one keeps where a turn's cached prompt came from."""
+
 
 SAVE_PATH = "--slot-save-path"
 
@@ -97,12 +106,14 @@ class PromptCache:
         clock: IReactorTime,
         save_timeout: float,
         owner_of: OwnerOf,
+        told: Told = untold,
     ):
         self.store = store
         self._calls = calls
         self._clock = clock
         self.save_timeout = save_timeout
         self._owner_of = owner_of
+        self._told = told
         #: The models whose states every key may use, by name ([models."NAME"] share_cache).
         self.shared: frozenset[str] = frozenset()
         self.counts = Counts()
@@ -212,11 +223,15 @@ class PromptCache:
         try:
             if restoring:
                 slot.held = ()
-                await self._restore_into(slot, live, socket, path, payload or json.loads(body), owner)
+                payload = payload or json.loads(body)
+                restored = await self._restore_into(slot, live, socket, path, payload, owner)
+                self._told(request, RESTORED if restored else NONE)
             elif slot.held and slot.shared(parts) == len(slot.held):
                 self.counts.hits += 1
+                self._told(request, SLOT)
             else:
                 self.counts.misses += 1
+                self._told(request, NONE)
             if path.endswith(MESSAGES):  # llama-server drops id_slot there: its own choice by similarity
                 yield body  # finds the slot restored or holding the conversation, which no other turn takes
             else:
@@ -226,7 +241,8 @@ class PromptCache:
 
     async def _restore_into(
         self, slot: Slot, live: Live, socket: str, path: bytes, payload: dict[str, Any], owner: str | None
-    ) -> None:
+    ) -> bool:
+        """Restore into C{slot} the saved state whose tokens begin the request's longest; whether one was."""
         try:
             tokens = await self._calls.tokens(socket, path, payload)
         except CancelledError:
@@ -234,11 +250,11 @@ class PromptCache:
         except Exception as e:
             self.log.info("prompt cache: could not tokenize a prompt: {why}", why=e)
             self.counts.misses += 1
-            return
+            return False
         saved = self.store.best(live.layout, owner, tokens)
         if saved is None:
             self.counts.misses += 1
-            return
+            return False
         try:
             await self._calls.restore(socket, slot.id, self.store.state_name(saved))
         except CancelledError:
@@ -248,11 +264,12 @@ class PromptCache:
             self.store.remove(saved)
             self.counts.failed_restores += 1
             self.counts.misses += 1
-            return
+            return False
         self.store.used(saved)
         self.counts.restores += 1
         self.counts.hits += 1
         self.counts.restored_tokens += saved.n_tokens
+        return True
 
 
 def _payload(body: bytes) -> dict[str, Any] | None:

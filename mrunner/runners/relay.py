@@ -21,6 +21,7 @@ from typing import Protocol
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.logger import Logger
+from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.errors import BadGateway, MrunnerError
@@ -73,7 +74,7 @@ def unrecorded(request: Request, data: bytes) -> None:
     type(request).write(request, data)
 
 
-def recorder(request: Request) -> Observer | None:
+def recorder(request: IRequest) -> Observer | None:
     """What sees C{request}'s writes (L{record_writes}), if anything does."""
     write = request.write
     return write.observer if isinstance(write, Recorded) else None

@@ -75,6 +75,7 @@ class PromptCacheTests(LlamaCppTestCase):
         response = await http.get(self.daemon.url + "/engines/requests?limit=1", headers=self.keys)
         (record,) = await response.json()
         self.assertEqual(record["cached_tokens"], usage.prompt_tokens_details.cached_tokens, "its record")
+        self.assertEqual(record["cache"], "restored", "and where they came from")
 
     async def test_next_turn_after_a_daemon_restart(self) -> None:
         await self.start("[cache]\nmin_tokens = 64\n")

@@ -71,7 +71,9 @@ class TurnTestCase(TestCase):
         self.store = CacheStore(self.folder, 10**9, 3600.0, self.clock.seconds, min_tokens=10)
         self.store.open()
         self.calls = FakeCalls(self.folder)
-        self.cache = PromptCache(self.store, self.calls, self.clock, 5.0, lambda request: request)  # type: ignore[arg-type]
+        self.told: list[str] = []  # where each turn's cached prompt came from, as a record is told
+        told = lambda request, source: self.told.append(source)  # noqa: E731
+        self.cache = PromptCache(self.store, self.calls, self.clock, 5.0, lambda request: request, told)  # type: ignore[arg-type]
         command = Command(
             "/opt/llama-server",
             ("--model", str(self.model), "--parallel", "2", "--slot-save-path", str(self.folder)),
@@ -99,6 +101,7 @@ class AffinityTests(TurnTestCase):
         self.assertEqual((await self.turn(chat("a", "reply", "more")))["id_slot"], first)
         self.assertEqual((await self.turn(chat("b", "reply", "more")))["id_slot"], other)
         self.assertEqual(self.calls.tokenized, 0)  # nothing saved: no prompt is tokenized
+        self.assertEqual(self.told, ["none", "none", "slot", "slot"])
 
     async def test_the_instance_whose_slot_holds_the_turn_is_preferred(self) -> None:
         await self.turn(chat("a"))
@@ -136,6 +139,7 @@ class RestoreTests(TurnTestCase):
         self.assertEqual(sent["id_slot"], slot)
         self.assertEqual(filename.removesuffix(".bin"), next(iter(self.store.states)))
         self.assertEqual((self.cache.counts.restores, self.cache.counts.restored_tokens), (1, 50))
+        self.assertEqual(self.told, ["restored"])
         # The next turn finds its slot: no tokenizing, no restore.
         await self.turn(chat("a", "reply", "more", "reply", "again"))
         self.assertEqual((self.calls.tokenized, len(self.calls.restores)), (1, 1))
@@ -184,6 +188,7 @@ class RestoreTests(TurnTestCase):
         sent = await self.turn(chat("a"))
         self.assertEqual(sent["messages"], [{"role": "user", "content": "a"}])
         self.assertEqual(self.cache.counts.failed_restores, 1)
+        self.assertEqual(self.told, ["none"])
         self.assertEqual(self.store.states, {})
         self.assertEqual(list(self.folder.iterdir()), [])
 

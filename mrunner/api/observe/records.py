@@ -26,9 +26,11 @@ from typing import Any
 
 import attrs
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IRequest
 
 from mrunner.api.manage.scheduler_json import timestamp
 from mrunner.errors import BadRequest
+from mrunner.runners.relay import recorder
 from mrunner.runners.wire import ChunkedEnd, Malformed
 from mrunner.store.names import parse
 
@@ -62,6 +64,8 @@ class Record:
     now: Callable[[], float] = attrs.field(default=lambda: 0.0, repr=False)
     #: The name of the key that sent it (never the key), where keys are named.
     key: str | None = None
+    #: Where its cached prompt tokens came from, as the prompt cache's turn said (L{cache_source}).
+    cache: str | None = None
 
     def start(self, chunked: bool) -> None:
         """The runner's answer head is in; C{chunked} when the body chunks arrive with their framing."""
@@ -104,6 +108,7 @@ class Record:
             },
             "tokens": answer.pop("tokens"),
             "cached_tokens": answer.pop("cached_tokens"),
+            "cache": self.cache,
             "request": {
                 "headers": _header_fields(self.headers),
                 "body": _decoded(self.body, self.body_size > len(self.body)),
@@ -112,6 +117,13 @@ class Record:
             },
             "answer": {**answer, "size": self.answer_size, "truncated": self.answer_size > self.max_body},
         }
+
+
+def cache_source(request: IRequest, source: str) -> None:
+    """The prompt cache's word on where a turn's cached prompt came from, into the request's record."""
+    record = recorder(request)
+    if isinstance(record, Record):
+        record.cache = source
 
 
 def _since(start: float, when: float | None) -> float | None:
