@@ -14,7 +14,7 @@ from openai import APIError, OpenAI
 from twisted.internet.threads import deferToThread
 
 from mrunner.api.openai.wait_notes import FIRST
-from tests.support.daemon import http
+from tests.support.daemon import eventually, http
 from tests.support.daemon_cases import HI, MODEL, DaemonTestCase
 
 LOAD = FIRST + 2
@@ -63,6 +63,15 @@ class WaitNotesTests(DaemonTestCase):
         self.assertEqual(fast is not None and fast.moved == 1, self.fast)
         (record,) = await (await http.get(self.daemon.url + "/engines/requests")).json()
         self.assertNotIn("waiting for", json.dumps(record), "the record keeps the answer, not the notes")
+
+    async def test_a_client_that_leaves_while_noted_leaves_the_queue(self) -> None:
+        await self.start()
+        _, stream = await self.open_stream({})
+        await stream.arrived(NOTE)
+        stream.transport.stopProducing()
+        await eventually(lambda: self.daemon.scheduler.queued() == 0)
+        code, answer, _ = await self.post("/v1/chat/completions", self.chat())
+        self.assertEqual((code, answer["choices"][0]["message"]["content"]), (200, "echo: hi"))
 
     async def test_a_refusal_after_the_notes_is_the_streams_last_event(self) -> None:
         await self.start()
