@@ -243,12 +243,12 @@ def _runner_options(config: configuration.Config) -> RunnerOptions:
 
 
 def _cache_parts(cache: PromptCache | None, scheduler: Scheduler) -> dict[str, Any]:
-    """The route groups' part the prompt cache adds, its states' routes; and the loader's choice of
-    instance (the one whose slot holds a conversation's earlier turn)."""
+    """The route groups' part the prompt cache adds, its states' routes and the page's counts; and the
+    loader's choice of instance (the one whose slot holds a conversation's earlier turn)."""
     if cache is None:
         return {}
     scheduler.loader.prefer = cache.prefer
-    return {"cache": cache.store}
+    return {"cache": cache.store, "cache_counts": cache.by_model}
 
 
 def _runners(

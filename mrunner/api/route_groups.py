@@ -52,6 +52,7 @@ def route_groups(
     usage: UsageBook | None = None,
     docker_config: str | None = None,
     cache: SavedStates | None = None,
+    cache_counts: Mapping[str, Any] | None = None,
 ) -> list[RouteGroup]:
     """Every route group of the daemon, the OpenAPI document of them all last.
 
@@ -70,7 +71,7 @@ def route_groups(
         StatusAPI(models, metrics, scheduler, scraper, docker_config),
         logs,
         history,
-        PageAPI(scheduler, clock, store),
+        PageAPI(scheduler, clock, store, cache_counts),
         AdminAPI(scheduler, store, backends, max_request_bytes, reload, cache.usage if cache else None),
         UsageAPI(usage),
     ]

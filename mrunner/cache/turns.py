@@ -80,6 +80,10 @@ class Counts:
     saved_bytes: int = 0
     restored_tokens: int = 0
 
+    def add(self, amounts: dict[str, int]) -> None:
+        for name, amount in amounts.items():
+            setattr(self, name, getattr(self, name) + amount)
+
 
 @attrs.define(eq=False)
 class Live:
@@ -117,6 +121,8 @@ class PromptCache:
         #: The models whose states every key may use, by name ([models."NAME"] share_cache).
         self.shared: frozenset[str] = frozenset()
         self.counts = Counts()
+        #: The same counts, model by model (by the name its runners serve it as), for the page.
+        self.by_model: dict[str, Counts] = {}
         self._live: dict[str, Live] = {}
 
     def start_runner(self, start: StartRunner) -> StartRunner:
@@ -141,6 +147,11 @@ class PromptCache:
     def _gone(self, result: object, socket: str) -> object:
         self._live.pop(socket, None)
         return result
+
+    def _count(self, live: Live, **amounts: int) -> None:
+        """Add C{amounts} to the whole cache's counts and to its model's."""
+        self.counts.add(amounts)
+        self.by_model.setdefault(live.alias, Counts()).add(amounts)
 
     def prefer(self, request: _HasConversation, running: Sequence[Instance]) -> Instance | None:
         """Of C{running}, an instance with room whose free slot holds C{request}'s earlier turn."""
@@ -185,8 +196,7 @@ class PromptCache:
             finally:
                 if part.removesuffix(".part") not in self.store.states:
                     self.store.discard(part)
-            self.counts.saves += 1
-            self.counts.saved_bytes += saved.size
+            self._count(live, saves=1, saved_bytes=saved.size)
         self.log.info(
             "runner {socket}: slots saved in {s:.3f}s", socket=socket, s=self._clock.seconds() - started
         )
@@ -227,10 +237,10 @@ class PromptCache:
                 restored = await self._restore_into(slot, live, socket, path, payload, owner)
                 self._told(request, RESTORED if restored else NONE)
             elif slot.held and slot.shared(parts) == len(slot.held):
-                self.counts.hits += 1
+                self._count(live, hits=1)
                 self._told(request, SLOT)
             else:
-                self.counts.misses += 1
+                self._count(live, misses=1)
                 self._told(request, NONE)
             if path.endswith(MESSAGES):  # llama-server drops id_slot there: its own choice by similarity
                 yield body  # finds the slot restored or holding the conversation, which no other turn takes
@@ -249,11 +259,11 @@ class PromptCache:
             raise  # the client went away: so does its turn
         except Exception as e:
             self.log.info("prompt cache: could not tokenize a prompt: {why}", why=e)
-            self.counts.misses += 1
+            self._count(live, misses=1)
             return False
         saved = self.store.best(live.layout, owner, tokens)
         if saved is None:
-            self.counts.misses += 1
+            self._count(live, misses=1)
             return False
         try:
             await self._calls.restore(socket, slot.id, self.store.state_name(saved))
@@ -262,13 +272,10 @@ class PromptCache:
         except Exception as e:
             self.log.warn("prompt cache: restoring {name} failed, removed: {why}", name=saved.name, why=e)
             self.store.remove(saved)
-            self.counts.failed_restores += 1
-            self.counts.misses += 1
+            self._count(live, failed_restores=1, misses=1)
             return False
         self.store.used(saved)
-        self.counts.restores += 1
-        self.counts.hits += 1
-        self.counts.restored_tokens += saved.n_tokens
+        self._count(live, restores=1, hits=1, restored_tokens=saved.n_tokens)
         return True
 
 

@@ -173,6 +173,11 @@ function showRunners(overview) {
     queues.delete(model);
     return w ? " · " + w.waiting + " waiting, the oldest " + seconds(w.oldest_wait) : "";
   };
+  // The prompt cache's counts for a model, where the cache is on and has seen its turns.
+  const cached = (model) => {
+    const c = (overview.cache || {})[model];
+    return c ? " · prompt cache: " + c.hits + " hits (" + c.restores + " restored), " + c.misses + " misses" : "";
+  };
   for (const runner of overview.runners) {
     used += runner.memory;
     const button = element("button", "Unload", "admin-only");
@@ -181,7 +186,7 @@ function showRunners(overview) {
       runner.model_name,
       runner.mode,
       element("span", runner.state, "state-" + runner.state),
-      runner.in_use + " / " + runner.parallel + queued(runner.model_name),
+      runner.in_use + " / " + runner.parallel + queued(runner.model_name) + cached(runner.model_name),
       memoryBar(runner, overview.memory_budget),
       countdown(runner, overview.now),
       button,

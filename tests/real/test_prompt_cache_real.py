@@ -76,6 +76,8 @@ class PromptCacheTests(LlamaCppTestCase):
         (record,) = await response.json()
         self.assertEqual(record["cached_tokens"], usage.prompt_tokens_details.cached_tokens, "its record")
         self.assertEqual(record["cache"], "restored", "and where they came from")
+        overview = await (await http.get(self.daemon.url + "/engines/overview", headers=self.keys)).json()
+        self.assertEqual(sum(c["restores"] for c in overview["cache"].values()), 1, "the page's counts")
 
     async def test_next_turn_after_a_daemon_restart(self) -> None:
         await self.start("[cache]\nmin_tokens = 64\n")

@@ -53,8 +53,10 @@ def daemon_groups(
     max_request_bytes: int = 1000,
     metrics: Metrics | None = None,
     records: Records | None = None,
+    cache_counts: Mapping[str, Any] | None = None,
 ) -> list[RouteGroup]:
-    """Every route group, over C{scheduler} and C{store}; C{logs} is the runners' log directory."""
+    """Every route group, over C{scheduler} and C{store}; C{logs} is the runners' log directory;
+    C{cache_counts}, the prompt cache's counts by model, as the page shows them."""
     metrics = Metrics() if metrics is None else metrics
     gateway = Gateway(scheduler, store, metrics, clock, max_request_bytes, records)
     operations = ModelOperations(store, scheduler, None, None, clock, metrics.moved)  # type: ignore[arg-type]
@@ -73,4 +75,5 @@ def daemon_groups(
         backends=backends,
         max_request_bytes=max_request_bytes,
         devices=Devices(NoGPUs(), Config().gpu, scheduler.memory_budget),
+        cache_counts=cache_counts,
     )

@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
 from mrunner.api.door.routing import Routes
+from mrunner.cache.turns import Counts
 from mrunner.config import Config, SchedulerConfig
 from mrunner.daemon.metrics import Metrics
 from mrunner.errors import RunnerFailed
@@ -604,6 +605,19 @@ class PageRouteTests(SynchronousTestCase):
         self.assertEqual((overview["queue"], overview["now"]), (0, 1000))
         self.assertEqual(overview["memory_budget"], Config().scheduler.memory_budget)
         self.assertEqual(overview["waiting"], [])
+
+    def test_overview_shows_each_models_prompt_cache_counts(self) -> None:
+        self.assertEqual(json.loads(self.get("/engines/overview")[2])["cache"], {}, "no cache: none")
+        backends, store = {"llama.cpp": FakeBackend()}, FakeStore()
+        counts = {"ai/a:latest": Counts(hits=3, misses=1, restores=2, saves=4, restored_tokens=900)}
+        groups = daemon_groups(
+            self.scheduler, store, self.clock, backends, Path(self.mktemp()), cache_counts=counts
+        )
+        self.http = StubTreq(Routes(groups))
+        shown = json.loads(self.get("/engines/overview")[2])["cache"]
+        self.assertEqual(
+            shown, {"ai/a:latest": {"hits": 3, "misses": 1, "restores": 2, "failed_restores": 0, "saves": 4}}
+        )
 
     def test_overview_shows_each_models_queue(self) -> None:
         self.scheduler.loader.acquire(request("a"))

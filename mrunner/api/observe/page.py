@@ -7,7 +7,9 @@ daemon alone: nothing it shows is fetched from anywhere else.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.resources import files
+from typing import Any
 
 from klein import Klein
 from twisted.internet.interfaces import IReactorTime
@@ -44,9 +46,12 @@ def wants_html(request: IRequest) -> bool:
     return b"text/html" in (request.getHeader(b"accept") or b"")
 
 
+#: The prompt cache's counts the page shows for each model.
+CACHE_COUNTS = ("hits", "misses", "restores", "failed_restores", "saves")
+
 OVERVIEW = {
     "type": "object",
-    "required": ["now", "runners", "queue", "waiting", "memory_budget", "key", "admin"],
+    "required": ["now", "runners", "queue", "waiting", "memory_budget", "cache", "key", "admin"],
 }
 
 
@@ -57,10 +62,18 @@ class PageAPI:
     handle_json_errors(app)
     routes = Documented(app)
 
-    def __init__(self, scheduler: IScheduler, clock: IReactorTime, store: IModelStore) -> None:
+    def __init__(
+        self,
+        scheduler: IScheduler,
+        clock: IReactorTime,
+        store: IModelStore,
+        cache_counts: Mapping[str, Any] | None = None,
+    ) -> None:
+        """C{cache_counts}: the prompt cache's counts by model (L{mrunner.cache.turns.Counts}), if on."""
         self._scheduler = scheduler
         self._clock = clock
         self._store = store
+        self._cache_counts = cache_counts
         self._files = page_files()
 
     def openapi(self) -> Piece:
@@ -111,8 +124,9 @@ class PageAPI:
         """What the page's runners view shows; C{now} is the daemon's clock, for keep-alive countdowns,
         and C{waiting} each model's queue.
 
-        The runners are those of the models the key may use; C{key} and C{admin} say who
-        asked, so that the page offers only what that key can do.
+        The runners are those of the models the key may use, and so are C{cache}'s prompt
+        cache counts by model; C{key} and C{admin} say who asked, so that the page offers only
+        what that key can do.
         """
         who = caller(request)
         runners = visible_runners(who.member, self._store, self._scheduler.snapshot())
@@ -128,6 +142,11 @@ class PageAPI:
                     if visible_name(who.member, w.model_name)
                 ],
                 "memory_budget": self._scheduler.memory_budget(),
+                "cache": {
+                    model: {name: getattr(counts, name) for name in CACHE_COUNTS}
+                    for model, counts in (self._cache_counts or {}).items()
+                    if visible_name(who.member, model)
+                },
                 "key": who.name,
                 "admin": who.admin,
             },
