@@ -57,8 +57,19 @@ lint: install
 	@# Modules up to 400 lines, functions up to 60, but for tools/sizes_allowed.txt's reasoned entries.
 	$(PY) -m tools.sizes
 
+# The real modules whose streams the fast relay moves (streams, a client that leaves, a runner that
+# cuts, records, the teams' meter, queued and draining streams, the cluster's), run a second time on
+# the Twisted relay: MRUNNER_TEST_RELAY sets [http] relay in every daemon they start
+# (tests/support/relays.py). The other APIs' streams always take the Twisted relay: the first run
+# has them. About 2 minutes.
+RELAY_TESTS = $(addprefix tests.real.,test_relay_paths test_daemon test_hostile_tokens test_teams_real \
+	test_llamacpp_e2e test_observe_real test_answer_names test_memory_budget_real test_cli_round3 \
+	test_cluster_real)
+
+# Both runs, whichever fails: .ci/run adds up their results.
 test: system-deps backend lint gpu-bundle
-	$(PY) -m twisted.trial tests
+	status=0; $(PY) -m twisted.trial tests || status=1; \
+	MRUNNER_TEST_RELAY=twisted $(PY) -m twisted.trial $(RELAY_TESTS) || status=1; exit $$status
 
 # Benchmarks (bench/README.md): Debian's wrk and nginx-light beside the venv and llama-server.
 bench: backend

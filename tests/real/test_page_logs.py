@@ -24,20 +24,24 @@ SOURCES = ("ai_one_latest-completion", "ai_three_latest-completion", "ai_two_lat
 LINES = 3051  # per log: 9,153 lines, 1.3 MB in all
 APPENDED = 5
 SHOWN_MS = 30_000  # the line-at-a-time view took 227 s; batched, well under a second here
+# The daemon's own log is followed too, and its access log (the page's own requests) may come in
+# at any time: the lines counted are the runners' logs'.
 WATCH = """() => {
+  window.runnerLines = () => document.getElementById("log-lines").textContent.split("\\n").slice(0, -1)
+    .filter((line) => !line.startsWith("[daemon] "));
   window.logChanges = 0;
   new MutationObserver((records) => { window.logChanges += records.length; })
     .observe(document.getElementById("log-lines"), { childList: true, characterData: true, subtree: true });
 }"""
 STATE = """() => {
   const pre = document.getElementById("log-lines");
-  const lines = pre.textContent.split("\\n").slice(0, -1);
+  const lines = window.runnerLines();
   return {
     lines: lines.length, first: lines[0], last: lines[lines.length - 1], nodes: pre.childNodes.length,
     changes: window.logChanges, at_bottom: pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4,
   };
 }"""
-SHOWS = "(line) => document.getElementById('log-lines').textContent.endsWith(line + '\\n')"
+SHOWS = "(line) => window.runnerLines().at(-1) === line"
 
 
 def log_line(number: int) -> str:

@@ -100,14 +100,18 @@ class TwistedRelayTests(FastRelayTests):
 
 
 class ListenerTests(TestCase):
-    """A UNIX listener's streams go to the fast relay; a TLS listener's stay on the Twisted relay."""
+    """A UNIX listener's streams go to the fast relay; a TLS listener's stay on the Twisted relay.
+
+    Each daemon names the fast relay, whatever C{MRUNNER_TEST_RELAY} says: these are its listeners.
+    """
 
     timeout = 60
+    config_text = '[http]\nrelay = "fast"\n'
 
     async def test_a_unix_listeners_stream_goes_to_the_fast_relay(self) -> None:
         home = short_home(self)
         path = home / "api.sock"
-        daemon = InProcessDaemon(write_config(home), listen=f"unix:{path}")
+        daemon = InProcessDaemon(write_config(home, self.config_text), listen=f"unix:{path}")
         self.addCleanup(lambda: ensureDeferred(daemon.stop()))
         gguf = home / "tiny.gguf"
         write_tiny_gguf(gguf)
@@ -127,7 +131,7 @@ class ListenerTests(TestCase):
         home = short_home(self)
         pem = home / "daemon.pem"
         self_signed(pem)
-        daemon = InProcessDaemon(write_config(home), tls=pem)
+        daemon = InProcessDaemon(write_config(home, self.config_text), tls=pem)
         self.addCleanup(lambda: ensureDeferred(daemon.stop()))
         gguf = home / "tiny.gguf"
         write_tiny_gguf(gguf)

@@ -26,7 +26,8 @@ from zope.interface import implementer
 
 from mrunner import config as configuration
 from mrunner.tap import make_service
-from tests.support.parsers import head_parser_config
+from tests.support.parsers import http_setting
+from tests.support.relays import with_test_relay
 
 # No persistent client connections: trial checks that tests leave no socket open.
 http = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
@@ -49,7 +50,7 @@ def write_config(
     C{head_parser}, when given, is set in C{[http]}; else the daemon's default parser reads heads.
     """
     if head_parser is not None:
-        text = head_parser_config(text, head_parser)
+        text = http_setting(text, "head_parser", head_parser)
     command = [
         sys.executable,
         RUNNER_PROGRAM,
@@ -95,10 +96,12 @@ class InProcessDaemon:
 
     With C{tls} (a PEM file holding a key and its certificate) it serves HTTPS at C{https://localhost};
     with C{listen}, at that endpoint instead (C{url} is then the port's, not the address's).
+    C{MRUNNER_TEST_RELAY} chooses its relay (L{with_test_relay}).
     """
 
     def __init__(self, config_path: Path, tls: Path | None = None, listen: str | None = None):
         port = free_port()
+        with_test_relay(config_path)
         self.config_path = config_path
         if listen is None:
             listen = f"tcp:{port}:interface=127.0.0.1"
@@ -182,7 +185,9 @@ def spawn_twistd(
     config: Path, home: Path, *args: str, output_name: str = "twistd.out", default_pidfile: bool = False
 ) -> Any:
     """``twistd -n mrunner --config CONFIG [ARGS]`` as a child process in C{home}, its output in
-    home/OUTPUT_NAME; with C{default_pidfile}, without C{--pidfile=}, as the README gives it."""
+    home/OUTPUT_NAME; with C{default_pidfile}, without C{--pidfile=}, as the README gives it.
+    C{MRUNNER_TEST_RELAY} chooses its relay (L{with_test_relay})."""
+    with_test_relay(config)
     twistd = str(Path(sys.executable).with_name("twistd"))
     output = _Output(home, output_name)
     options = [] if default_pidfile else ["--pidfile="]

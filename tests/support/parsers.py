@@ -15,9 +15,9 @@ def with_twisted_heads(case: Case) -> Case:
     return type(name, (case,), attributes)  # type: ignore[return-value]
 
 
-def head_parser_config(text: str, head_parser: str) -> str:
-    """The config C{text} with C{[http] head_parser} set, in its C{[http]} table or a new one."""
-    setting = f'head_parser = "{head_parser}"\n'
+def http_setting(text: str, key: str, value: str) -> str:
+    """The config C{text} with C{[http] KEY = "VALUE"}, in its C{[http]} table or a new one."""
+    setting = f'{key} = "{value}"\n'
     if "[http]\n" in text:
         return text.replace("[http]\n", "[http]\n" + setting, 1)
     return f"{text}\n[http]\n{setting}"
