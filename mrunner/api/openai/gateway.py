@@ -263,9 +263,11 @@ class Gateway:
         started = self.clock.seconds()
         self.scheduler.admit()  # a draining node says so before it says a model is missing
         resolved = asked.resolved
-        notes = self._notes(request, resolved) if asked.streamed else None
+        waiting = self.scheduler.acquire(resolved)
+        # Most leases are granted at once: only a request left waiting gets its notes' timer.
+        notes = self._notes(request, resolved) if asked.streamed and not waiting.called else None
         try:
-            lease = await self.scheduler.acquire(resolved)
+            lease = await waiting
         finally:
             if notes is not None:
                 notes.stop()
