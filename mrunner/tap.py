@@ -52,7 +52,7 @@ from mrunner.devices.nvml import Nvml
 from mrunner.home import PRIVATE_UMASK, Home
 from mrunner.interfaces import IBackend
 from mrunner.runners.checks import RunnerChecks
-from mrunner.runners.fastrelay import FastRelay
+from mrunner.runners.cmover import fast_relay
 from mrunner.runners.forwarder import Forwarder, as_sent
 from mrunner.runners.metrics import RunnerScraper
 from mrunner.runners.pool import RunnerPool, unix_connect
@@ -141,9 +141,9 @@ class Parts:
 def _forwarder(
     config: configuration.Config, reactor: Any, pool: RunnerPool, cache: PromptCache | None
 ) -> Forwarder:
-    """The one forwarder: the prompt cache's turns where it is on, the fast relay's thread where
-    C{[http] relay = "fast"}."""
-    fast = FastRelay(reactor) if config.http.relay == "fast" else None
+    """The one forwarder: the prompt cache's turns where it is on, the fast relay's thread unless
+    C{[http] relay = "twisted"}."""
+    fast = fast_relay(reactor, config.http.relay)
     return Forwarder(pool, openai_stream_error, cache.turn if cache else as_sent, fast=fast)
 
 

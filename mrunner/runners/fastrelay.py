@@ -37,6 +37,7 @@ import os
 import select
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import tcp
@@ -188,13 +189,20 @@ def show_aside(moved: Moved, lock: threading.Lock, observers: list[Observer]) ->
             observer.write(data)
 
 
+#: Makes the thread's loop from C{(call_soon, show, back)}: L{Mover}, or C's (L{mrunner.runners.cmover}).
+MoverFactory = Callable[[Any, Any, Any], Any]
+
+
 class FastRelay:
     """Moves a pass-through chunked answer's body in the thread (L{Mover}) where it can; else leaves it
     to the Twisted relay (L{take})."""
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, mover: MoverFactory = Mover, loop: str = "python") -> None:
         self._reactor = reactor
-        self._made: Mover | None = None  # made, and its thread started, for the first stream
+        self._make = mover
+        #: What the thread's loop is written in: C{"python"} (L{Mover}) or C{"c"}.
+        self.loop = loop
+        self._made: Any = None  # the mover, made (its thread started) for the first stream
         self._taken: dict[Moved, tuple[Relay, RunnerConnection, list[Observer]]] = {}
         #: Streams the thread has taken, to tell which relay served them.
         self.moved = 0
@@ -220,16 +228,21 @@ class FastRelay:
         client.stopReading()  # type: ignore[union-attr]
         runner.stopReading()  # type: ignore[union-attr]
         moved = Moved(duplicate(runner.socket), duplicate(client.socket), chunks)  # type: ignore[union-attr]
+        try:
+            self._mover.add(moved)
+        except OSError:  # no descriptor or epoll entry to spare: the Twisted relay goes on
+            client.startReading()  # type: ignore[union-attr]
+            runner.startReading()  # type: ignore[union-attr]
+            return False
         self._taken[moved] = (relay, connection, relay.watching())
         relay.taken = lambda: self._reclaim(moved)
-        self._mover.add(moved)
         self.moved += 1
         return True
 
     @property
-    def _mover(self) -> Mover:
+    def _mover(self) -> Any:
         if self._made is None:
-            self._made = Mover(self._reactor.callFromThread, self._show, self._back)
+            self._made = self._make(self._reactor.callFromThread, self._show, self._back)
         return self._made
 
     def _show(self, moved: Moved) -> None:

@@ -1,4 +1,5 @@
-"""The fast relay's thread (L{mrunner.runners.fastrelay.Mover}) against the Twisted relay, on real sockets.
+"""The fast relay's thread (its loop in Python, L{mrunner.runners.fastrelay.Mover}, and in C,
+L{mrunner.runners.cmover.CMover}) against the Twisted relay, on real sockets.
 
 Real sockets and a real thread, so it lives apart from the unit tests. Each
 example is a runner's chunked answer sent in pieces cut anywhere, with pauses
@@ -13,18 +14,22 @@ the same pieces.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import socket
 import threading
 import time
+from functools import partial
 from typing import Any
 
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
+from mrunner.backends.build import cache_root
+from mrunner.runners.cmover import CMover, build, load
 from mrunner.runners.connection import RunnerConnection
 from mrunner.runners.fastrelay import Moved, Mover, duplicate, show_aside
 from mrunner.runners.pool import RunnerPool
@@ -111,7 +116,7 @@ class Reactor:
 
 
 def fast(
-    pieces: list[bytes], cut: bool, pauses: list[float], reads_at_once: bool
+    pieces: list[bytes], cut: bool, pauses: list[float], reads_at_once: bool, loop: Any = Mover
 ) -> tuple[Ending, bytes, bytes]:
     """What the client gets through the mover, then Twisted; and what the observers and client saw."""
     connection, body = answering()
@@ -129,7 +134,7 @@ def fast(
             observed.append(data)
 
     back: list[Moved] = []
-    mover = Mover(reactor.call_soon, lambda m: show_aside(m, mover.lock, [Seen()]), back.append)
+    mover = loop(reactor.call_soon, lambda m: show_aside(m, mover.lock, [Seen()]), back.append)
     moved = Moved(duplicate(runner_near), duplicate(client_near), connection.chunks)  # type: ignore[arg-type]
     mover.add(moved)
 
@@ -174,7 +179,12 @@ def fast(
 
 
 class FastRelayTests(SynchronousTestCase):
-    @settings(max_examples=60, deadline=None)
+    """The thread's loop in Python (C{[http] relay = "python"})."""
+
+    loop: Any = Mover
+
+    # Both loops run this one test; each class's examples are its own, so the executors may differ.
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
     @example([b"data: x\n\n"], False, 18, [], [], False, b"", b"zz\r\n")  # cut just after the bad line
     @given(
         payloads,
@@ -205,7 +215,7 @@ class FastRelayTests(SynchronousTestCase):
         data = whole[: cut_at % len(whole)] if cut else whole + after
         pieces = cuts(data, cut_points)
         expected = twisted_alone(pieces, cut)
-        ending, observed, sent = fast(pieces, cut, pauses, reads_at_once)
+        ending, observed, sent = fast(pieces, cut, pauses, reads_at_once, self.loop)
         if expected[3]:
             # Malformed: either relay sends the reads before the one that completes the bad line, and
             # how the runner's bytes fell into reads is the kernel's, so only a prefix can be compared.
@@ -216,3 +226,9 @@ class FastRelayTests(SynchronousTestCase):
         else:
             self.assertEqual(ending, expected)
         self.assertEqual(observed, sent, "the observers see the bytes the thread sent, as they went")
+
+
+class CLoopTests(FastRelayTests):
+    """The thread's loop in C (C{[http] relay = "fast"}), held to the same bytes and ends."""
+
+    loop = partial(CMover, load(build(cache_root({}, os.environ) / "native")))

@@ -42,7 +42,14 @@ class FastRelayTests(DaemonTestCase):
         self.config_text = f'[http]\nrelay = "{self.relay}"\n'
 
     def expected(self, streams: int) -> int | None:
-        return streams if self.relay == "fast" else None
+        return None if self.relay == "twisted" else streams
+
+    async def test_the_thread_loop_is_the_one_named(self) -> None:
+        """C{"fast"} builds and runs the loop in C (a compiler is here, as for llama-server)."""
+        await self.start()
+        fast: FastRelay | None = self.daemon.forwarder.fast
+        loops = {"fast": "c", "python": "python", "twisted": None}
+        self.assertEqual(None if fast is None else fast.loop, loops[self.relay])
 
     async def test_a_stream_is_sent_as_it_comes_and_recorded_and_metered(self) -> None:
         await self.start()
@@ -93,6 +100,10 @@ class FastRelayTests(DaemonTestCase):
             self.assertTrue(await events.done)
             self.assertIn(b"data: [DONE]", events.data)
         self.assertEqual(moved(self.daemon), self.expected(3))
+
+
+class PythonLoopTests(FastRelayTests):
+    relay = "python"
 
 
 class TwistedRelayTests(FastRelayTests):
