@@ -5,12 +5,12 @@ Read from outside, so every path is charged alike, whatever it is written in.
 
 from __future__ import annotations
 
-import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
-#: Clock ticks per second, the unit of utime and stime in /proc/<pid>/stat.
-TICKS = os.sysconf("SC_CLK_TCK")
+#: The kind of a process's CPU clock that counts its threads' time on a CPU (Linux's CPUCLOCK_SCHED).
+CPUCLOCK_SCHED = 2
 
 
 def _stat_fields(pid: int) -> list[str]:
@@ -33,12 +33,13 @@ def children(pid: int) -> list[int]:
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:
-    """User plus system CPU seconds the processes C{pids} have used so far."""
-    total = 0
-    for pid in pids:
-        fields = _stat_fields(pid)
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICKS
+    """CPU seconds the processes C{pids} have used so far, to the nanosecond, every thread's counted.
+
+    Read from each process's CPU clock (C{clock_getcpuclockid}'s, made by hand as glibc makes it):
+    /proc/<pid>/stat counts in ticks of 10 ms, which over a round of scenario 2 (768 events) is
+    13 µs an event.
+    """
+    return sum(time.clock_gettime(((~pid) << 3) | CPUCLOCK_SCHED) for pid in pids)
 
 
 def memory_kib(pid: int, key: str) -> int:
