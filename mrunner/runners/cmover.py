@@ -63,15 +63,17 @@ class BuildFailed(Exception):
 
 
 def build(cache: Path, compiler: str | None = None) -> Path:
-    """The shared object of L{SOURCE} under C{cache}, compiled first where it is not there yet."""
+    """The shared object of L{SOURCE}: beside it where an image built it (C{python -m
+    mrunner.runners.cmover}), else under C{cache}, compiled first where it is not there yet."""
     source = SOURCE.read_bytes()
+    name = f"mover-{hashlib.sha256(source + ' '.join(FLAGS).encode()).hexdigest()[:16]}.so"
+    for target in (SOURCE.with_name(name), cache / name):
+        if target.exists():
+            return target
     compiler = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise BuildFailed("no C compiler (cc or gcc) is on PATH")
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache / f"mover-{digest}.so"
-    if target.exists():
-        return target
+    target = cache / name
     cache.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     try:
@@ -212,3 +214,9 @@ class CMover:
             moved.raw = held
         moved.given_back = True
         del self._keys[key], self._of[moved]
+
+
+if (
+    __name__ == "__main__"
+):  # an image's build: the loop built beside its source, for a daemon with no compiler
+    print(build(SOURCE.parent))

@@ -24,11 +24,11 @@ While the thread has a stream, the reactor neither reads nor writes its
 sockets; the thread uses duplicates of their descriptors, so a descriptor the
 reactor closed can never be another connection's.
 
-Why a thread of Python rather than C (cffi) or C{os.splice}: it needs no
-compiler at install, the GIL is released where the time goes (the system
-calls), and the bench shows what is left; C{splice} would move the bytes
-without a copy but hide them from the chunk-size reading, the meter and the
-record, which need them anyway.
+The loop is L{Mover} here, in Python (C{[http] relay = "python"}, and where
+no C compiler is found), or the same rules in C (L{mrunner.runners.cmover},
+the default), which runs no Python per event. Why not C{os.splice}: it would
+move the bytes without a copy but hide them from the chunk-size reading, the
+meter and the record, which need them anyway.
 """
 
 from __future__ import annotations
