@@ -216,7 +216,6 @@ class CMover:
         del self._keys[key], self._of[moved]
 
 
-if (
-    __name__ == "__main__"
-):  # an image's build: the loop built beside its source, for a daemon with no compiler
+# An image's build: the loop built beside its source, for a daemon with no compiler.
+if __name__ == "__main__":
     print(build(SOURCE.parent))
