@@ -34,8 +34,8 @@ struct stream {
     int runner, client;
     /* ChunkedEnd's state: data (and CRLF) still to skip, a cut line, past the last chunk. */
     int64_t skip;
-    char line[MAX_LINE];
-    size_t line_len;
+    char *line; /* on the heap, made for the first cut line: a stream's slot stays small */
+    size_t line_len, line_cap;
     int trailer;
     /* What was sent and not yet shown to the observers. */
     char *aside;
@@ -81,10 +81,12 @@ static struct stream *lookup(struct mover *m, uint64_t key) {
     return m->streams[slot];
 }
 
+/* Room for needed bytes, with half as much again to spare: a slow stream keeps its few events aside
+ * until the stream ends, a thousand of them at once, so no larger first size. */
 static int grow(char **buffer, size_t *capacity, size_t needed) {
     if (needed <= *capacity) return 0;
-    size_t size = *capacity ? *capacity : 4096;
-    while (size < needed) size *= 2;
+    size_t size = *capacity + *capacity / 2;
+    if (size < needed) size = needed;
     char *bigger = realloc(*buffer, size);
     if (!bigger) return -1;
     *buffer = bigger;
@@ -151,8 +153,8 @@ static long feed(struct stream *s, const char *data, size_t n, char *scratch) {
         }
         const char *crlf = memmem(buf + pos, len - pos, "\r\n", 2);
         if (!crlf) {
-            if (len - pos > MAX_LINE) return MALFORMED;
-            memmove(s->line, buf + pos, len - pos);
+            if (len - pos > MAX_LINE || grow(&s->line, &s->line_cap, len - pos) < 0) return MALFORMED;
+            if (len > pos) memmove(s->line, buf + pos, len - pos);
             s->line_len = len - pos;
             s->skip = 0;
             return -1;
@@ -295,12 +297,21 @@ int64_t mover_add(struct mover *m, int runner, int client, int64_t skip, const c
     }
     struct stream *s = m->streams[slot];
     uint32_t gen = (s->gen + 1) & 0x3fffffff;
+    char *kept = s->line;
+    size_t kept_cap = s->line_cap;
     memset(s, 0, sizeof(*s));
     s->gen = gen;
+    s->line = kept;
+    s->line_cap = kept_cap;
+    if (grow(&s->line, &s->line_cap, line_len) < 0) {
+        pthread_mutex_unlock(&m->lock);
+        errno = ENOMEM;
+        return -1;
+    }
     s->runner = runner;
     s->client = client;
     s->skip = skip;
-    memcpy(s->line, line, line_len);
+    if (line_len) memcpy(s->line, line, line_len);
     s->line_len = line_len;
     s->trailer = trailer;
     uint64_t key = key_of(m, (size_t)slot);
@@ -368,7 +379,7 @@ static void give(struct stream *s, struct collected *out) {
     s->aside = NULL;
     s->aside_len = s->aside_cap = 0;
     out->skip = s->skip;
-    memcpy(out->line, s->line, s->line_len);
+    if (s->line_len) memcpy(out->line, s->line, s->line_len);
     out->line_len = s->line_len;
     out->trailer = s->trailer;
 }
