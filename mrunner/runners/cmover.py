@@ -3,11 +3,12 @@
 The Python loop (L{mrunner.runners.fastrelay.Mover}) releases the GIL in each
 system call, but between them it still runs Python for every event: the
 poll's list, the chunk-size line, a C{bytes} for each read, the GIL taken
-back after each call. Here one call into C (L{CMover}'s thread, the GIL
-released for as long as it lasts) moves every stream's events and comes back
-only with the streams Python must look at: a batch of bytes for the
-observers, or a stream handed back. Its rules of when to hand a stream back
-are the Python loop's, which the same tests hold it to.
+back after each call. Here the loop is a thread of C's own, which never takes
+the GIL, so a stream moves on while the reactor holds it; a Python thread
+(L{CMover._run}) waits in C, the GIL released, only for the streams Python
+must look at: a batch of bytes for the observers, or a stream handed back.
+Its rules of when to hand a stream back are the Python loop's, which the same
+tests hold it to.
 
 Why ctypes and a compiler at the first start rather than a C extension in the
 package: mrunner installs from its source with no build step, the machines
@@ -123,6 +124,7 @@ def load(path: Path) -> ctypes.CDLL:
         ctypes.c_size_t,
         ctypes.c_int,
     ]
+    library.mover_start.argtypes = [ctypes.c_void_p]
     library.mover_wait.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
     for name in ("mover_collect", "mover_stop"):
         getattr(library, name).argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(Collected)]
@@ -150,6 +152,9 @@ class CMover:
     def add(self, moved: Moved) -> None:
         """Start moving C{moved} (from the reactor thread); its sockets' descriptors go to C."""
         if self._thread is None:
+            error = self._c.mover_start(self._mover)
+            if error:
+                raise OSError(error, "the relay's thread could not start")
             self._thread = threading.Thread(target=self._run, name="mrunner-relay-c", daemon=True)
             self._thread.start()
         skip, line, trailer = moved.chunks.state()
@@ -182,8 +187,6 @@ class CMover:
         out = Collected()
         while True:
             noted = wait(mover, keys, NOTES)
-            if noted < 0:
-                raise OSError(ctypes.get_errno(), "the relay's epoll failed")
             with self.lock:
                 for key in keys[:noted]:
                     moved = self._keys.get(key)

@@ -2,18 +2,19 @@
  * Python per event.
  *
  * mrunner/runners/cmover.py builds this with the system's C compiler on first use and calls it
- * through ctypes, which releases the GIL for each call. One thread of the daemon sits in
- * mover_wait: it waits in epoll over every moved stream, and for each readable runner socket
- * recv()s, reads the chunk-size lines (as ChunkedEnd in wire.py does, so the body's end is found
- * at the same byte), send()s to the client and keeps what it sent aside for the observers. It
- * returns to Python only with streams Python must look at: a first or a full batch kept aside,
- * or a stream handed back (the body's end, the runner's close or a malformed line, the client's
- * leaving or full socket). Everything else, the byte-exact rules of when to hand back, is the
+ * through ctypes, which releases the GIL for each call. The loop runs on a thread of its own
+ * (mover_start), which never takes the GIL: it waits in epoll over every moved stream, and for each
+ * readable runner socket recv()s, reads the chunk-size lines (as ChunkedEnd in wire.py does, so
+ * the body's end is found at the same byte), send()s to the client and keeps what it sent aside
+ * for the observers. A Python thread sits in mover_wait for the streams Python must look at: a
+ * first or a full batch kept aside, or a stream handed back (the body's end, the runner's close
+ * or a malformed line, the client's leaving or full socket). Everything else, the byte-exact rules of when to hand back, is the
  * Python loop's (fastrelay.Mover), which the tests hold this one to.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,7 @@ struct collected {
 struct mover {
     int epoll;
     pthread_mutex_t lock;
+    pthread_cond_t noted; /* notes were added, for mover_wait */
     struct stream **streams;
     size_t count, capacity;
     uint64_t *notes;
@@ -261,6 +263,7 @@ struct mover *mover_new(void) {
         return NULL;
     }
     pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->noted, NULL);
     return m;
 }
 
@@ -345,19 +348,16 @@ static size_t take_notes(struct mover *m, uint64_t *out, size_t most) {
     return taken;
 }
 
-/* Move every stream until some need Python: their keys in out (at most most); -1 on an error. */
-int mover_wait(struct mover *m, uint64_t *out, int most) {
+/* The loop, on a thread of its own that never takes the GIL: a stream moves on while Python is busy. */
+static void *loop(void *arg) {
+    struct mover *m = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the reactor's, on the main thread */
     struct epoll_event events[256];
     for (;;) {
-        pthread_mutex_lock(&m->lock);
-        size_t taken = take_notes(m, out, (size_t)most);
-        pthread_mutex_unlock(&m->lock);
-        if (taken) return (int)taken;
         int ready = epoll_wait(m->epoll, events, 256, -1);
-        if (ready < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
+        if (ready < 0) continue; /* EINTR: nothing else can fail on an epoll this owns */
         pthread_mutex_lock(&m->lock);
         for (int i = 0; i < ready; i++) {
             struct stream *s = lookup(m, events[i].data.u64 / 2);
@@ -368,8 +368,27 @@ int mover_wait(struct mover *m, uint64_t *out, int most) {
             else if (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
                 hand_back(m, slot, NULL, 0);
         }
+        if (m->notes_len) pthread_cond_signal(&m->noted);
         pthread_mutex_unlock(&m->lock);
     }
+    return NULL;
+}
+
+/* Start the loop's thread; 0, or an errno. */
+int mover_start(struct mover *m) {
+    pthread_t thread;
+    int error = pthread_create(&thread, NULL, loop, m);
+    if (!error) pthread_detach(thread);
+    return error;
+}
+
+/* Wait until some streams need Python: their keys in out (at most most). */
+int mover_wait(struct mover *m, uint64_t *out, int most) {
+    pthread_mutex_lock(&m->lock);
+    while (!m->notes_len) pthread_cond_wait(&m->noted, &m->lock);
+    size_t taken = take_notes(m, out, (size_t)most);
+    pthread_mutex_unlock(&m->lock);
+    return (int)taken;
 }
 
 static void give(struct stream *s, struct collected *out) {
