@@ -43,7 +43,7 @@ from typing import Any
 from twisted.internet import tcp
 
 from mrunner.runners.connection import RunnerConnection
-from mrunner.runners.fastio import writable_now
+from mrunner.runners.fastio import reading, writable_now
 from mrunner.runners.relay import Observer, Relay
 from mrunner.runners.wire import ChunkedEnd, Malformed
 
@@ -215,14 +215,13 @@ class FastRelay:
         chunks = connection.chunks
         if isinstance(client, tcp.Connection) and not client.TLS and not writable_now(client):
             client.doWrite()  # the head, queued by Twisted for the reactor's next turn: sent now
-        readers = self._reactor.getReaders()
         if not (
             chunks is not None
             and connection.relaying is relay
             and writable_now(client)
             and writable_now(runner)
-            and client in readers
-            and runner in readers
+            and reading(self._reactor, client)
+            and reading(self._reactor, runner)
         ):
             return False
         client.stopReading()  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
-from twisted.internet import reactor, tcp, unix
+from twisted.internet import epollreactor, reactor, tcp, unix
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import UNIXServerEndpoint
 from twisted.internet.protocol import ClientFactory, Factory, Protocol
@@ -28,7 +28,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web import client, http, http_headers
 
 import mrunner
-from mrunner.runners.fastio import RecvClient, RecvConnector, send_now
+from mrunner.runners.fastio import RecvClient, RecvConnector, reading, send_now
 from tests.support.private_names import private_reaches
 
 #: Every module that reaches a Twisted private name, and the names it reaches.
@@ -51,7 +51,7 @@ PLACES = {
         "_transferDecoder",
         "_version",
     },
-    "mrunner.runners.fastio": {"_makeTransport", "_tempDataBuffer"},
+    "mrunner.runners.fastio": {"_makeTransport", "_reads", "_tempDataBuffer"},
     "mrunner.store.clientpool": {"_HTTP11ClientFactory", "_factory"},
     "mrunner.daemon.startup": {"_raiseSynchronously", "_waitingForPort"},
     "mrunner.daemon.lazytls": {"twisted.protocols._sni"},
@@ -144,6 +144,17 @@ class FastIOTests(TestCase):
         send_now(transport, b"third")
         self.assertEqual(transport._tempDataBuffer, [b"second ", b"third"], "queued behind")
         self.assertEqual(await self.server.received(18), b"first second third")
+
+    def test_reading_is_what_the_reactor_reads(self) -> None:
+        """The epoll reactor's C{_reads} still holds the descriptors it reads, as C{getReaders} says."""
+        self.assertIsInstance(reactor, epollreactor.EPollReactor)
+        self.assertTrue(reading(reactor, self.transport))
+        self.assertIn(self.transport, reactor.getReaders())  # type: ignore[attr-defined]
+        self.transport.stopReading()
+        self.assertFalse(reading(reactor, self.transport))
+        self.assertNotIn(self.transport, reactor.getReaders())  # type: ignore[attr-defined]
+        self.transport.startReading()
+        self.assertTrue(reading(reactor, self.transport))
 
 
 class Recording(http.HTTPChannel):
