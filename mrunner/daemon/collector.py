@@ -5,12 +5,13 @@ daemon: frozen, it stays out of every collection, which would otherwise
 traverse it again and again. Then the youngest generation is collected every
 L{YOUNG} allocations rather than Python's 700. A thousand streams open at once
 hold some 70,000 objects that live as long as their answers (ten seconds in
-the bench's scenario 5), so nearly all a collection traverses is alive: at
-700, young collections came every few requests, promoted what they found,
-and the older generations traversed it all again, for about one piece of
-cyclic garbage a stream; 7% of the daemon's CPU there (0.62 s of GC for 5,000
-streams, 0.19 s at L{YOUNG}), the peak RSS the same. Cyclic garbage still
-goes within L{YOUNG} allocations: a few MB at most.
+the bench's scenario 5), and leave no cyclic garbage (none past start-up's,
+under C{gc.DEBUG_SAVEALL}): at 700, young collections came every few
+requests, traversed live objects only, promoted them, and the older
+generations traversed them all again. There: 0.62 s of collection for 5,000
+streams at 700 (some 5% of the daemon's CPU), 0.16 to 0.19 s at L{YOUNG}, the
+peak RSS the same. Cyclic garbage, where a request makes some (an error's
+traceback), still goes within L{YOUNG} allocations: a few MB at most.
 """
 
 from __future__ import annotations
