@@ -5,7 +5,6 @@ from __future__ import annotations
 # First: the imports below load Twisted without pyOpenSSL, until TLS is used (see lazytls).
 import mrunner.daemon.lazytls  # isort: skip
 
-import gc
 import os
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -40,6 +39,7 @@ from mrunner.backends.whispercpp import WhisperCppBackend
 from mrunner.cache.metrics import CacheCollector
 from mrunner.cache.opening import prompt_cache
 from mrunner.cache.turns import PromptCache
+from mrunner.daemon import collector
 from mrunner.daemon.listening import AddressFile, uses_tls
 from mrunner.daemon.logfiles import DaemonLogFile
 from mrunner.daemon.metrics import Metrics
@@ -393,7 +393,6 @@ def makeService(options: Options) -> IService:
     os.umask(PRIVATE_UMASK)
     service, parts = make_service(options.config, reactor, options.read_config)
     ReloadOnHangup(reactor, parts.reloader).setServiceParent(service)
-    # Everything imported and built so far lives as long as the daemon: keep it
-    # out of full garbage collections, which otherwise pause the proxy path.
-    gc.freeze()
+    # Everything imported and built so far lives as long as the daemon: out of every collection.
+    collector.settle()
     return service
