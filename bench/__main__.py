@@ -227,7 +227,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--fast-only",
         action="store_true",
-        help="run only scenario 12, the fast runner (a C stand-in: no llama-server needed): under 2 min",
+        help="run only scenario 12, the fast runner (a C stand-in: no llama-server needed): about 3 min",
     )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
