@@ -4,8 +4,9 @@
  * connections spread over RAMP_S, sends each the request in REQUEST_FILE (a whole HTTP/1.1 request),
  * and reads the answers. Prints "window" once the ramp is over and every stream has had its first
  * event (so the requests' own cost, which scenarios 1 and 6 measure, is not in the window), and
- * "end" WINDOW_S later (the bench reads the proxy's CPU at both), then waits for every stream and prints one JSON line: the events
- * seen in the window, the streams that ended with [DONE] or not, and the p99 gap between events.
+ * "end" WINDOW_S later (the bench reads the proxy's CPU at both), then waits for every stream and
+ * prints one JSON line: the events seen in the window, the streams that ended with [DONE] or not,
+ * and the p99 gap between events.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
