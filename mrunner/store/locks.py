@@ -8,19 +8,32 @@ from contextlib import asynccontextmanager
 from twisted.internet.defer import DeferredLock
 
 
-class KeyedLocks:
-    """A C{DeferredLock} per key, kept only while someone holds or waits for it."""
+class _Kept:
+    """A key's lock and how many hold or wait for it: the entry goes when the last of them leaves."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, DeferredLock] = {}
+        self.lock = DeferredLock()
+        self.users = 0
+
+
+class KeyedLocks:
+    """A C{DeferredLock} per key, kept only while someone holds or waits for it.
+
+    The entry is counted, not judged by C{lock.locked}: a release runs the next
+    waiter's block at once, which may end and leave before the releaser does.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Kept] = {}
 
     @asynccontextmanager
     async def holding(self, key: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(key, DeferredLock())
-        await lock.acquire()
+        kept = self._kept.setdefault(key, _Kept())
+        kept.users += 1
         try:
-            yield
+            async with kept.lock:
+                yield
         finally:
-            lock.release()
-            if not lock.locked:
-                del self._locks[key]
+            kept.users -= 1
+            if not kept.users:
+                del self._kept[key]
