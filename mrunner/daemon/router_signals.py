@@ -20,7 +20,7 @@ within the same bound: a request never waits for it.
 
 A scrape that C{[cluster] open_metrics} lets in without a key sees these signals
 alone (L{load_signals}), with mrunner's own queue and runner gauges: never a key's
-name or counts, nor the models a node has merely served or failed to load.
+name or counts (a normal key sees its own too), nor the models a node has merely served or failed to load.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from mrunner.runners.checks import Get
 from mrunner.runners.metrics import SCRAPED_STATES, Families, RunnerScraper
+from mrunner.teams.key_metrics import KEY_FAMILIES
 from mrunner.values import RunnerSnapshot, State
 
 #: Tokens held and tokens of room, of one runner.
@@ -54,12 +55,27 @@ LOAD_SIGNALS = frozenset(
 )
 
 
-def load_signals(*sources: Collector | Families) -> Families:
-    """Only the L{LOAD_SIGNALS} of C{sources}: what a scrape without a key sees."""
+def load_signals(*sources: Collector | Families, key: str | None = None) -> Families:
+    """Only the L{LOAD_SIGNALS} of C{sources}: what a scrape without a key sees.
+
+    With C{key}, a normal key's name, also that key's own samples of the per-key
+    families: what it sees, as C{/usage} shows it only its own rows.
+    """
     found = Families()
     for source in sources:
-        found.add(family for family in source.collect() if family.name in LOAD_SIGNALS)
+        for family in source.collect():
+            if family.name in LOAD_SIGNALS:
+                found.add([family])
+            elif key is not None and family.name in KEY_FAMILIES:
+                found.add([_of_key(family, key)])
     return found
+
+
+def _of_key(family: Metric, key: str) -> Metric:
+    """C{family} with only the samples labelled C{key}."""
+    own = Metric(family.name, family.documentation, family.type, family.unit)
+    own.samples = [sample for sample in family.samples if sample.labels.get("key") == key]
+    return own
 
 
 def kv_tokens(slots: object) -> KV:

@@ -6,6 +6,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+#: The families labelled by key name: a normal key sees only its own samples of them.
+KEY_FAMILIES = frozenset({"mrunner_key_requests", "mrunner_key_tokens", "mrunner_key_rate_limited"})
+
 
 class KeyMetrics:
     """Requests, tokens and refusals per key name; labelled children kept, as in L{mrunner.daemon.metrics}."""

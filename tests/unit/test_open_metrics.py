@@ -3,15 +3,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from treq.testing import StubTreq
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
 
+from mrunner.api.door.callers import OPEN, Caller, key_caller
 from mrunner.api.door.trust import Trust
+from mrunner.api.manage.status import StatusAPI
 from mrunner.config import ClusterConfig, Config, HTTPConfig, KeyConfig
 from mrunner.daemon.router_signals import load_signals
 from mrunner.errors import Unauthorized
+from mrunner.runners.metrics import RunnerScraper
+from mrunner.teams.key_metrics import KeyMetrics
+from mrunner.teams.members import Member
+from tests.support.fakes import unreachable_runners
 
 KEYS = {"alice": KeyConfig(key="alice-key")}
 
@@ -60,3 +71,55 @@ class ViewTests(SynchronousTestCase):
         self.assertIn("vllm:num_requests_running 1.0", text)
         self.assertNotIn("alice", text)
         self.assertNotIn("ai/secret", text)
+
+
+class NoRunners:
+    """The scheduler as C{/metrics} reads it: no runner to scrape."""
+
+    def snapshot(self) -> list[Any]:
+        return []
+
+
+class AsCaller(Resource):
+    """The routes behind a door that found C{who}."""
+
+    isLeaf = True
+
+    def __init__(self, routes: Resource, who: Caller):
+        super().__init__()
+        self._routes, self._who = routes, who
+
+    def render(self, request: Any) -> Any:
+        request.caller = self._who
+        return self._routes.render(request)
+
+
+class KeyViewTests(SynchronousTestCase):
+    """Issue 53, N4: a normal key reads its own per-key series and the load signals, as C{/usage} shows it
+    only its own rows; an admin reads all."""
+
+    def scrape(self, who: Caller) -> str:
+        registry = CollectorRegistry()
+        Gauge("mrunner_queue_waiting", "queued", registry=registry).set(2)
+        Counter("mrunner_requests", "by mode", ["mode"], registry=registry).labels("ai/secret").inc()
+        keys = KeyMetrics(registry)
+        keys.ended("alice", 200, 5, 7)
+        keys.ended("ops", 200, 11, 13)
+        keys.limited("ops")
+        status = StatusAPI(None, registry, NoRunners(), RunnerScraper(unreachable_runners, Clock()))  # type: ignore[arg-type]
+        http = StubTreq(AsCaller(status.app.resource(), who))
+        response = self.successResultOf(http.get("http://mrunner/metrics"))
+        return self.successResultOf(response.text())
+
+    def test_a_normal_key_sees_its_own(self) -> None:
+        text = self.scrape(key_caller(b"alice-key", admin=False, member=Member("alice")))
+        self.assertIn('mrunner_key_tokens_total{key="alice",kind="completion"} 7.0', text)
+        self.assertIn("mrunner_queue_waiting 2.0", text)
+        self.assertNotIn("ops", text)
+        self.assertNotIn("ai/secret", text)
+
+    def test_an_admin_sees_every_key(self) -> None:
+        text = self.scrape(OPEN)
+        self.assertIn('mrunner_key_rate_limited_total{key="ops"} 1.0', text)
+        self.assertIn('mrunner_key_tokens_total{key="alice",kind="prompt"} 5.0', text)
+        self.assertIn("ai/secret", text)

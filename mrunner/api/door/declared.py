@@ -44,7 +44,10 @@ class Who(enum.Enum):
     KEY = "any key"
     MANAGE = "any key reads it (GET, HEAD); only an admin key changes anything"
     ADMIN = "an admin key only: it manages models, controls runners, or shows prompts"
-    SCRAPE = "no key with [cluster] open_metrics, which then shows the load signals alone; else any key"
+    SCRAPE = (
+        "no key with [cluster] open_metrics, which then shows the load signals alone; else any key,"
+        " a normal key seeing the load signals and its own series"
+    )
 
 
 class Reach(enum.Enum):

@@ -137,12 +137,19 @@ class StatusAPI:
 
     @routes.route("/metrics", "GET", _one_answer("Prometheus metrics", TEXT))
     async def metrics(self, request: IRequest) -> bytes:
-        """The daemon's metrics, then those of every ready runner that answers in time; the load signals
-        alone for a scrape without a key that C{[cluster] open_metrics} let in."""
+        """The daemon's metrics, then those of every ready runner that answers in time, for an admin.
+
+        A normal key sees the load signals and its own per-key series, as C{/usage}
+        shows it only its own; a scrape without a key that C{[cluster] open_metrics}
+        let in, the load signals alone.
+        """
         runners = await self._scraper.scrape(self._scheduler.snapshot())
         request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
-        if caller(request).load_signals_only:
+        who = caller(request)
+        if who.load_signals_only:
             return generate_latest(load_signals(self._metrics, runners))
+        if not who.admin:
+            return generate_latest(load_signals(self._metrics, runners, key=who.name))
         return generate_latest(self._metrics) + generate_latest(runners)
 
     @app.route("/models", branch=True)  # a mount: the models' group has the routes, and declares them
