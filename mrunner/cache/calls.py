@@ -36,6 +36,9 @@ class RunnerCalls:
     def restore(self, socket: str, slot: int, filename: str) -> Deferred[Any]:
         return self.call(b"POST", socket, b"/slots/%d?action=restore" % slot, {"filename": filename})
 
+    def erase(self, socket: str, slot: int) -> Deferred[Any]:
+        return self.call(b"POST", socket, b"/slots/%d?action=erase" % slot)
+
     async def tokens(self, socket: str, path: bytes, payload: dict[str, Any]) -> bytes:
         """C{payload}'s prompt as the runner reads it: its chat template applied (to an Anthropic
         request once converted as llama-server converts it), then tokenized with the special tokens

@@ -4,9 +4,10 @@ A conversation is its messages in order, each as a comparable value (L{conversat
 slot holds the one its last request sent. A turn goes to the free slot that
 holds a prefix of its conversation (its earlier turn), else to the free slot
 sharing the most of it (a system prompt), else to an empty one, else to the one
-least recently used. A slot is another key's only when nothing of the
-requester's is free: llama-server then reuses what the prompts share, as it
-does without mrunner.
+least recently used, the requester's before another key's. A slot that holds
+another key's tokens is erased before it serves a turn (L{Slot.foreign}):
+llama-server would reuse what the prompts share, and its cached token count and
+timings would tell the requester how much of another key's prompt it guessed.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ class Slot:
     held: Conversation = ()
     owner: str | None = None
     used: float = 0.0
+    #: Nothing in it since the runner started or mrunner erased it.
+    blank: bool = True
+
+    def foreign(self, owner: str | None) -> bool:
+        """Whether it may hold tokens of a key other than C{owner}: they must not serve its turn."""
+        return not self.blank and self.owner != owner
+
+    def erased(self) -> None:
+        self.blank, self.held, self.owner = True, (), None
 
     def shared(self, parts: Conversation) -> int:
         """How many parts of C{parts} this slot's conversation begins with."""
@@ -85,12 +95,13 @@ class Slots:
     def nearest(self, parts: Conversation, owner: str | None) -> Slot | None:
         """The free slot sharing the most of C{parts} (of C{owner}'s), else L{spare}."""
         near = max(self._free(owner), key=lambda s: (s.shared(parts), not s.held, -s.used), default=None)
-        return near if near is not None and near.shared(parts) else self.spare()
+        return near if near is not None and near.shared(parts) else self.spare(owner)
 
-    def spare(self) -> Slot | None:
-        """A free slot whose loss costs least: an empty one, else the least recently used."""
+    def spare(self, owner: str | None) -> Slot | None:
+        """A free slot whose loss costs least: an empty one, else the least recently used of
+        C{owner}'s, else of another key's (to be erased first)."""
         free = [s for s in self.all if not s.busy]
-        return min(free, key=lambda s: (bool(s.held), s.used), default=None)
+        return min(free, key=lambda s: (not s.blank, s.foreign(owner), s.used), default=None)
 
     def _free(self, owner: str | None) -> list[Slot]:
         return [s for s in self.all if not s.busy and s.owner == owner]

@@ -33,6 +33,7 @@ from mrunner.cache.layout import flag_value, layout
 from mrunner.cache.slots import Conversation, Slot, Slots, conversation
 from mrunner.cache.store import CacheStore, SaveRefused
 from mrunner.config import Config
+from mrunner.errors import Unavailable
 from mrunner.interfaces import IRunnerProcess
 from mrunner.values.backend import Command
 
@@ -214,22 +215,30 @@ class PromptCache:
         else the nearest. It is busy until the block ends, however it ends (a client gone too).
         C{known}: the conversation the gateway already read from the body (an OpenAI chat's), so
         the body is decoded again only to tokenize it; else it is read here (a translated one's).
+        Where keys do not share the cache, a slot that may hold another key's tokens is erased
+        before it serves the turn (L{Slot.foreign}); so are all free ones before a turn llama-server
+        places itself (Anthropic's, a list of prompts); and a key's body cannot name its slot.
         """
         live = self._live.get(socket)
         payload = None if known or live is None else _payload(body)
+        owner = None if live is None or live.shared else self._owner_of(request)
+        if owner is not None and payload is not None and "id_slot" in payload:
+            del payload["id_slot"]  # mrunner places a key's turns: none names another key's slot
+            body = json.dumps(payload).encode()
         parts = known or (None if payload is None else conversation(path, payload))
+        if live is not None and owner is not None and (parts is None or path.endswith(MESSAGES)):
+            await self._unplaced(live, socket, owner)
         if live is None or parts is None:
             yield body
             return
-        owner = None if live.shared else self._owner_of(request)
         slot = live.slots.holding(parts, owner)
         restoring = slot is None and self.store.candidates(live.layout, owner)
         if slot is None:
-            slot = live.slots.spare() if restoring else live.slots.nearest(parts, owner)
+            slot = live.slots.spare(owner) if restoring else live.slots.nearest(parts, owner)
         if slot is None:
             yield body
             return
-        slot.busy = True
+        await self._claim(socket, slot, owner)
         try:
             if restoring:
                 slot.held = ()
@@ -248,6 +257,45 @@ class PromptCache:
                 yield b'{"id_slot":%d,' % slot.id + body.lstrip()[1:]
         finally:
             slot.busy, slot.held, slot.owner, slot.used = False, parts, owner, self._clock.seconds()
+            slot.blank = False
+
+    async def _unplaced(self, live: Live, socket: str, owner: str) -> None:
+        """Before a turn llama-server places itself, in any free slot: erase the free slots of other
+        keys', and count every free slot as C{owner}'s from now, for the turn may land in any."""
+        free = [s for s in live.slots.all if not s.busy]
+        for slot in free:
+            slot.busy = True
+        try:
+            for slot in free:
+                if slot.foreign(owner):
+                    await self._erase(socket, slot)
+        finally:
+            for slot in free:
+                slot.busy = False
+                if not slot.foreign(owner):
+                    slot.blank, slot.owner = False, owner
+
+    async def _claim(self, socket: str, slot: Slot, owner: str | None) -> None:
+        """Take C{slot} for a turn of C{owner}'s, erased first if it may hold another key's tokens."""
+        slot.busy = True
+        try:
+            if slot.foreign(owner):
+                await self._erase(socket, slot)
+        except BaseException:
+            slot.busy = False  # still another key's: never counted as this one's
+            raise
+
+    async def _erase(self, socket: str, slot: Slot) -> None:
+        """Empty C{slot} in the runner; a turn that cannot have it emptied is refused, never served
+        from another key's tokens."""
+        try:
+            await self._calls.erase(socket, slot.id)
+        except CancelledError:
+            raise
+        except Exception as e:
+            self.log.warn("prompt cache: slot {slot} could not be erased: {why}", slot=slot.id, why=e)
+            raise Unavailable("the runner could not clear a slot for this request; try again") from e
+        slot.erased()
 
     async def _restore_into(
         self, slot: Slot, live: Live, socket: str, path: bytes, payload: dict[str, Any], owner: str | None

@@ -18,6 +18,7 @@ from mrunner.cache.statefile import token_bytes
 from mrunner.cache.store import CacheStore
 from mrunner.cache.turns import PromptCache
 from mrunner.config import Config, ModelConfig, ModelsConfig
+from mrunner.errors import Unavailable
 from mrunner.values.backend import Command
 from tests.support.fakes import FakeProcess
 from tests.support.statefiles import write_state
@@ -38,6 +39,8 @@ class FakeCalls:
         self.tokenized = 0
         self.refuse_restore = False
         self.hang = False
+        self.erased: list[int] = []
+        self.refuse_erase = False
 
     def slots(self, socket: str) -> Deferred[Any]:
         return succeed([{"id": n, "n_prompt_tokens": len(tokens)} for n, tokens in self.held.items()])
@@ -51,6 +54,12 @@ class FakeCalls:
         if self.refuse_restore:
             return fail(Refused("POST /slots: 400 invalid slot save file"))
         self.restores.append((slot, filename))
+        return succeed({})
+
+    def erase(self, socket: str, slot: int) -> Deferred[Any]:
+        if self.refuse_erase:
+            return fail(Refused("POST /slots: 500"))
+        self.erased.append(slot)
         return succeed({})
 
     async def tokens(self, socket: str, path: bytes, payload: dict[str, Any]) -> bytes:
@@ -81,9 +90,9 @@ class TurnTestCase(TestCase):
         self.process = FakeProcess(SOCKET)
         self.cache.start_runner(lambda *args: self.process)(command, SOCKET, Path("log"), "label")
 
-    async def turn(self, body: bytes, owner: str | None = None) -> dict[str, Any]:
+    async def turn(self, body: bytes, owner: str | None = None, path: bytes = CHAT) -> dict[str, Any]:
         """The body the runner is sent for this turn (the turn ends at once)."""
-        async with self.cache.turn(owner, SOCKET, CHAT, body) as sent:  # type: ignore[arg-type]
+        async with self.cache.turn(owner, SOCKET, path, body) as sent:  # type: ignore[arg-type]
             result: dict[str, Any] = json.loads(sent)
         return result
 
@@ -128,6 +137,62 @@ class AffinityTests(TurnTestCase):
         body = json.dumps({"id_slot": 1, "messages": []}).encode()
         async with self.cache.turn(None, SOCKET, CHAT, body) as sent:  # type: ignore[arg-type]
             self.assertEqual(sent, body)
+
+
+class KeysApartTests(TurnTestCase):
+    """Without share_cache, no turn of one key's is served from a slot holding another key's tokens
+    (issue 53 H2: B's guess at A's prompt was given A's slot, and its cached tokens told)."""
+
+    async def test_a_slot_of_another_keys_is_erased_before_it_serves(self) -> None:
+        alices = (await self.turn(chat("secret"), owner="alice"))["id_slot"]
+        slots = self.cache._live[SOCKET].slots
+        slots[1 - alices].busy = True  # bob's own slot is in use: only alice's is free
+        sent = await self.turn(chat("secret", "guess"), owner="bob")
+        self.assertEqual((sent["id_slot"], self.calls.erased), (alices, [alices]))
+        self.assertEqual(self.told, ["none", "none"])
+        # Now it is bob's: his next turn takes it without erasing; alice's is erased again.
+        await self.turn(chat("secret", "guess", "more"), owner="bob")
+        self.assertEqual(self.calls.erased, [alices])
+        await self.turn(chat("secret", "again"), owner="alice")
+        self.assertEqual(self.calls.erased, [alices, alices])
+
+    async def test_a_key_spends_its_own_slot_before_another_keys(self) -> None:
+        alices = (await self.turn(chat("secret"), owner="alice"))["id_slot"]
+        bobs = (await self.turn(chat("mine"), owner="bob"))["id_slot"]
+        self.clock.advance(1)
+        await self.turn(chat("mine", "again"), owner="bob")  # alice's is now the least recent
+        self.assertEqual((await self.turn(chat("secret", "guess"), owner="bob"))["id_slot"], bobs)
+        self.assertNotEqual(alices, bobs)
+        self.assertEqual(self.calls.erased, [])
+
+    async def test_a_slot_that_cannot_be_erased_refuses_the_turn(self) -> None:
+        alices = (await self.turn(chat("secret"), owner="alice"))["id_slot"]
+        self.cache._live[SOCKET].slots[1 - alices].busy = True
+        self.calls.refuse_erase = True
+        with self.assertRaises(Unavailable):
+            await self.turn(chat("secret", "guess"), owner="bob")
+        slot = self.cache._live[SOCKET].slots[alices]
+        self.assertEqual((slot.busy, slot.owner), (False, "alice"))
+
+    async def test_a_turn_llama_server_places_erases_other_keys_free_slots(self) -> None:
+        """Anthropic's (llama-server drops id_slot there) and a list of prompts: placed by similarity."""
+        await self.turn(chat("secret"), owner="alice")
+        await self.turn(chat("other"), owner="alice")
+        await self.turn(chat("secret", "guess"), owner="bob", path=b"/v1/messages")
+        self.assertEqual(sorted(self.calls.erased), [0, 1])
+        self.assertEqual([s.owner for s in self.cache._live[SOCKET].slots.all], ["bob", "bob"])
+        body = json.dumps({"prompt": ["secret"]}).encode()
+        async with self.cache.turn("alice", SOCKET, b"/v1/completions", body) as sent:  # type: ignore[arg-type]
+            self.assertEqual(sent, body)
+        self.assertEqual(sorted(self.calls.erased), [0, 0, 1, 1])
+
+    async def test_a_keys_body_cannot_name_its_slot(self) -> None:
+        alices = (await self.turn(chat("secret"), owner="alice"))["id_slot"]
+        self.cache._live[SOCKET].slots[1 - alices].busy = True
+        body = json.dumps({"id_slot": alices, "messages": [{"role": "user", "content": "secret"}]})
+        sent = await self.turn(body.encode(), owner="bob")
+        self.assertEqual((sent["id_slot"], self.calls.erased), (alices, [alices]))
+        self.assertEqual(list(sent).count("id_slot"), 1)
 
 
 class RestoreTests(TurnTestCase):
