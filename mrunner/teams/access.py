@@ -9,6 +9,7 @@ too, so a key sees only the models it may use (A17).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from mrunner.errors import NotFound
@@ -68,3 +69,23 @@ def visible_runners(
 def visible_name(member: Member | None, name: str) -> bool:
     """Whether C{member} may see a model known only by C{name} (a preload that failed)."""
     return member is None or member.may_use(normal_name(name))
+
+
+def visible_disk_usage(member: Member | None, store: IModelStore) -> int:
+    """The store's bytes as C{member} may see them: all of it, or for a key with a model list the files
+    of the models it may use, each file once, so C{df} tells nothing of the others (issue 53, N13)."""
+    if member is None or not member.models:
+        return store.disk_usage()
+    files = {
+        os.path.realpath(path)
+        for model in visible(member, store.list())
+        for path in (*model.weights, *model.files.values())
+    }
+    return sum(_size(path) for path in files)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # removed meanwhile
+        return 0

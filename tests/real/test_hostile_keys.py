@@ -182,6 +182,7 @@ class HostileKeysTests(Keyed, CompatDaemonTestCase):
         self.assertEqual({row["key"] for row in usage["data"]}, {"alice", "bob"})
         code, overview = await self.ask("GET", "/engines/overview", "alice-key")
         self.assertEqual((overview["key"], overview["admin"]), ("alice", False))
+        await self.own_metrics_and_disk()
         code, overview = await self.ask("GET", "/engines/overview", "root-key2")
         self.assertEqual((overview["key"], overview["admin"]), ("root", True))
 
@@ -202,3 +203,18 @@ class HostileKeysTests(Keyed, CompatDaemonTestCase):
             self.assertNotIn(b"secret", out, args)
         out, err, code = await getProcessOutputAndValue(MRUNNER, ["ls"], env=env, reactor=reactor)
         self.assertIn(b"ai/tiny", out)
+
+    async def own_metrics_and_disk(self) -> None:
+        """Issue 53, N4 and N13: alice's /metrics has her series, not bob's; her df, not ai/secret's bytes."""
+        code, metrics = await self.ask("GET", "/metrics", "alice-key")
+        self.assertEqual(code, 200, metrics)
+        self.assertIn('mrunner_key_requests_total{key="alice",status="200"} 1.0', metrics)
+        self.assertIn("mrunner_queue_waiting", metrics)
+        self.assertNotIn("bob", metrics)
+        code, metrics = await self.ask("GET", "/metrics", "root-key")
+        self.assertIn('key="bob"', metrics)
+        code, alice = await self.ask("GET", "/engines/df", "alice-key")
+        code, root = await self.ask("GET", "/engines/df", "root-key")
+        secret = os.path.getsize(self.home / "secret.gguf")
+        self.assertGreater(alice["models_disk_usage"], 0)
+        self.assertLessEqual(alice["models_disk_usage"] + secret, root["models_disk_usage"])

@@ -7,10 +7,19 @@ learns nothing of the models it may not use, from a 403, a 404 or a listing.
 
 from __future__ import annotations
 
+import os
+
 import attrs
 
 from mrunner.errors import Forbidden, NotFound
-from mrunner.teams.access import check_usable, may_use, visible, visible_name, visible_runners
+from mrunner.teams.access import (
+    check_usable,
+    may_use,
+    visible,
+    visible_disk_usage,
+    visible_name,
+    visible_runners,
+)
 from mrunner.teams.members import Member
 from tests.support.metrics import snapshot
 from tests.support.store_cases import StoreTestCase
@@ -92,3 +101,12 @@ class CheckUsableTests(StoreTestCase):
         self.assertEqual(visible_runners(None, self.store, runners), runners)
         self.assertTrue(visible_name(GLOB, "tiny"))
         self.assertFalse(visible_name(GLOB, "ai/secret"))
+
+    def test_disk_usage(self) -> None:
+        """Issue 53, N13: a key's C{df} counts only the models it may use."""
+        everything = self.store.disk_usage()
+        self.assertEqual(visible_disk_usage(None, self.store), everything)
+        self.assertEqual(visible_disk_usage(Member("carol"), self.store), everything)
+        own = visible_disk_usage(GLOB, self.store)
+        self.assertEqual(own, os.path.getsize(self.tiny.gguf))
+        self.assertLess(own + os.path.getsize(self.secret.gguf), everything + 1)

@@ -20,7 +20,7 @@ from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, json_object, keep_alive
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
 from mrunner.store.names import parse
-from mrunner.teams.access import visible_name, visible_runners
+from mrunner.teams.access import visible_disk_usage, visible_name, visible_runners
 from mrunner.values import ModelSettings
 
 SIZE = validate.integer(1, MAX_CONTEXT_SIZE)
@@ -178,12 +178,13 @@ class AdminAPI:
         ),
     )
     def df(self, request: IRequest) -> bytes:
+        """Disk use; a key with a model list is told only of the models it may use."""
         backends = {name: backend.disk_usage() for name, backend in self._backends.items()}
         files, size = self._cache_usage() if self._cache_usage else (0, 0)
         return json_body(
             request,
             {
-                "models_disk_usage": self._store.disk_usage(),
+                "models_disk_usage": visible_disk_usage(caller(request).member, self._store),
                 "models_partial_disk_usage": self._store.partials_usage(),
                 "default_backend_disk_usage": backends.get(self._scheduler.backend_name(None), 0),
                 "backends_disk_usage": backends,
