@@ -81,9 +81,10 @@ def _of_key(family: Metric, key: str) -> Metric:
 def kv_tokens(slots: object) -> KV:
     """From llama-server's C{/slots} answer: the tokens its busy slots hold, and its context.
 
-    Runners share one KV buffer across their slots (C{--kv-unified}), so each
-    slot's C{n_ctx} is the whole context; an idle slot's cached prompt is free
-    to reuse and does not count, as vLLM counts only running requests' blocks.
+    A runner's slots share one KV pool (C{--kv-unified}) of a whole context each
+    (C{--kv-unified-per-slot}, each slot's C{n_ctx}): the room is their sum. An
+    idle slot's cached prompt is free to reuse and does not count, as vLLM counts
+    only running requests' blocks.
     """
     if not isinstance(slots, list):
         return 0, 0
@@ -91,7 +92,7 @@ def kv_tokens(slots: object) -> KV:
     for slot in slots:
         if not isinstance(slot, dict):
             continue
-        room = max(room, _count(slot.get("n_ctx")))
+        room += _count(slot.get("n_ctx"))
         if slot.get("is_processing"):
             steps = slot.get("next_token") or [{}]
             decoded = _count(steps[0].get("n_decoded")) if isinstance(steps[0], dict) else 0

@@ -30,6 +30,9 @@ class LoadRequest:
     #: The request's chat messages, comparable (L{mrunner.values.request.Resolved}), which a runner's
     #: slot may hold: the loader prefers that instance (L{mrunner.scheduling.loader.Loader.prefer}).
     conversation: tuple[object, ...] = attrs.field(default=(), eq=False)
+    #: The slots the settings asked for when the memory budget gave fewer (C{settings.parallel}
+    #: holds those: L{mrunner.scheduling.slots}); None when it gave them all.
+    slots_asked: int | None = None
 
     @property
     def halved(self) -> bool:
@@ -38,5 +41,9 @@ class LoadRequest:
 
     @property
     def asked(self) -> RunnerSettings:
-        """The settings as configured, before a load out of device memory halved the context."""
-        return attrs.evolve(self.settings, context_size=None) if self.halved else self.settings
+        """The settings as configured, before a load out of device memory halved the context and
+        the memory budget cut the slots."""
+        settings = attrs.evolve(self.settings, context_size=None) if self.halved else self.settings
+        if self.slots_asked is not None:
+            settings = attrs.evolve(settings, parallel=self.slots_asked)
+        return settings

@@ -11,6 +11,15 @@ from mrunner.values import Footprint
 from mrunner.values.sizes import format_size
 
 
+def fits(request: LoadRequest, gpus: Sequence[tuple[str, int]], budget: int) -> bool:
+    """Whether C{request}'s runner could load on an empty machine (L{check_fits} raises nothing)."""
+    try:
+        check_fits(request, gpus, budget)
+    except Unprocessable:
+        return False
+    return True
+
+
 def check_fits(request: LoadRequest, gpus: Sequence[tuple[str, int]], budget: int) -> None:
     """L{Unprocessable} when C{request}'s runner could not load even on an empty machine.
 

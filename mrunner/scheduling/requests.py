@@ -10,9 +10,10 @@ import attrs
 from mrunner.interfaces import IBackend, IModelStore
 from mrunner.runners.request import LoadRequest
 from mrunner.scheduling.configured import Configured
-from mrunner.scheduling.fitting import check_fits
+from mrunner.scheduling.fitting import check_fits, fits
 from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import Loader
+from mrunner.scheduling.slots import SlotNotes, fitted_slots
 from mrunner.values import ContextSize, RunnerKey
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
@@ -31,6 +32,7 @@ class Requests:
     _installer: Installer
     _loader: Loader
     _configured: Configured
+    _slot_notes: SlotNotes = attrs.field(factory=SlotNotes)
 
     async def build(self, asked: Resolved, install_wait: float | None) -> LoadRequest:
         """What the loader needs for C{asked}: the backend installed, the model's files checked
@@ -67,8 +69,11 @@ class Requests:
                 context=old.context,
             )
         request = self.estimated(attrs.evolve(request, context=self._context_left(backend, model, settings)))
+        gpus, budget = self._loader.gpus, self._configured.config.scheduler.memory_budget
+        request = fitted_slots(request, self.estimated, lambda r: fits(r, gpus, budget))
         if runner is None:  # a load: whether it could fit at all, before it queues for one
-            check_fits(request, self._loader.gpus, self._configured.config.scheduler.memory_budget)
+            check_fits(request, gpus, budget)
+            self._slot_notes(request, self._backends[backend].context(model, request.settings).in_force)
         return request
 
     def estimated(self, request: LoadRequest) -> LoadRequest:

@@ -40,4 +40,5 @@ def snapshot(runner: Runner, configured: Configured, backends: Mapping[str, IBac
         devices={**runner.on_gpus, HOST: runner.memory},
         gpu_layers=runner.gpu_layers,
         instance=key.instance,
+        slots_asked=runner.request.slots_asked,
     )

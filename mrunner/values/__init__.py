@@ -61,6 +61,15 @@ class ContextSize:
         )
 
 
+def slots_note(model: str, slots: int, asked: int, context: int | None) -> str:
+    """What a person is told when a runner gets fewer slots than C{[scheduler] parallel} asks."""
+    each = f"{context} tokens" if context else "a whole context"
+    return (
+        f"{model} gets {slots} of the {asked} slots asked ({each} each): the memory budget holds"
+        " no more; raise [scheduler] memory_budget, or lower its context_size or [scheduler] parallel"
+    )
+
+
 @attrs.frozen
 class RunnerSnapshot:
     """One runner at one moment; times are seconds since the epoch, C{keep_alive} -1 means for ever."""
@@ -91,6 +100,15 @@ class RunnerSnapshot:
     gpu_layers: int = 0
     #: Which of its model's runners it is (C{[models."NAME"] instances}), 0 for the first.
     instance: int = 0
+    #: The slots C{[scheduler] parallel} asked for when the memory budget gave it fewer, else None.
+    slots_asked: int | None = None
+
+    def notes(self) -> str | None:
+        """What a person must see of it: a context above the model's, fewer slots than asked."""
+        said = [self.context.note(self.model_name)]
+        if self.slots_asked is not None:
+            said.append(slots_note(self.model_name, self.parallel, self.slots_asked, self.context.in_force))
+        return "; ".join(note for note in said if note) or None
 
     def shares(self) -> str:
         """Where its memory is, as C{"CUDA0 71% / CPU 29%"}: C{"CPU"} when all of it is in RAM."""

@@ -280,8 +280,9 @@ class OneContextRuleTests(LlamaCppTestCase):
         self.assertEqual(response.code, 200, await response.text())
 
     async def runner(self) -> dict[str, object]:
-        """The one runner, as ps shows it, and the C{--ctx-size} its process was started with."""
+        """The one runner, as ps shows it, and the context of each of its slots
+        (C{--kv-unified-per-slot}) its process was started with."""
         (runner,) = json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())
         self.assertEqual(runner["state"], "ready")
         words = Path(f"/proc/{runner['pid']}/cmdline").read_bytes().split(b"\0")
-        return {**runner, "ctx_size": int(words[words.index(b"--ctx-size") + 1])}
+        return {**runner, "ctx_size": int(words[words.index(b"--kv-unified-per-slot") + 1])}

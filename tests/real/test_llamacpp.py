@@ -328,8 +328,9 @@ class CommandTests(SynchronousTestCase):
             command.args,
             (
                 *("--model", "/models/blobs/sha256/abab", "--host", "/run/r1.sock"),
-                *("--alias", "ai/tiny:latest", "--ctx-size", "4096", "--parallel", "4"),
-                *("--kv-unified", "--metrics", "--jinja", "--no-webui"),
+                *("--alias", "ai/tiny:latest", "--ctx-size", "16384", "--parallel", "4"),
+                *("--kv-unified", "--kv-unified-per-slot", "4096"),
+                *("--metrics", "--jinja", "--no-webui"),
                 *("--cache-ram", "0", "--slot-save-path", str(self.home / "cache")),
             ),
         )
@@ -407,11 +408,11 @@ class CommandTests(SynchronousTestCase):
             memory_estimate(described, RunnerSettings(context_size=4096)),
             1000 + kv_cache + compute + BASE_RSS,
         )
-        twice = memory_estimate(described, RunnerSettings(context_size=8192, parallel=4))
+        twice = memory_estimate(described, RunnerSettings(context_size=4096, parallel=2))
         self.assertEqual(
             twice - memory_estimate(described, RunnerSettings(context_size=4096, parallel=1)),
             kv_cache + 512 * 4096 * 2,
-            "the cache and the mask grow with the context; parallel slots share them",
+            "the cache and the mask hold a whole context for each parallel slot",
         )
 
     def test_context_size(self) -> None:

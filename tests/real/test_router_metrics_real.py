@@ -16,8 +16,8 @@ from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
 class SlotsTests(LlamaCppTestCase):
     async def test_kv_room_and_the_models_resident(self) -> None:
-        """The runner's /slots names its whole context in every slot (--kv-unified); an idle one holds
-        nothing; /metrics names the model resident."""
+        """The runner's /slots names a whole context in every slot (--kv-unified-per-slot): the pool is
+        their sum; an idle one holds nothing; /metrics names the model resident."""
         await self.start(parallel=2)
         await self.tiny()
         code, answer = await self.post(
@@ -32,7 +32,7 @@ class SlotsTests(LlamaCppTestCase):
         self.assertEqual(code, 200)
         slots = json.loads(body)
         self.assertEqual(len(slots), 2)
-        self.assertEqual(kv_tokens(slots), (0, runner.context.in_force))
+        self.assertEqual(kv_tokens(slots), (0, 2 * runner.context.in_force))
 
         response = await http.get(self.daemon.url + "/metrics")
         families = {f.name: f for f in text_string_to_metric_families(await response.text())}

@@ -157,6 +157,8 @@ class FakeBackend:
     per_device: int = 0
     #: The context it gives when the settings fix none (llama.cpp's is 4096 tokens).
     default_context: int | None = None
+    #: Bytes each of a runner's slots adds to C{need} (its whole context's KV cache).
+    per_slot: int = 0
     #: The settings of each runner it was asked to start (the plan's placement among them).
     started: list[RunnerSettings] = attrs.field(factory=list)
     installs: list[Deferred[str]] = attrs.field(factory=list)
@@ -173,11 +175,11 @@ class FakeBackend:
         return Command("/bin/true", (socket,))
 
     def memory(self, model: Model, mode: str, settings: RunnerSettings) -> int:
-        return self.need
+        return self.need + self.per_slot * settings.parallel
 
     def footprint(self, model: Model, mode: str, settings: RunnerSettings) -> Footprint:
-        """C{need} in RAM, plus C{layers} offloadable layers of C{per_layer} bytes when set."""
-        host = self.need - self.layers * self.per_layer
+        """C{memory} in RAM, less C{layers} offloadable layers of C{per_layer} bytes when set."""
+        host = self.memory(model, mode, settings) - self.layers * self.per_layer
         return Footprint(host, self.layers, self.per_layer, self.per_device)
 
     def context(self, model: Model, settings: RunnerSettings) -> ContextSize:

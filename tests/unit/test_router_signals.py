@@ -15,7 +15,8 @@ from mrunner.daemon.router_signals import RouterSignals, kv_tokens, resident_nam
 from mrunner.values import State
 from tests.support.metrics import LLAMA_METRICS, snapshot
 
-# The pinned llama-server's GET /slots (--kv-unified, -c 512, -np 2), one slot busy, trimmed.
+# The pinned llama-server's GET /slots (-c 1024 -np 2 --kv-unified --kv-unified-per-slot 512), one
+# slot busy, trimmed.
 SLOTS = [
     {"id": 0, "n_ctx": 512, "speculative": False, "is_processing": False},
     {
@@ -50,10 +51,10 @@ def values(families) -> dict[str, tuple[dict[str, str], float]]:
 
 class KVTests(SynchronousTestCase):
     def test_busy_slots_tokens_over_the_context(self) -> None:
-        self.assertEqual(kv_tokens(SLOTS), (29 + 27, 512))
+        self.assertEqual(kv_tokens(SLOTS), (29 + 27, 1024))
 
     def test_idle_slots_hold_nothing(self) -> None:
-        self.assertEqual(kv_tokens([{**SLOTS[1], "is_processing": False}, SLOTS[0]]), (0, 512))
+        self.assertEqual(kv_tokens([{**SLOTS[1], "is_processing": False}, SLOTS[0]]), (0, 1024))
 
     def test_never_more_than_the_context(self) -> None:
         self.assertEqual(kv_tokens([{**SLOTS[1], "n_prompt_tokens": 9000}]), (512, 512))
@@ -109,7 +110,7 @@ class SignalsTests(SynchronousTestCase):
         found = values(families)
         self.assertEqual(found["vllm:num_requests_waiting"][1], 2)
         self.assertEqual(found["vllm:num_requests_running"][1], 1)
-        self.assertEqual(found["vllm:kv_cache_usage_perc"][1], 56 / 512, "the bare runner has no context")
+        self.assertEqual(found["vllm:kv_cache_usage_perc"][1], 56 / 1024, "the bare runner has no context")
         self.assertIn("ai/slow:latest", found["vllm:lora_requests_info"][0]["running_lora_adapters"])
         names = {f.name for f in families.collect()}
         self.assertIn("llamacpp_prompt_tokens", names, "the runners' own metrics are still there")

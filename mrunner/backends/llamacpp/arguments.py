@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mrunner.backends.llamacpp.sizing import context_size
+from mrunner.backends.llamacpp.sizing import context_size, pool_size
 from mrunner.errors import BadRequest
 from mrunner.values import Placement
 from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING, Command, RunnerSettings
@@ -36,16 +36,17 @@ def command(
     a draft model in the settings as ``--model-draft``; the prompt caches' flags
     (L{cache_args}) before the model's own flags, which still win.
 
-    ``--kv-unified`` lets every parallel slot use the whole context (llama-server
-    otherwise splits it into ``-np`` equal parts once ``-np`` is given), so the
-    KV cache, and the memory estimate, do not grow with C{settings.parallel}.
+    A context size is what one request may use: the slots share one pool
+    (``--kv-unified``) of a whole context each (L{pool_size}), and
+    ``--kv-unified-per-slot`` caps each slot at that context, so no slot can take
+    another's room and llama-server never answers "Context size has been exceeded".
     """
     if not socket.endswith(".sock"):
         raise ValueError(f"llama-server listens on a UNIX socket only if it ends in .sock: {socket}")
     args = [
         *("--model", model.gguf, "--host", socket, "--alias", model.name),
-        *("--ctx-size", str(context_size(model, settings))),
-        *("--parallel", str(settings.parallel), "--kv-unified"),
+        *("--ctx-size", str(pool_size(model, settings)), "--parallel", str(settings.parallel)),
+        *("--kv-unified", "--kv-unified-per-slot", str(context_size(model, settings))),
         *("--metrics", "--jinja", "--no-webui"),
     ]
     for role, flag in FILE_FLAGS.items():

@@ -34,6 +34,17 @@ def context_size(model: Model, settings: RunnerSettings) -> int:
     return context_in_force(model, settings).in_force or DEFAULT_CONTEXT_SIZE
 
 
+def pool_size(model: Model, settings: RunnerSettings) -> int:
+    """The runner's KV pool in tokens: a whole context (L{context_size}) for each of its slots.
+
+    A context size is what one request may use. With one pool of C cells for P
+    slots, two requests of 5,000 tokens on an 8,192 context both got llama-server's
+    500 "Context size has been exceeded" (issue 49); with P x C cells, each slot
+    capped at C (``--kv-unified-per-slot``), the slots never run out of room.
+    """
+    return context_size(model, settings) * max(1, settings.parallel)
+
+
 def context_in_force(model: Model, settings: RunnerSettings) -> ContextSize:
     """The context asked for (the settings', else the model config's up to 8192, else 4096), and
     the one in force: no more than the model was trained for.
@@ -59,11 +70,10 @@ def memory_estimate(model: Model, settings: RunnerSettings) -> int:
 
     - weights: the GGUF file (every shard of a split model), mapped whole, and
       the vision projector's, loaded whole;
-    - KV cache: f16 keys and values of every layer for the context; with
-      ``--kv-unified`` the slots share one cache, so C{settings.parallel}
-      does not multiply it;
+    - KV cache: f16 keys and values of every layer for the pool
+      (L{pool_size}: a whole context per slot);
     - compute buffers, reserved for one micro-batch of ``UBATCH`` tokens: the
-      f16 attention mask (``UBATCH`` x context) plus activations, about
+      f16 attention mask (``UBATCH`` x pool) plus activations, about
       48 bytes per embedding dimension per token (read off llama-server's
       ``compute buffer size`` for the test models);
     - the process itself: code, libraries and server state (``BASE_RSS``,
@@ -96,7 +106,7 @@ def _parts(model: Model, settings: RunnerSettings) -> _Parts:
         except (KeyError, TypeError, ValueError):
             return default
 
-    context = context_size(model, settings)
+    context = pool_size(model, settings)
     embedding = number("embedding_length", 0)
     heads = number("attention.head_count", 1) or 1
     head_size = embedding // heads
