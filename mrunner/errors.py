@@ -60,7 +60,9 @@ class ContextExceeded(BadRequest):
         size = f" ({tokens} tokens)" if tokens else ""
         super().__init__(
             f"the conversation{size} no longer fits in the model's context of {context} tokens:"
-            " start a new conversation, or drop its oldest turns"
+            " start a new conversation, or drop its oldest turns; or raise the model's context size"
+            " (mrunner configure --context-size, or context_size in tap.conf), up to the context it"
+            " was trained for"
         )
         self.context = context
 
@@ -158,3 +160,25 @@ class Unavailable(MrunnerError):
     status = 503
     type = "server_error"
     code = "unavailable"
+
+
+class CacheFull(Unavailable):
+    """llama-server's 500 "Context size has been exceeded": its KV pool had no room for a request.
+
+    Each runner's pool holds a whole context per slot, so this should not
+    happen; where it does, the request was not served and a retry can be: a
+    503 with C{Retry-After}, never the runner's 500.
+    """
+
+    code = "runner_cache_full"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the runner's cache had no room for this request beside the others it serves; retry",
+            retry_after=1.0,
+        )
+
+    @classmethod
+    def from_runner(cls, status: int, body: bytes) -> CacheFull | None:
+        """This error, if C{body} is llama-server's 500 for a full KV pool."""
+        return cls() if status == 500 and b"Context size has been exceeded" in body else None

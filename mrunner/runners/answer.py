@@ -18,7 +18,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 
-from mrunner.errors import ContextExceeded, MrunnerError
+from mrunner.errors import CacheFull, ContextExceeded, MrunnerError
 from mrunner.runners.connection import BodyReceiver, RunnerConnection
 from mrunner.runners.relay import Observer, stopped_midway
 from mrunner.runners.wire import Head
@@ -39,8 +39,8 @@ class RunnerRefused(MrunnerError):
 
 def refusal(status: int, body: bytes) -> MrunnerError:
     """The runner's error body (OpenAI-shaped from llama-server) as an error mrunner renders: the one
-    reading of a refusal, L{ContextExceeded} included."""
-    exceeded = ContextExceeded.from_runner(body)
+    reading of a refusal, L{ContextExceeded} and L{CacheFull} included."""
+    exceeded = ContextExceeded.from_runner(body) or CacheFull.from_runner(status, body)
     if exceeded is not None:
         return exceeded
     try:

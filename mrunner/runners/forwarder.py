@@ -24,7 +24,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from mrunner.errors import ContextExceeded
+from mrunner.errors import CacheFull, ContextExceeded
 from mrunner.runners.answer import Answer, refusal
 from mrunner.runners.fastrelay import FastRelay
 from mrunner.runners.pool import RunnerPool
@@ -208,7 +208,7 @@ class Forwarder:
         answer = await self._send(request, socket, path, forwarded, body, observer)
         if answer.code >= 400 and request.startedWriting:  # a wait's notes began the stream
             raise refusal(answer.code, await answer.read())
-        refused = await _refused(answer) if answer.code == 400 else None
+        refused = await _refused(answer) if answer.code in (400, 500) else None
         head = answer.head
         request.setResponseCode(head.code, head.phrase)
         headers = request.responseHeaders
@@ -300,9 +300,10 @@ def _relay(
 
 
 async def _refused(answer: Answer) -> bytes:
-    """A runner's 400, a few hundred bytes, read whole; raised when it is L{ContextExceeded} (L{refusal})."""
+    """A runner's 400 or 500, a few hundred bytes, read whole; raised when it is L{ContextExceeded}
+    or L{CacheFull} (L{refusal}), which mrunner tells in its own words."""
     body = await answer.read()
     error = refusal(answer.code, body)
-    if isinstance(error, ContextExceeded):
+    if isinstance(error, ContextExceeded | CacheFull):
         raise error
     return body

@@ -56,7 +56,9 @@ class RefusalTests(DaemonTestCase):
             self.assertEqual(
                 answer["error"]["message"],
                 "the conversation (12 tokens) no longer fits in the model's context of 12 tokens:"
-                " start a new conversation, or drop its oldest turns",
+                " start a new conversation, or drop its oldest turns; or raise the model's context size"
+                " (mrunner configure --context-size, or context_size in tap.conf), up to the context it"
+                " was trained for",
             )
         code, answer, _ = await self.post("/v1/chat/completions", self.chat())
         self.assertEqual(code, 200, "the runner's connection went on serving")

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.errors import BadGateway, ContextExceeded, MrunnerError
+from mrunner.errors import BadGateway, CacheFull, ContextExceeded, MrunnerError
 from mrunner.runners.answer import Answer, RunnerRefused
 from mrunner.runners.forwarder import Forwarder, relayed
 from mrunner.runners.pool import RunnerPool
@@ -80,6 +80,21 @@ class AnswerTests(SynchronousTestCase):
         self.failureResultOf(
             self.post(json_answer(b"400 Bad Request", json.dumps(exceeded).encode())), ContextExceeded
         )
+
+    def test_a_full_cache_is_a_503_to_retry(self) -> None:
+        """llama-server's 500 for a KV pool with no room (issue 49) never reaches a client as a 500,
+        through a transform or passed through as OpenAI's."""
+        full = b'{"error":{"code":500,"message":"Context size has been exceeded.","type":"server_error"}}'
+        answer = json_answer(b"500 Internal Server Error", full)
+        error = self.failureResultOf(self.post(answer), CacheFull).value
+        self.assertEqual((error.status, error.code, error.retry_after), (503, "runner_cache_full", 1.0))
+        request, _ = client_request()
+        passing = Deferred.fromCoroutine(
+            self.forwarder.forward(request, "/run/r.sock", b"/v1/chat/completions", b"{}")
+        )
+        self.connections.made[-1][0].dataReceived(answer)
+        self.failureResultOf(passing, CacheFull)
+        self.assertFalse(request.startedWriting)
 
     def test_events_up_to_done(self) -> None:
         answer = self.successResultOf(self.post(CHUNKED_HEAD + chunk(b'data: {"a": 1}\n\n')))
