@@ -21,7 +21,7 @@ from mrunner.cli.client import Daemon, lines
 from mrunner.cli.context import Context
 from mrunner.cli.errors import NEAREST, CommandError, DaemonError, explain
 from mrunner.cli.models import show_transfer
-from mrunner.cli.output import duration, table
+from mrunner.cli.output import duration, plural, show_json, table
 from mrunner.values.sizes import format_size
 
 #: How alike a name must be to a loaded one (both without C{ai/} and C{:latest}) to be offered instead.
@@ -150,12 +150,17 @@ def df(ctx: Context, args: Namespace) -> None:
     rows += [["partial downloads", format_size(usage.get("models_partial_disk_usage", 0))]]
     rows += [[f"backend {name}", format_size(size)] for name, size in usage["backends_disk_usage"].items()]
     files = usage.get("prompt_cache_files", 0)
-    rows += [[f"prompt cache ({files} saved states)", format_size(usage.get("prompt_cache_disk_usage", 0))]]
+    cache = f"prompt cache ({plural(files, 'saved state')})"
+    rows += [[cache, format_size(usage.get("prompt_cache_disk_usage", 0))]]
     table(ctx.out, ["type", "size"], rows)
 
 
 def unload(ctx: Context, args: Namespace) -> None:
-    """Unload every runner, or each named model's (one request each, so a name that has none is told)."""
+    """Unload every runner, or each named model's (one request each, so a name that has none is told).
+
+    When nothing named was loaded the error alone is said: "Unloaded 0 runners" beside it told
+    two stories.
+    """
     if args.all:
         count = ctx.daemon.call("POST", "/engines/unload", {"all": True})["unloaded_runners"]
     else:
@@ -164,8 +169,9 @@ def unload(ctx: Context, args: Namespace) -> None:
             for name in args.models
         }
         count = sum(counts.values())
-    ctx.out.print(f"Unloaded {count} runner{'' if count == 1 else 's'}", markup=False)
     missing = [] if args.all else [name for name, hits in counts.items() if not hits]
+    if count or not missing:
+        ctx.out.print(f"Unloaded {plural(count, 'runner')}", markup=False)
     if missing:
         loaded = [runner["model_name"] for runner in ctx.daemon.call("GET", "/engines/ps")]
         raise CommandError("; ".join(not_loaded(name, loaded) for name in missing))
@@ -215,16 +221,22 @@ def reload(ctx: Context, args: Namespace) -> None:
 
 
 def status(ctx: Context, args: Namespace) -> None:
-    statuses = ctx.listing("/engines/status", args)
-    if statuses is None:
-        return
-    ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
-    runners = Counter(
+    """The daemon's address, each backend's install state and runners, where it reads registry logins,
+    and the preloads; C{--json} carries the same."""
+    statuses = ctx.daemon.call("GET", "/engines/status")
+    running = Counter(
         runner["backend_name"] for runner in ctx.daemon.call("GET", "/engines/ps") if runner["pid"]
     )
-    for backend, text in statuses.items():
-        ctx.out.print(f"{backend}: {install_state(text, runners[backend])}", markup=False, highlight=False)
+    runners = {name: running[name] for name in statuses if not name.startswith("preload ")}
     docker_config = ctx.daemon.call("GET", "/version").get("docker_config")
+    if args.json:
+        found = {"url": ctx.daemon.url, "statuses": statuses, "runners": runners}
+        show_json(ctx.out, found | {"registry_logins": docker_config})
+        return
+    ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
+    for backend, text in statuses.items():
+        state = install_state(text, runners.get(backend, 0))
+        ctx.out.print(f"{backend}: {state}", markup=False, highlight=False)
     ctx.out.print(
         f"registry logins: read from {docker_config} (`mrunner login --help`)"
         if docker_config
@@ -243,14 +255,19 @@ def status(ctx: Context, args: Namespace) -> None:
             ctx.out.print(f"preload {preload['model']}: {preload['state']}", markup=False, highlight=False)
 
 
+#: Docker Model Runner's install states (C{/engines/status}) in the words of the rest of C{status}.
+INSTALL_WORDS = {"Not Installed": "not installed", "Installing": "installing", "Error": "failed"}
+
+
 def install_state(text: str, runners: int) -> str:
     """A backend's install status in words: DMR's C{Running: llama.cpp b1} is "installed", with how
-    many runners it has, since "Running" reads as a model running."""
+    many runners it has, since "Running" reads as a model running; C{Not Installed} is "not installed"."""
     state, _, detail = text.partition(": ")
     if state != "Running":
-        return text
+        word = INSTALL_WORDS.get(state, state)
+        return f"{word}: {detail}" if detail else word
     version = f" ({detail})" if detail else ""
-    running = "no runner" if not runners else f"{runners} runner{'' if runners == 1 else 's'}"
+    running = "no runner" if not runners else plural(runners, "runner")
     return f"installed{version}, {running} running"
 
 

@@ -13,12 +13,16 @@ from rich.text import Text
 DURATIONS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 
 
+def plural(count: int, noun: str) -> str:
+    """C{1 runner}, C{2 runners}, C{0 runners}: a count and its noun, as English says it."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def duration(seconds: float) -> str:
     """The largest whole unit: C{3 minutes}, C{1 hour}."""
     for unit, length in DURATIONS:
         if seconds >= length:
-            count = int(seconds // length)
-            return f"{count} {unit}{'' if count == 1 else 's'}"
+            return plural(int(seconds // length), unit)
     return "0 seconds"
 
 

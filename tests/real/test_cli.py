@@ -46,7 +46,10 @@ class DaemonCommandTests(CLITestCase):
         self.assertIn(f"mrunner is running at {self.daemon.url}", out)
         self.assertIn("test: installed (", out)
         self.assertNotIn("preload", out, "none configured")
-        self.assertTrue(json.loads(await self.ok("status", "--json"))["test"].startswith("Running"))
+        found = json.loads(await self.ok("status", "--json"))
+        self.assertTrue(found["statuses"]["test"].startswith("Running"))
+        self.assertEqual(found["runners"]["test"], 0)
+        self.assertIn("registry_logins", found)
         out = await self.ok("version")
         self.assertIn(f"mrunner client {mrunner.__version__}", out)
         self.assertIn(f"mrunner daemon {mrunner.__version__}", out)
@@ -218,7 +221,7 @@ class FailedPreloadTests(CLITestCase):
         self.assertEqual(listing[1].split()[:5], [name, "-", "test", "completion", "failed"])
         self.assertIn(f"preload {name} failed: ", listing[-1])
         self.assertIn("unreachable", listing[-1])
-        self.assertRegex(await self.ok("status"), rf"preload {name}: Error: .*unreachable")
+        self.assertRegex(await self.ok("status"), rf"preload {name}: failed: .*unreachable")
 
 
 class ModelCommandTests(CLITestCase):
