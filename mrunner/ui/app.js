@@ -101,6 +101,11 @@ function size(bytes) {
   return (unit ? value.toFixed(1) : value) + " " + units[unit];
 }
 
+// "1 hit", "2 hits", "0 misses": a count with its noun, singular for one.
+function plural(count, noun, nouns = noun + "s") {
+  return count + " " + (count === 1 ? noun : nouns);
+}
+
 function seconds(value) {
   return value === null || value === undefined ? "-" : value.toFixed(3) + " s";
 }
@@ -176,7 +181,8 @@ function showRunners(overview) {
   // The prompt cache's counts for a model, where the cache is on and has seen its turns.
   const cached = (model) => {
     const c = (overview.cache || {})[model];
-    return c ? " · prompt cache: " + c.hits + " hits (" + c.restores + " restored), " + c.misses + " misses" : "";
+    return c ? " · prompt cache: " + plural(c.hits, "hit") + " (" + c.restores + " restored), " +
+      plural(c.misses, "miss", "misses") : "";
   };
   for (const runner of overview.runners) {
     used += runner.memory;
