@@ -16,11 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
-from twisted.logger import Logger
+from twisted.logger import Logger, formatTime
 
 SOCKET_SUFFIX = ".sock"
 PID_SUFFIX = ".pid"
 LOG_SUFFIX = ".log"
+#: How a line of daemon.log and of each runner's log begins: the local time to the microsecond, so that
+#: C{GET /logs} merges them in the order things happened (llama.cpp's own times count from its start).
+LOG_TIME = "%Y-%m-%dT%H:%M:%S.%f%z"
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 #: The umask the daemon and its runners work under: what they create is their owner's alone.
@@ -112,6 +115,11 @@ class Home:
 def log_name(model: str) -> str:
     """How C{model} starts the names of its runners' logs: C{ai/smollm2:latest} is C{ai_smollm2_latest}."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", model)
+
+
+def log_time(when: float) -> str:
+    """C{when} (seconds since the epoch) as a log line begins with it (L{LOG_TIME})."""
+    return formatTime(when, LOG_TIME)
 
 
 def private_file(path: Path) -> None:

@@ -2,12 +2,18 @@
 
 The daemon's own events are copied into ``daemon.log`` (whatever else twistd
 does with them), so ``GET /logs`` can show them with the runners' output; a
-L{LogTail} reads every ``*.log`` there and hands back new lines by source.
+L{LogTail} reads every ``*.log`` there and hands back new lines by source, in
+the order of the times their lines begin with (L{mrunner.home.LOG_TIME}).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+import re
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,7 @@ from twisted.logger import (
     LogPublisher,
     eventFromJSON,
     formatEventAsClassicLogText,
+    formatTime,
     globalLogPublisher,
     jsonFileLogObserver,
     textFileLogObserver,
@@ -26,12 +33,14 @@ from twisted.logger import (
 from twisted.python.logfile import LogFile
 from twisted.web.server import Site
 
-from mrunner.home import PRIVATE_FILE, Home
+from mrunner.home import LOG_TIME, PRIVATE_FILE, Home
 
 DAEMON = "daemon"
 ROTATE_BYTES = 10_000_000
 KEEP_ROTATED = 3
 BACKLOG_BYTES = 1024 * 1024
+#: The time a log line begins with (L{LOG_TIME}; twistd's own, to the second, is read too).
+_STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?[+-]\d{4}(?= )")
 
 
 class DaemonLogFile(Service):
@@ -58,8 +67,9 @@ class DaemonLogFile(Service):
             maxRotatedFiles=KEEP_ROTATED,
             defaultMode=PRIVATE_FILE,
         )
-        observe = jsonFileLogObserver if self._json else textFileLogObserver
-        self._observer = observe(self._file)  # type: ignore[arg-type]  # LogFile takes str
+        file: Any = self._file  # LogFile takes str
+        observer = jsonFileLogObserver(file) if self._json else textFileLogObserver(file, timeFormat=LOG_TIME)
+        self._observer = observer
         self._publisher.addObserver(self._observer)
         super().startService()
 
@@ -136,14 +146,19 @@ class LogTail:
         self._offsets: dict[Path, int] = {}
 
     def read(self) -> list[tuple[str, str]]:
-        """New C{(source, line)} pairs: the daemon's first, then each runner's, by file name."""
-        lines: list[tuple[str, str]] = []
+        """New C{(source, line)} pairs, the logs merged by the times their lines begin with.
+
+        A line without a time (an event's second line, a runner's log from before lines had
+        times) goes with the line before it; on equal times the daemon's come first, then the
+        runners' by file name, each file in its own order.
+        """
+        logs: list[list[tuple[float, str, str]]] = []
         for path in self._files():
             try:
-                lines.extend((path.stem, readable(line)) for line in self._new_lines(path))
+                logs.append(list(_timed(path.stem, (readable(line) for line in self._new_lines(path)))))
             except FileNotFoundError:  # removed or rotated between listing and reading
                 self._offsets.pop(path, None)
-        return lines
+        return [(source, line) for _, source, line in heapq.merge(*logs, key=lambda timed: timed[0])]
 
     def _files(self) -> list[Path]:
         try:
@@ -176,12 +191,23 @@ class LogTail:
         return data[:end].decode("utf-8", errors="replace").split("\n")[:-1]
 
 
+def _timed(source: str, lines: Iterator[str]) -> Iterator[tuple[float, str, str]]:
+    """Each line of one log with the time it, or the last line before it that has one, begins with."""
+    when = float("-inf")
+    for line in lines:
+        stamp = _STAMP.match(line)
+        if stamp is not None:
+            with suppress(ValueError):  # a date that is no date: the time before it stands
+                when = datetime.fromisoformat(stamp.group()).timestamp()
+        yield when, source, line
+
+
 def readable(line: str) -> str:
     """A line of the log as text: a JSON event (C{[log] format = "json"}) as the text log would show it."""
     if not line.startswith("\x1e"):
         return line
     try:
-        text = formatEventAsClassicLogText(eventFromJSON(line[1:]))
+        text = formatEventAsClassicLogText(eventFromJSON(line[1:]), partial(formatTime, timeFormat=LOG_TIME))
     except ValueError:
         return line
     return (text or line).rstrip("\n")
