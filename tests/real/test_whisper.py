@@ -81,8 +81,9 @@ class TranscriptionTests(WhisperTestCase):
 
     async def test_a_file_only_the_runner_finds_undecodable_is_refused_in_openai_shape(self) -> None:
         await self.start_whisper()
+        streaminfo = b"fLaC" + bytes(14) + ((16000 << 44) | 16000).to_bytes(8, "big")  # 1 s said, none there
         answer = await self.posted(
-            "/v1/audio/transcriptions", b"fLaC" + bytes(200), name="x.flac", model=WHISPER
+            "/v1/audio/transcriptions", streaminfo + bytes(200), name="x.flac", model=WHISPER
         )
         self.assertEqual(answer.status_code, 400, answer.text)
         error = answer.json()["error"]

@@ -26,6 +26,22 @@ def wav(seconds: float, rate: int = 16000) -> bytes:
     return buffer.getvalue()
 
 
+def chunk(name: bytes, payload: bytes) -> bytes:
+    return name + struct.pack("<I", len(payload)) + payload + bytes(len(payload) & 1)
+
+
+def riff(*chunks: bytes) -> bytes:
+    body = b"WAVE" + b"".join(chunks)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def fmt(rate: int, byte_rate: int | None = None, channels: int = 1, bits: int = 16) -> bytes:
+    """A PCM C{fmt } chunk; C{byte_rate} as the header claims it (what it should be by default)."""
+    align = channels * bits // 8
+    claimed = rate * align if byte_rate is None else byte_rate
+    return chunk(b"fmt ", struct.pack("<HHIIHH", 1, channels, rate, claimed, align, bits))
+
+
 def multipart(
     fields: list[tuple[str, str]], data: bytes | None, filename: str = "a.wav"
 ) -> tuple[bytes, bytes]:
@@ -104,6 +120,68 @@ class AudioTests(SynchronousTestCase):
                 audio.read(data, "x.bin")
             self.assertIn(named, refused.exception.message)
             self.assertEqual(refused.exception.param, "file")
+
+
+class LyingHeaderTests(SynchronousTestCase):
+    """Issue 53 M2, M3, L1: the length is what the decoder will read, and a damaged header is a 400."""
+
+    def refused(self, data: bytes, *words: str) -> None:
+        with self.assertRaises(BadRequest) as raised:
+            audio.read(data, "a.wav")
+        self.assertEqual((raised.exception.param, raised.exception.code), ("file", "invalid_file"))
+        for word in words:
+            self.assertIn(word, raised.exception.message)
+
+    def test_a_wav_is_measured_by_its_data_not_its_byte_rate(self) -> None:
+        samples = bytes(2 * 2000 * 35 * 60)  # 35 minutes at 2 kHz
+        for claimed in (10_000_000, 0, 1):
+            heard = audio.read(riff(fmt(2000, claimed), chunk(b"data", samples)), None)
+            self.assertAlmostEqual(heard.seconds or 0, 35 * 60)
+            self.assertRaises(BadRequest, checked, [], riff(fmt(2000, claimed), chunk(b"data", samples)))
+
+    def test_a_wav_data_size_past_the_end_counts_what_is_there(self) -> None:
+        head = riff(fmt(8000))
+        data = head + b"data" + struct.pack("<I", 0xFFFFFFFF) + bytes(16000)
+        self.assertAlmostEqual(audio.read(data, None).seconds or 0, 1.0)
+
+    def test_stereo_and_8_bit_frames(self) -> None:
+        stereo = riff(fmt(8000, channels=2), chunk(b"data", bytes(32000)))
+        self.assertAlmostEqual(audio.read(stereo, None).seconds or 0, 1.0)
+        narrow = riff(fmt(8000, bits=8), chunk(b"data", bytes(8000)))
+        self.assertAlmostEqual(audio.read(narrow, None).seconds or 0, 1.0)
+
+    def test_damaged_wav_headers_are_400s(self) -> None:
+        whole = riff(fmt(16000), chunk(b"data", bytes(320)))
+        self.refused(riff(chunk(b"data", bytes(320)), fmt(16000)), "data chunk before its fmt chunk")
+        self.refused(whole[: 12 + 8 + 6], "cut short inside its fmt chunk")
+        self.refused(riff(fmt(0), chunk(b"data", bytes(320))), "sample rate of 0")
+        self.refused(riff(fmt(16000, channels=0), chunk(b"data", bytes(320))), "channel count of 0")
+        self.refused(riff(fmt(16000)), "no data chunk")
+        self.refused(whole[:12], "no fmt chunk")
+
+    def test_one_byte_is_a_400(self) -> None:
+        for data in (b"\xff", b"I", b"R", b"RIFF\x04\x00\x00\x00WAVEfmt "):
+            with self.assertRaises(BadRequest) as raised:
+                audio.read(data, None)
+            self.assertEqual(raised.exception.param, "file")
+
+    def test_the_chunk_walk_is_bounded(self) -> None:
+        """25 MiB of 8-byte JUNK chunks took the reactor 0.6 s a request: past 64, a 400 at once."""
+        junk = chunk(b"JUNK", bytes(0))
+        self.refused(riff(junk * (25 * 2**20 // 8), fmt(16000), chunk(b"data", b"")), "over 64 chunks")
+        self.refused(riff(junk * (audio.MAX_WAV_CHUNKS - 1), fmt(16000), chunk(b"data", b"")), "over 64")
+        many = riff(junk * (audio.MAX_WAV_CHUNKS - 2), fmt(16000), chunk(b"data", bytes(32000)))
+        self.assertAlmostEqual(audio.read(many, None).seconds or 0, 1.0)
+
+    def test_a_flac_without_its_length_is_a_400(self) -> None:
+        def flac(rate: int, samples: int) -> bytes:
+            return b"fLaC" + bytes(14) + ((rate << 44) | samples).to_bytes(8, "big")
+
+        self.refused(flac(16000, 0), "does not say how many samples")
+        self.refused(flac(0, 16000), "sample rate of 0")
+        self.refused(flac(16000, 16000)[:20], "cut short")
+        self.refused(b"fLaC\x04" + flac(16000, 16000)[5:], "STREAMINFO")
+        self.assertRaises(BadRequest, checked, [], flac(1000, 35 * 60 * 1000))
 
 
 class CheckTests(SynchronousTestCase):
