@@ -1,8 +1,11 @@
 """What a llama-server's load output says about device memory: each device's buffers, or that
 a device ran out.
 
-llama.cpp logs every buffer it allocates while loading (at ``-lv 4`` in the
-pinned build, which L{mrunner.backends.llamacpp.arguments.placement_args} asks for)::
+llama.cpp logs every buffer it allocates while loading, but the pinned build
+only at ``-lv 4``, and runners serve at the default verbosity
+(L{mrunner.backends.llamacpp.arguments.placement_args}), so NVML's reading
+and the plan measure a runner's GPUs, and these lines count beside them only
+where a runner prints them::
 
     load_tensors:        CUDA0 model buffer size =   92.10 MiB
     load_tensors:   CPU_Mapped model buffer size =   12.00 MiB
@@ -14,7 +17,7 @@ A buffer named after a GPU (C{CUDA0}, C{ROCm1}, C{Vulkan0}, C{Metal}) is on
 it; C{CPU}, C{CPU_Mapped} and the pinned C{CUDA_Host} buffers are in RAM.
 A device that runs out says so in its backend's words (C{cudaMalloc failed:
 out of memory}, C{ErrorOutOfDeviceMemory}, C{failed to allocate CUDA0
-buffer}) before llama-server exits.
+buffer}) before llama-server exits; those are errors, printed at every verbosity.
 """
 
 from __future__ import annotations

@@ -91,21 +91,17 @@ class FittingTests(LlamaCppTestCase):
 
     async def test_spread_over_two_gpus(self) -> None:
         """No GPU holds it whole (about 316 MiB: 31 layers of 9.5 MiB and a 21.5 MiB compute buffer,
-        against budgets of 270 and 180 MiB): spread, in proportion to their room; the buffers the
-        load printed are what the devices' used sums."""
+        against budgets of 270 and 180 MiB): spread, in proportion to their room; what `ps` gives
+        each GPU is what the devices' used sums. The runner serves at the default verbosity, where
+        the pinned build prints no buffer lines (issue 48): without NVML, the plan counts."""
         await self.start_with("CUDA0=300/300,CUDA1=200/200")
         self.assertTrue((await self.ask()).choices)
         [runner] = await self.runners()
         self.assertEqual(runner["gpu_layers"], LAYERS)
         self.assertEqual(list(runner["devices"]), ["CUDA0", "CUDA1", "CPU"])
         self.assertIn("--device CUDA0,CUDA1 --n-gpu-layers 31 --tensor-split", self.log())
-        self.assertIn("load_tensors: offloaded 31/31 layers to GPU", self.log())
-        printed = sum(
-            float(line.split("=")[1].split()[0]) * 2**20
-            for line in self.log().splitlines()
-            if " CUDA0 " in line and "buffer size" in line
-        )
-        self.assertGreaterEqual(runner["devices"]["CUDA0"], printed - 2**20, "what the load printed counts")
+        self.assertNotIn("buffer size", self.log())
+        self.assertGreater(runner["devices"]["CUDA0"], runner["devices"]["CUDA1"])
         devices = json.loads(await (await http.get(self.daemon.url + "/engines/devices")).text())
         used = {d["id"]: d["used"] for d in devices["devices"]}
         self.assertEqual(
@@ -119,7 +115,7 @@ class FittingTests(LlamaCppTestCase):
         [runner] = await self.runners()
         self.assertGreater(runner["gpu_layers"], 0)
         self.assertLess(runner["gpu_layers"], LAYERS)
-        self.assertIn(f"load_tensors: offloaded {runner['gpu_layers']}/31 layers to GPU", self.log())
+        self.assertIn(f"--device CUDA0 --n-gpu-layers {runner['gpu_layers']} ", self.log())
         env = {**os.environ, "MRUNNER_HOST": self.daemon.url}
         out, err, code = await getProcessOutputAndValue(MRUNNER, ["ps"], env=env, reactor=reactor)
         self.assertEqual(code, 0, err)

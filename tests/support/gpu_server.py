@@ -24,9 +24,11 @@ What it does:
 - ``--list-devices``: prints the devices exactly as llama.cpp's ``common_print_available_devices``
   does (``  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23700 MiB free)``, or ``  (none)``), exits 0.
 - a load (anything else) on a scenario with GPUs: prints to stderr, in llama.cpp's formats and with
-  its log prefix, ``load_tensors: offloaded G/L+1 layers to GPU``, then a ``model buffer size`` line
-  per device holding layers plus ``CPU_Mapped`` for the rest, a ``KV buffer size`` line per device
-  holding layers (and ``CPU`` for the rest) and a ``compute buffer size`` line per device used.
+  its log prefix, at ``-lv 4`` or above only (the pinned build logs the library's information
+  there; its errors at any level), ``load_tensors: offloaded G/L+1 layers to GPU``, then a
+  ``model buffer size`` line per device holding layers plus ``CPU_Mapped`` for the rest, a
+  ``KV buffer size`` line per device holding layers (and ``CPU`` for the rest) and a
+  ``compute buffer size`` line per device used.
   G comes from ``-ngl``/``--gpu-layers``/``--n-gpu-layers`` (a number; ``auto``, ``all`` or none
   given: every layer), the devices from ``-dev``/``--device`` (default all; ``none``: no GPU), the
   shares from ``-ts``/``--tensor-split`` (default: in proportion to free memory). Weights are the
@@ -253,11 +255,13 @@ def load(found: list[tuple[str, str, int, int]], gpu: dict[str, str], argv: list
     per_device = shares(on_gpu, weights)
     per_layer = size / offloadable
     kv_layer = context * kv_per_token
+    verbosity = int(option(argv, "-lv", "--verbosity", "--log-verbosity", default="3"))
+    info = log if verbosity >= 4 else lambda level, text: None
 
     if on_gpu:
-        log("I", "load_tensors: offloading output layer to GPU")
-    log("I", f"load_tensors: offloading {max(on_gpu - 1, 0)} repeating layers to GPU")
-    log("I", f"load_tensors: offloaded {on_gpu}/{offloadable} layers to GPU")
+        info("I", "load_tensors: offloading output layer to GPU")
+    info("I", f"load_tensors: offloading {max(on_gpu - 1, 0)} repeating layers to GPU")
+    info("I", f"load_tensors: offloaded {on_gpu}/{offloadable} layers to GPU")
     if out_of_memory(on_gpu, context):
         index = next(i for i, count in enumerate(per_device) if count)
         ident, request = found[index][0], int(per_device[index] * per_layer)
@@ -279,22 +283,22 @@ def load(found: list[tuple[str, str, int, int]], gpu: dict[str, str], argv: list
         kv_layers[max(i for i, count in enumerate(per_device) if count)] -= 1
     for (ident, *_), count in zip(found, per_device, strict=True):
         if count:
-            log("I", f"load_tensors: {ident:>12} model buffer size = {count * per_layer / MIB:8.2f} MiB")
+            info("I", f"load_tensors: {ident:>12} model buffer size = {count * per_layer / MIB:8.2f} MiB")
     if on_gpu < offloadable:
         rest = (offloadable - on_gpu) * per_layer
-        log("I", f"load_tensors: {'CPU_Mapped':>12} model buffer size = {rest / MIB:8.2f} MiB")
+        info("I", f"load_tensors: {'CPU_Mapped':>12} model buffer size = {rest / MIB:8.2f} MiB")
     for (ident, *_), count in zip(found, kv_layers, strict=True):
         if count:
-            log("I", f"llama_kv_cache: {ident:>10} KV buffer size = {count * kv_layer / MIB:8.2f} MiB")
+            info("I", f"llama_kv_cache: {ident:>10} KV buffer size = {count * kv_layer / MIB:8.2f} MiB")
     if layers > sum(kv_layers):
         rest = (layers - sum(kv_layers)) * kv_layer
-        log("I", f"llama_kv_cache: {'CPU':>10} KV buffer size = {rest / MIB:8.2f} MiB")
+        info("I", f"llama_kv_cache: {'CPU':>10} KV buffer size = {rest / MIB:8.2f} MiB")
     compute = UBATCH * context * 2 + UBATCH * (kv_per_token // 2) * 48
     for (ident, *_), count in zip(found, per_device, strict=True):
         if count:
-            log("I", f"sched_reserve: {ident:>10} compute buffer size = {compute / MIB:8.2f} MiB")
+            info("I", f"sched_reserve: {ident:>10} compute buffer size = {compute / MIB:8.2f} MiB")
     host = found[0][0].rstrip("0123456789") + "_Host"
-    log("I", f"sched_reserve: {host:>10} compute buffer size = {UBATCH * context * 4 / MIB / 8:8.2f} MiB")
+    info("I", f"sched_reserve: {host:>10} compute buffer size = {UBATCH * context * 4 / MIB / 8:8.2f} MiB")
     return None
 
 

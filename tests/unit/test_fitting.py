@@ -241,18 +241,18 @@ class GpuPlanPropertyTests(SynchronousTestCase):
 class PlacementArgsTests(SynchronousTestCase):
     def test_whole(self) -> None:
         args = arguments.placement_args(place_on(MODEL, {"CUDA1": 9}))
-        self.assertEqual(args, ["--fit", "off", "-lv", "4", "--device", "CUDA1", "--n-gpu-layers", "9"])
+        self.assertEqual(args, ["--fit", "off", "--device", "CUDA1", "--n-gpu-layers", "9"])
 
     def test_spread(self) -> None:
         args = arguments.placement_args(place_on(MODEL, {"CUDA0": 5, "CUDA1": 4}), draft=True)
-        expected = ["--fit", "off", "-lv", "4", "--device", "CUDA0,CUDA1", "--n-gpu-layers", "9"]
+        expected = ["--fit", "off", "--device", "CUDA0,CUDA1", "--n-gpu-layers", "9"]
         expected += ["--tensor-split", "5,4"]
         self.assertEqual(args, [*expected, "--gpu-layers-draft", "0"])
 
     def test_cpu_only(self) -> None:
         """On a GPU machine, a runner planned for RAM alone is told to offload nothing."""
         args = arguments.placement_args(place_on(MODEL, {}))
-        self.assertEqual(args, ["--fit", "off", "-lv", "4", "--device", "none", "--n-gpu-layers", "0"])
+        self.assertEqual(args, ["--fit", "off", "--device", "none", "--n-gpu-layers", "0"])
 
 
 class FootprintTests(SynchronousTestCase):
