@@ -1,7 +1,9 @@
 """A ``multipart/form-data`` body read into its fields, strictly, as OpenAI's audio routes take it.
 
 The whole body is in memory (it is within its route's limit when this runs), so the parts are
-slices of it: no temporary files, no second copy of the audio.
+slices of it: no temporary files, one copy of the audio. The body is walked delimiter by delimiter
+and the walk stops at the L{MAX_FIELDS}th part: splitting 25 MiB of 2-byte parts first made
+millions of pieces (RSS 84 → 426 MB, C{/health} 700 ms late) before the count refused them.
 """
 
 from __future__ import annotations
@@ -43,29 +45,36 @@ def boundary(content_type: bytes | None) -> bytes:
 def fields(body: bytes, content_type: bytes | None) -> dict[str, list[Part]]:
     """Each field's parts by name, in order (a name may repeat: C{timestamp_granularities[]})."""
     delimiter = b"--" + boundary(content_type)
-    pieces = body.split(delimiter)
-    if len(pieces) < 3 or not pieces[-1].startswith(b"--"):
-        raise BadRequest("the multipart body is cut short or malformed", code="invalid_multipart")
     found: dict[str, list[Part]] = {}
-    for piece in pieces[1:-1]:
-        name, part = _part(piece)
-        found.setdefault(name, []).append(part)
-        if sum(map(len, found.values())) > MAX_FIELDS:
+    at, count = body.find(delimiter), 0
+    while at >= 0 and not body.startswith(b"--", at + len(delimiter)):
+        start = at + len(delimiter)
+        at = body.find(delimiter, start)
+        if at < 0:
+            break
+        count += 1
+        if count > MAX_FIELDS:
             raise BadRequest(f"a form may hold at most {MAX_FIELDS} fields", code="invalid_multipart")
+        name, part = _part(body, start, at)
+        found.setdefault(name, []).append(part)
+    if at < 0 or not count:
+        raise BadRequest("the multipart body is cut short or malformed", code="invalid_multipart")
     return found
 
 
-def _part(piece: bytes) -> tuple[str, Part]:
-    """A part between two delimiters: CRLF, its headers, a blank line, its value, CRLF."""
-    head, blank, value = piece.partition(b"\r\n\r\n")
-    if not blank or not head.startswith(b"\r\n") or not value.endswith(b"\r\n"):
+def _part(body: bytes, start: int, end: int) -> tuple[str, Part]:
+    """The part between two delimiters, C{body[start:end]}: CRLF, its headers, a blank line, its value,
+    CRLF; its value copied once."""
+    blank = body.find(b"\r\n\r\n", start, end)
+    if blank < 0 or not body.startswith(b"\r\n", start) or not body.endswith(b"\r\n", blank + 4, end):
         raise BadRequest("a part of the multipart body is malformed", code="invalid_multipart")
-    disposition = _DISPOSITION.search(head)
+    disposition = _DISPOSITION.search(body[start:blank])
     params = {key.lower(): text for key, text in _PARAM.findall(disposition[1])} if disposition else {}
     if b"name" not in params:
         raise BadRequest("a part of the multipart body has no field name", code="invalid_multipart")
     filename = params.get(b"filename")
-    return _text(params[b"name"]), Part(value[:-2], None if filename is None else _text(filename))
+    value = body[blank + 4 : end - 2]
+    return _text(params[b"name"]), Part(value, None if filename is None else _text(filename))
 
 
 def _text(raw: bytes) -> str:
