@@ -41,11 +41,14 @@ HUB = "hf.co"
 DEFAULT_QUANT = "Q4_K_M"
 MAX_LISTING = 16 * 1024 * 1024
 MAX_REDIRECTS = 5
+_REACH = "check the network, or point HF_ENDPOINT (or [huggingface] endpoint) at a hub that can be reached"
 #: What a user can do when the Hub cannot be reached at all (a registry's mirrors do not apply to it).
-OFFLINE_HINT = (
-    "check the network, or point HF_ENDPOINT (or [huggingface] endpoint) at a hub that can be reached,"
-    " or make the model from a GGUF file: `mrunner package --gguf FILE NAME`"
+OFFLINE_HINT = f"{_REACH}, or make the model from a GGUF file: `mrunner package --gguf FILE NAME`"
+#: The same for a repository of whisper.cpp's models, whose files are not GGUF (L{offline_hint}).
+WHISPER_OFFLINE_HINT = (
+    f"{_REACH}, or make the model from a whisper.cpp file (ggml-*.bin): `mrunner package --whisper FILE NAME`"
 )
+
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
@@ -54,6 +57,12 @@ _QUANT = re.compile(
     r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d+(?:_[A-Za-z0-9]+)*|T?Q\d_\d|B?F16|F32|MXFP4(?:_MOE)?))(?![A-Za-z0-9])",
     re.IGNORECASE,
 )
+
+
+def offline_hint(repo: str) -> str:
+    """The way out for C{repo} offline: with the Hub unreachable, its name is all there is to go on,
+    and a whisper.cpp repository (``ggerganov/whisper.cpp``) holds models packaged with C{--whisper}."""
+    return WHISPER_OFFLINE_HINT if "whisper" in repo.lower() else OFFLINE_HINT
 
 
 class HubRefused(MrunnerError):
@@ -287,7 +296,7 @@ class HubClient:
                     self.timeout,
                 )
             except (ConnectError, DNSLookupError, ResponseNeverReceived) as e:
-                raise unreachable(f"Hugging Face endpoint {self.host}", e, OFFLINE_HINT) from None
+                raise unreachable(f"Hugging Face endpoint {self.host}", e, offline_hint(repo)) from None
             location = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
             if response.code in (301, 302, 303, 307, 308) and location:
                 await discard(response, host, self.timeout)

@@ -31,3 +31,11 @@ class UnreachableHubTests(SynchronousTestCase):
         self.assertIn("point HF_ENDPOINT (or [huggingface] endpoint) at a hub", error.message)
         self.assertIn("`mrunner package --gguf FILE NAME`", error.message)
         self.assertNotIn("[registry] mirrors", error.message)
+
+    def test_a_whisper_repository_is_packaged_with_whisper(self) -> None:
+        """Issue 53 N7: `mrunner pull hf.co/ggerganov/whisper.cpp:base.en` offline suggested --gguf."""
+        hub = HubClient(HuggingFaceConfig(), cast(HTTPClient, NoNetwork()), {}, Clock())
+        error = self.failureResultOf(ensureDeferred(hub.revision("ggerganov/whisper.cpp")), BadGateway).value
+        self.assertEqual(error.code, "registry_unreachable")
+        self.assertIn("`mrunner package --whisper FILE NAME`", error.message)
+        self.assertNotIn("--gguf", error.message)
