@@ -105,6 +105,18 @@ def tag(ctx: Context, args: Namespace) -> None:
     ctx.out.print(ctx.daemon.call("POST", model_path(args.model, f"/tag?{query}"))["message"], markup=False)
 
 
+def may_upload(ctx: Context) -> None:
+    """Raise unless the daemon takes this key's upload, asked before it: the daemon refuses a key
+    when the request's headers arrive, but the client sends every byte before it reads the refusal
+    (issue 53 N8: all 94 MiB of SmolLM2, then "pass --api-key KEY")."""
+    who = ctx.daemon.call("GET", "/engines/overview")  # a refused key: the daemon's 401 here
+    if not who.get("admin", True):
+        raise CommandError(
+            f"key {who.get('key')!r} may not add models: packaging takes an admin key"
+            " (admin = true in its [keys] table, or one of [http] admin_api_keys)"
+        )
+
+
 def split_tag(name: str) -> tuple[str, str]:
     """C{host:5000/repo:v1} → C{("host:5000/repo", "v1")}; no tag means C{latest}."""
     repo, colon, tag = name.rpartition(":")
@@ -125,6 +137,7 @@ def package(ctx: Context, args: Namespace) -> None:
         files = whisper_members(weights, licenses)
     else:
         files = members(weights, licenses, *optional)
+    may_upload(ctx)
     stream = TarStream(files)
     query = {"name": args.model} | ({"context_size": args.context_size} if args.context_size else {})
     with layer_progress(ctx.out, "package") as bars:

@@ -13,14 +13,21 @@ from mrunner.config.values import ConfigError
 
 
 def with_environment(config: Config, environ: Mapping[str, str]) -> Config:
-    """C{MRUNNER_API_KEY} adds a key, C{MRUNNER_ORIGINS} (comma-separated) adds origins."""
+    """C{MRUNNER_API_KEY} adds a key, C{MRUNNER_ORIGINS} (comma-separated) adds origins.
+
+    A C{MRUNNER_API_KEY} that is a named key's own is that key, with its name and rights: the one
+    given to C{make run} (which starts the daemon and packages SmolLM2 with the same variable) is
+    the caller's key, not a second listing of it to refuse (issue 53 N8).
+    """
     http = config.http
-    if environ.get("MRUNNER_API_KEY"):
-        http = attrs.evolve(http, api_keys=(*http.api_keys, environ["MRUNNER_API_KEY"]))
     origins = [origin.strip() for origin in environ.get("MRUNNER_ORIGINS", "").split(",")]
     if any(origins):
         http = attrs.evolve(http, cors_origins=(*http.cors_origins, *filter(None, origins)))
-    return attrs.evolve(config, http=http, keys=_keys_with_secrets(config.keys, environ, http))
+    keys = _keys_with_secrets(config.keys, environ, http)
+    added = environ.get("MRUNNER_API_KEY")
+    if added and all(entry.key != added for entry in keys.values()):
+        http = attrs.evolve(http, api_keys=(*http.api_keys, added))
+    return attrs.evolve(config, http=http, keys=keys)
 
 
 def _keys_with_secrets(
@@ -38,7 +45,7 @@ def _keys_with_secrets(
             raise ConfigError(f"keys.{name}: its key is another named key's too; give each its own")
         for listed, where in (
             (http.admin_api_keys, "[http] admin_api_keys (admin = true makes a named key an admin)"),
-            (http.api_keys, "[http] api_keys (or MRUNNER_API_KEY)"),
+            (http.api_keys, "[http] api_keys"),
         ):
             if secret in listed:
                 raise ConfigError(

@@ -203,6 +203,15 @@ class HostileKeysTests(Keyed, CompatDaemonTestCase):
             self.assertNotIn(b"secret", out, args)
         out, err, code = await getProcessOutputAndValue(MRUNNER, ["ls"], env=env, reactor=reactor)
         self.assertIn(b"ai/tiny", out)
+        # Issue 53 N8: told before the upload, not after it.
+        package = ["package", "--gguf", str(self.home / "secret.gguf"), "ai/mine"]
+        for key, said in [("alice-key", b"key 'alice' may not add models"), ("wrong", b"--api-key KEY")]:
+            out, err, code = await getProcessOutputAndValue(
+                MRUNNER, package, env={**env, "MRUNNER_API_KEY": key}, reactor=reactor
+            )
+            self.assertEqual(code, 1, err)
+            self.assertIn(said, err)
+            self.assertNotIn(b"upload", out + err)
 
     async def own_metrics_and_disk(self) -> None:
         """Issue 53, N4 and N13: alice's /metrics has her series, not bob's; her df, not ai/secret's bytes."""

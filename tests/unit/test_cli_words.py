@@ -1,18 +1,19 @@
-"""What the commands say, against a recorded daemon (issue 53's N9, N10, N12, N14): no process, no socket."""
+"""What the commands say, against a recorded daemon (issue 53: N8, N9, N10, N12, N14): no process."""
 
 from __future__ import annotations
 
 import io
 import json
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.cli import engines
+from mrunner.cli import engines, models
 from mrunner.cli.context import Context
-from mrunner.cli.errors import CommandError
+from mrunner.cli.errors import CommandError, DaemonError
 from mrunner.cli.main import parser
 
 
@@ -25,7 +26,7 @@ class RecordedDaemon:
         self.answers = answers
 
     def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
-        answer = self.answers[method, path]
+        answer = self.answers[method, path.partition("?")[0]]
         return answer(body) if callable(answer) else answer
 
 
@@ -141,3 +142,42 @@ class CommandListTests(SynchronousTestCase):
         for name in commands.choices:  # type: ignore[attr-defined]
             self.assertRegex(text, rf"(?m)^    (\w+ \()?{name}\b", name)
         self.assertRegex(text, r"(?m)^    wait +wait until the daemon answers")
+
+
+class PackageTests(SynchronousTestCase):
+    """N8: the key is checked before the upload, not after every byte of it."""
+
+    def package(self, overview: Any) -> RecordedDaemon:
+        gguf = Path(self.mktemp())
+        gguf.write_bytes(b"GGUF" + bytes(60))
+        uploads: list[Any] = []
+        daemon = RecordedDaemon(
+            {
+                ("GET", "/engines/overview"): overview,
+                ("POST", "/models/load"): lambda body: uploads.append(body),
+            }
+        )
+        args = Namespace(
+            model="ai/x",
+            gguf=str(gguf),
+            whisper=None,
+            license=[],
+            mmproj=None,
+            chat_template=None,
+            context_size=None,
+        )
+        try:
+            models.package(Said(daemon).context, args)
+        finally:
+            self.assertEqual(uploads, [], "nothing was uploaded")
+        return daemon
+
+    def test_a_refused_key(self) -> None:
+        def refused(body: Any) -> Any:
+            raise DaemonError(401, "this mrunner requires an API key", None)
+
+        self.assertRaises(DaemonError, self.package, refused)
+
+    def test_a_key_that_is_no_admins(self) -> None:
+        error = self.assertRaises(CommandError, self.package, {"key": "ops", "admin": False})
+        self.assertIn("key 'ops' may not add models: packaging takes an admin key", str(error))

@@ -36,9 +36,10 @@ class RefusalTests(SynchronousTestCase):
             ('api_keys = ["root"]', "keys.ops: its key is also in [http] api_keys"),
         ]:
             self.assertRefused(f'[http]\n{http}\n[keys.ops]\nkey = "root"\n', words)
-        self.assertRefused(
-            '[keys.ops]\nkey_env = "OPS"\n', "MRUNNER_API_KEY", {"OPS": "k", "MRUNNER_API_KEY": "k"}
-        )
+        loaded = self.load('[keys.ops]\nkey_env = "OPS"\n', {"OPS": "k", "MRUNNER_API_KEY": "k"})
+        self.assertEqual((loaded.keys["ops"].key, loaded.http.api_keys), ("k", ()), "issue 53 N8: it is ops")
+        loaded = self.load('[keys.ops]\nkey = "k"\n', {"MRUNNER_API_KEY": "other"})
+        self.assertEqual(loaded.http.api_keys, ("other",), "another key is added")
         loaded = self.load('[http]\nadmin_api_keys = ["root"]\n[keys.ops]\nkey = "other"\nadmin = true\n')
         self.assertEqual(loaded.keys["ops"].key, "other")
 
