@@ -9,7 +9,6 @@ import sys
 import time
 import urllib.parse
 from argparse import Namespace
-from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -21,7 +20,7 @@ from mrunner.cli.client import Daemon, lines
 from mrunner.cli.context import Context
 from mrunner.cli.errors import NEAREST, CommandError, DaemonError, explain
 from mrunner.cli.models import show_transfer
-from mrunner.cli.output import duration, plural, show_json, table
+from mrunner.cli.output import duration, plural, table
 from mrunner.values.sizes import format_size
 
 #: How alike a name must be to a loaded one (both without C{ai/} and C{:latest}) to be offered instead.
@@ -218,57 +217,6 @@ def reload(ctx: Context, args: Namespace) -> None:
     ctx.out.print("Reloaded tap.conf", markup=False)
     if result["restart_required"]:
         ctx.out.print(f"Restart the daemon to apply: {', '.join(result['restart_required'])}", markup=False)
-
-
-def status(ctx: Context, args: Namespace) -> None:
-    """The daemon's address, each backend's install state and runners, where it reads registry logins,
-    and the preloads; C{--json} carries the same."""
-    statuses = ctx.daemon.call("GET", "/engines/status")
-    running = Counter(
-        runner["backend_name"] for runner in ctx.daemon.call("GET", "/engines/ps") if runner["pid"]
-    )
-    runners = {name: running[name] for name in statuses if not name.startswith("preload ")}
-    docker_config = ctx.daemon.call("GET", "/version").get("docker_config")
-    if args.json:
-        found = {"url": ctx.daemon.url, "statuses": statuses, "runners": runners}
-        show_json(ctx.out, found | {"registry_logins": docker_config})
-        return
-    ctx.out.print(f"mrunner is running at {ctx.daemon.url}", markup=False)
-    for backend, text in statuses.items():
-        state = install_state(text, runners.get(backend, 0))
-        ctx.out.print(f"{backend}: {state}", markup=False, highlight=False)
-    ctx.out.print(
-        f"registry logins: read from {docker_config} (`mrunner login --help`)"
-        if docker_config
-        else "registry logins: [registry.auth] in tap.conf only",
-        markup=False,
-    )
-    try:
-        preloads = ctx.daemon.call("GET", "/ready")["preloads"]
-    except DaemonError as e:
-        if e.status != 503:
-            raise
-        ctx.out.print("preloads: still loading", markup=False)
-        return
-    for preload in preloads:
-        if preload["state"] != "failed":  # a failed one is among the statuses above
-            ctx.out.print(f"preload {preload['model']}: {preload['state']}", markup=False, highlight=False)
-
-
-#: Docker Model Runner's install states (C{/engines/status}) in the words of the rest of C{status}.
-INSTALL_WORDS = {"Not Installed": "not installed", "Installing": "installing", "Error": "failed"}
-
-
-def install_state(text: str, runners: int) -> str:
-    """A backend's install status in words: DMR's C{Running: llama.cpp b1} is "installed", with how
-    many runners it has, since "Running" reads as a model running; C{Not Installed} is "not installed"."""
-    state, _, detail = text.partition(": ")
-    if state != "Running":
-        word = INSTALL_WORDS.get(state, state)
-        return f"{word}: {detail}" if detail else word
-    version = f" ({detail})" if detail else ""
-    running = "no runner" if not runners else plural(runners, "runner")
-    return f"installed{version}, {running} running"
 
 
 def logs(ctx: Context, args: Namespace) -> None:

@@ -16,7 +16,18 @@ from typing import NoReturn, Protocol
 
 from rich.console import Console
 
-from mrunner.cli import bench, devices, engines, launch, login, models, prompt_cache, transcribe, usage
+from mrunner.cli import (
+    bench,
+    devices,
+    engines,
+    launch,
+    login,
+    models,
+    prompt_cache,
+    status,
+    transcribe,
+    usage,
+)
 from mrunner.cli.chat import DEFAULT_MAX_TOKENS
 from mrunner.cli.client import DEFAULT_HOST, Daemon, find_host
 from mrunner.cli.context import Context
@@ -185,7 +196,7 @@ def _runner_commands(add: Add) -> None:
 def _daemon_commands(add: Add) -> None:
     """The daemon itself: reload, status, logs, recorded requests, usage."""
     add("reload", engines.reload, "make the daemon read its tap.conf again (as SIGHUP does)")
-    add("status", engines.status, "is the daemon running, and its backends' install state", json=True)
+    add("status", status.status, "is the daemon running, and its backends' install state", json=True)
     logs = add("logs", engines.logs, "show the daemon's and the runners' logs")
     logs.add_argument("-f", "--follow", action="store_true", help="keep showing new lines until Ctrl-C")
     logs.add_argument("--model", help="only this model's runners' logs ('daemon' for the daemon's own)")

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.cli import engines, models
+from mrunner.cli import engines, models, status
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError, DaemonError
 from mrunner.cli.main import parser
@@ -100,10 +100,10 @@ class StatusTests(SynchronousTestCase):
 
     def test_words(self) -> None:
         said = Said(status_daemon())
-        engines.status(said.context, Namespace(json=False))
+        status.status(said.context, Namespace(json=False))
         lines = said.out.getvalue().splitlines()
         self.assertIn("llama.cpp: installed (llama.cpp b1), 1 runner running", lines)
-        self.assertIn("whisper.cpp: not installed", lines)
+        self.assertIn("whisper.cpp: not installed yet (on its first request)", lines)
         self.assertIn("preload ai/x: failed: gone", lines)
         self.assertIn(
             "registry logins: read from /home/me/.docker/config.json (`mrunner login --help`)", lines
@@ -111,7 +111,7 @@ class StatusTests(SynchronousTestCase):
 
     def test_json(self) -> None:
         said = Said(status_daemon())
-        engines.status(said.context, Namespace(json=True))
+        status.status(said.context, Namespace(json=True))
         self.assertEqual(
             json.loads(said.out.getvalue()),
             {
