@@ -1,0 +1,135 @@
+"""Many conversations at once on one model (issue 49): real llama-server, the tiny model trained for
+8,192 tokens, C{parallel = 4}.
+
+Each request may use a whole context, so two or four conversations of ~5,000
+tokens at once are all served (before, one pool of 8,192 cells for four slots
+answered each a 500 "Context size has been exceeded"); with a memory budget that
+holds two contexts the runner gets two slots and the others wait; a prompt past
+one context is a 400 naming it; on the OpenAI, Anthropic and Ollama routes,
+streamed and not, each answer read to its end.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.internet.defer import Deferred, gatherResults
+
+from mrunner.backends.llamacpp.sizing import memory_estimate
+from mrunner.testing.tinymodel import write_tiny_llama
+from mrunner.values.backend import RunnerSettings
+from mrunner.values.model import Model
+from tests.support.daemon import http
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
+
+CONTEXT = 8192
+#: Repetitions of "the water " (ten tokens each in the tiny vocabulary): ~4,900 tokens.
+LONG_WORDS = 490
+#: Past one context: ~9,000 tokens.
+TOO_LONG_WORDS = 900
+GENERATED = 100
+
+#: Each route: its path, the body for a prompt and a length, and what ends its stream.
+ROUTES: dict[str, tuple[str, Any, bytes]] = {
+    "openai": (
+        "/v1/chat/completions",
+        lambda messages, stream: {"messages": messages, "max_tokens": GENERATED, "stream": stream},
+        b"data: [DONE]",
+    ),
+    "anthropic": (
+        "/anthropic/v1/messages",
+        lambda messages, stream: {"messages": messages, "max_tokens": GENERATED, "stream": stream},
+        b"message_stop",
+    ),
+    "ollama": (
+        "/api/chat",
+        lambda messages, stream: {
+            "messages": messages,
+            "options": {"num_predict": GENERATED},
+            "stream": stream,
+        },
+        b'"done":true',
+    ),
+}
+
+
+def conversation(n: int, words: int = LONG_WORDS) -> list[dict[str, str]]:
+    """A user's long message, a different one for each C{n} (no two share a cached prompt)."""
+    return [{"role": "user", "content": f"{n} " + "the water " * words}]
+
+
+class ManyContextsTests(LlamaCppTestCase):
+    timeout = 600
+
+    async def start_model(self, config: str = "") -> None:
+        await self.start(config, parallel=4)
+        self.gguf = self.home / "tiny.gguf"
+        write_tiny_llama(self.gguf, context=CONTEXT)
+        await self.daemon.import_model(TINY, self.gguf)
+
+    async def send(self, route: str, messages: list[dict[str, str]], stream: bool) -> tuple[int, bytes]:
+        """One request on C{route}, its answer read to its end."""
+        path, body, _ = ROUTES[route]
+        response = await http.post(self.daemon.url + path, json={"model": TINY, **body(messages, stream)})
+        return response.code, await response.content()
+
+    async def at_once(self, count: int, route: str, stream: bool) -> None:
+        """C{count} conversations of ~5,000 tokens at once: each a 200, read to its end."""
+        sent = [Deferred.fromCoroutine(self.send(route, conversation(n), stream)) for n in range(count)]
+        answers = await gatherResults(sent)
+        for code, body in answers:
+            self.assertEqual(code, 200, (route, stream, count, body[:300]))
+            if stream:
+                self.assertIn(ROUTES[route][2].replace(b" ", b""), body.replace(b" ", b""), (route, count))
+            elif route == "openai":  # ~5,000 tokens each, as the runner counted them
+                self.assertLess(abs(json.loads(body)["usage"]["prompt_tokens"] - 4900), 200)
+
+    async def ps(self) -> dict[str, Any]:
+        (runner,) = json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())
+        return runner  # type: ignore[no-any-return]
+
+    async def test_two_and_four_conversations_at_once(self) -> None:
+        await self.start_model()
+        for route in ROUTES:
+            for stream in (False, True):
+                for count in (2, 4):
+                    await self.at_once(count, route, stream)
+        runner = await self.ps()
+        self.assertEqual((runner["parallel"], runner["context_size"]), (4, CONTEXT))
+        self.assertIsNone(runner["warning"])
+
+    async def test_past_one_context_is_a_400_naming_it(self) -> None:
+        await self.start_model()
+        for route in ROUTES:
+            for stream in (False, True):
+                code, body = await self.send(route, conversation(0, TOO_LONG_WORDS), stream)
+                self.assertEqual(code, 400, (route, stream, body[:300]))
+                self.assertIn(f"context of {CONTEXT} tokens", body.decode(), (route, stream))
+                self.assertIn("context_size", body.decode(), (route, stream))
+
+    async def test_a_budget_for_two_contexts_gives_two_slots(self) -> None:
+        """The four are all served, two at a time; ps and the warning say why."""
+        await self.start_model()
+        budget = await self.two_slots()
+        config = self.daemon.config_path
+        config.write_text(
+            config.read_text().replace("[scheduler]\n", f"[scheduler]\nmemory_budget = {budget}\n")
+        )
+        code, answer = await self.post("/engines/_reload", {})
+        self.assertEqual(code, 200, answer)
+        await self.at_once(4, "openai", False)
+        runner = await self.ps()
+        self.assertEqual((runner["parallel"], runner["parallel_configured"]), (2, 4))
+        self.assertIn(f"gets 2 of the 4 slots asked ({CONTEXT} tokens each)", runner["warning"])
+        self.assertLessEqual(runner["memory_estimate"], budget)
+        await self.at_once(4, "ollama", True)
+
+    async def two_slots(self) -> int:
+        """A budget over the estimate of two slots, under that of three, for the model as stored."""
+        response = await http.get(self.daemon.url + f"/models/{TINY}")
+        config = json.loads(await response.text())["config"]
+        model = Model(id="sha256:" + "0" * 64, tags=(TINY,), created=0, config=config, gguf=str(self.gguf))
+        two = memory_estimate(model, RunnerSettings(context_size=CONTEXT, parallel=2))
+        three = memory_estimate(model, RunnerSettings(context_size=CONTEXT, parallel=3))
+        return (two + three) // 2
