@@ -87,7 +87,7 @@ class ManyContextsTests(LlamaCppTestCase):
 
     async def ps(self) -> dict[str, Any]:
         (runner,) = json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())
-        return runner  # type: ignore[no-any-return]
+        return runner
 
     async def test_two_and_four_conversations_at_once(self) -> None:
         await self.start_model()
