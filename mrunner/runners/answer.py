@@ -30,8 +30,8 @@ class RunnerRefused(MrunnerError):
 
     type = "invalid_request_error"
 
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message, code=code, param=param)
         self.status = 400 if status == 501 else status if 400 <= status < 500 else 502
         if self.status == 502:
             self.type = "server_error"
@@ -39,7 +39,8 @@ class RunnerRefused(MrunnerError):
 
 def refusal(status: int, body: bytes) -> MrunnerError:
     """The runner's error body (OpenAI-shaped from llama-server) as an error mrunner renders: the one
-    reading of a refusal, L{ContextExceeded} and L{CacheFull} included."""
+    reading of a refusal, L{ContextExceeded} and L{CacheFull} included. Its C{code} and C{param},
+    where they are OpenAI's strings (whisper-server's "invalid_file" and "file"), are kept."""
     exceeded = ContextExceeded.from_runner(body) or CacheFull.from_runner(status, body)
     if exceeded is not None:
         return exceeded
@@ -47,8 +48,10 @@ def refusal(status: int, body: bytes) -> MrunnerError:
         error = json.loads(body).get("error")
         message = error["message"] if isinstance(error, dict) else str(error)
     except (ValueError, AttributeError, KeyError, TypeError):
-        message = body.decode("utf-8", errors="replace").strip() or f"status {status}"
-    return RunnerRefused(status, f"the runner refused the request: {message}")
+        error, message = None, body.decode("utf-8", errors="replace").strip() or f"status {status}"
+    said = error if isinstance(error, dict) else {}
+    code, param = (said.get(key) if isinstance(said.get(key), str) else None for key in ("code", "param"))
+    return RunnerRefused(status, f"the runner refused the request: {message}", code, param)
 
 
 class _Pieces(BodyReceiver):

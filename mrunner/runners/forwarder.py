@@ -10,8 +10,9 @@ client with its framing as the runner wrote it.
 
 OpenAI's answers pass through as the runner wrote them. The other APIs give a
 L{Transform}: what they make of the runner's answer (Anthropic's relays it with
-its own errors, Ollama's and the Responses API's translate it), after a
-refusal has been raised in the API's own shape.
+its own errors, Ollama's and the Responses API's translate it, OpenAI's audio
+routes give whisper-server's text OpenAI's shape), after a refusal has been
+raised in the API's own shape.
 """
 
 from __future__ import annotations
@@ -50,8 +51,6 @@ async def as_sent(
     yield body
 
 
-_JSON = Headers({b"content-type": [b"application/json"]})
-
 # RFC 9110 §7.6.1 hop-by-hop fields, those twisted.web sets itself, and Expect (the body is here already).
 HOP_BY_HOP = frozenset(
     {
@@ -84,7 +83,10 @@ RUNNER_CORS = frozenset(
 )
 # The client's key is for mrunner (mrunner/api/door/trust.py): a runner never sees it, nor logs it.
 DAEMON_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
-NOT_RELAYED = HOP_BY_HOP | RUNNER_CORS | DAEMON_CREDENTIALS
+# twisted.web writes its own Server and Date: a runner's (whisper-server's "whisper.cpp", llama-server's
+# "llama.cpp") made a second Server field in every answer (issue 53 N6).
+DAEMON_WRITES = frozenset({b"server", b"date"})
+NOT_RELAYED = HOP_BY_HOP | RUNNER_CORS | DAEMON_CREDENTIALS | DAEMON_WRITES
 
 
 def forwarded_headers(headers: Headers) -> Headers:
@@ -151,6 +153,7 @@ class Forwarder:
         *,
         transform: Transform[T],
         conversation: tuple[object, ...] = (),
+        content_type: bytes = b"application/json",
     ) -> T: ...
 
     async def forward(
@@ -164,6 +167,7 @@ class Forwarder:
         *,
         transform: Transform[T] | None = None,
         conversation: tuple[object, ...] = (),
+        content_type: bytes = b"application/json",
     ) -> T | None:
         """Send C{body} for C{path} to the runner at C{socket}; returns when the answer is sent.
 
@@ -174,9 +178,10 @@ class Forwarder:
         C{renaming} gives it the model name the request asked for (L{Renamed}): its
         length is then unknown, and the runner's framing is not kept.
 
-        With a C{transform}, the request goes as JSON, a refusal is raised
-        (L{refusal}) for the API to render in its shape, and the transform's
-        result is returned; a renaming is the transform's (L{relayed}).
+        With a C{transform}, the request goes as JSON (or C{content_type}: the
+        audio routes' form), a refusal is raised (L{refusal}) for the API to
+        render in its shape, and the transform's result is returned; a renaming
+        is the transform's (L{relayed}).
 
         C{observer} (the key's meter) sees the runner's answer body however it is
         taken (L{Answer.observer}); the request's record sees what its client is
@@ -189,7 +194,8 @@ class Forwarder:
             if transform is None:
                 await self._pass_through(request, socket, path, sent, observer, renaming)
                 return None
-            answer = await self._send(request, socket, path, _JSON.copy(), sent, observer)
+            headers = Headers({b"content-type": [content_type]})
+            answer = await self._send(request, socket, path, headers, sent, observer)
             if answer.code >= 400:
                 raise refusal(answer.code, await answer.read())
             return await transform(answer)

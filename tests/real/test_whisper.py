@@ -3,11 +3,36 @@ each response format, the refusals a runner never sees, and a Whisper runner bes
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import struct
+import wave
 
+import httpx
+
+from mrunner.home import Home
 from tests.support.daemon import eventually, http
 from tests.support.llamacpp_cases import TINY
 from tests.support.whisper_cases import WHISPER, WhisperTestCase
+
+
+def noise(seconds: float, rate: int) -> bytes:
+    """A 16-bit mono WAV of C{seconds} of noise."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(os.urandom(2 * int(rate * seconds)))
+    return buffer.getvalue()
+
+
+def lying_wav() -> bytes:
+    """35 minutes at 2 kHz whose header claims a byte rate of 10,000,000 (0.8 s by that count)."""
+    data = bytearray(noise(35 * 60, 2000))
+    struct.pack_into("<I", data, 28, 10_000_000)
+    return bytes(data)
 
 
 class TranscriptionTests(WhisperTestCase):
@@ -64,6 +89,8 @@ class TranscriptionTests(WhisperTestCase):
             (audio, {"temperature": "hot"}, None),
             (audio, {"timestamp_granularities[]": "word"}, None),  # json, not verbose_json
             (audio, {"stream": "true"}, "unknown_parameter"),
+            (b"\xff", {}, "invalid_file_format"),  # issue 53 M3: was a 500
+            (lying_wav(), {}, "audio_too_long"),  # issue 53 M2: passed as 0.8 s
         ]
         for data, fields, code in refusals:
             answer = await self.posted("/v1/audio/transcriptions", data, model=WHISPER, **fields)
@@ -108,6 +135,70 @@ class TranscriptionTests(WhisperTestCase):
         status = json.loads(await (await http.get(self.daemon.url + "/engines/status")).text())
         self.assertIn("whisper.cpp", status)
         self.assertIn("llama.cpp", status)
+
+
+class OpenAIShapeTests(WhisperTestCase):
+    """Issue 53 N5, N6: what OpenAI's clients read where they look for it."""
+
+    async def test_text_as_openai_sends_it_with_one_server_field(self) -> None:
+        await self.start_whisper()
+        for response_format in ("text", "json"):
+            answer = await self.posted(
+                "/v1/audio/transcriptions",
+                self.wav.read_bytes(),
+                model=WHISPER,
+                response_format=response_format,
+            )
+            self.assertEqual(answer.status_code, 200, answer.text)
+            self.assertEqual(len(answer.headers.get_list("server")), 1, answer.headers)
+            text = answer.text if response_format == "text" else answer.json()["text"]
+            self.assertEqual(text, text.strip())
+            self.assertTrue(text)
+
+    async def test_word_timestamps_are_top_level(self) -> None:
+        await self.start_whisper()
+        with self.wav.open("rb") as audio:
+            answer = await self.call(
+                self.client.audio.transcriptions.create,
+                model=WHISPER,
+                file=audio,
+                response_format="verbose_json",
+                timestamp_granularities=["word", "segment"],
+            )
+        self.assertTrue(answer.words)
+        for word in answer.words:
+            self.assertEqual(word.word, word.word.strip())
+            self.assertLessEqual(word.start, word.end)
+        self.assertTrue(answer.segments)
+        self.assertEqual(answer.text, answer.text.strip())
+
+
+class LeavingTests(WhisperTestCase):
+    async def test_a_client_that_leaves_stops_the_runners_work(self) -> None:
+        """Issue 53 M2: whisper-server's abort callback watches its connection, which mrunner aborts when
+        the client goes: 25 minutes of audio stop being transcribed within seconds of the client leaving,
+        and the next request is served."""
+        await self.start_whisper()
+        self.assertEqual(
+            (await self.posted("/v1/audio/transcriptions", self.wav.read_bytes(), model=WHISPER)).status_code,
+            200,
+        )
+        long = noise(25 * 60, 4000)
+
+        def leave() -> None:
+            with (
+                httpx.Client(base_url=self.daemon.url, timeout=3) as client,
+                self.assertRaises(httpx.ReadTimeout),
+            ):
+                client.post(
+                    "/v1/audio/transcriptions", files={"file": ("a.wav", long)}, data={"model": WHISPER}
+                )
+
+        await self.call(leave)
+        log = Home(self.home).runner_log(WHISPER, "transcription")
+        await eventually(lambda: "client disconnected, aborted processing" in log.read_text(), 60)
+        again = await self.posted("/v1/audio/transcriptions", self.wav.read_bytes(), model=WHISPER)
+        self.assertEqual(again.status_code, 200, again.text)
 
 
 class WhisperStoreTests(WhisperTestCase):

@@ -4,6 +4,7 @@ and duration, each field's rules, and the form whisper-server is sent."""
 from __future__ import annotations
 
 import io
+import json
 import struct
 import tracemalloc
 import wave
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.api.openai import transcription
+from mrunner.api.openai import transcript, transcription
 from mrunner.api.reading import audio, form
 from mrunner.cli.transcribe import form as cli_form
 from mrunner.errors import BadRequest
@@ -256,3 +257,77 @@ class CheckTests(SynchronousTestCase):
         kept = transcription.recorded(transcription.payload(body, content_type))
         self.assertNotIn(b"RIFF", kept)
         self.assertIn(b'"bytes": 32044', kept)
+
+
+#: whisper-server's verbose JSON for two segments (tokens as its "words", text on lines), trimmed.
+VERBOSE = {
+    "task": "transcribe",
+    "language": "english",
+    "duration": 2.5,
+    "text": " Hello world.\n It's here\n",
+    "segments": [
+        {
+            "id": 0,
+            "text": " Hello world.",
+            "start": 0.0,
+            "end": 1.2,
+            "tokens": [1, 2, 3, 4],
+            "words": [
+                {"word": " Hello", "start": 0.0, "end": 0.4, "t_dtw": -1, "probability": 0.9},
+                {"word": " wor", "start": 0.5, "end": 0.7, "t_dtw": -1, "probability": 0.9},
+                {"word": "ld", "start": 0.7, "end": 1.0, "t_dtw": -1, "probability": 0.9},
+                {"word": ".", "start": 1.0, "end": 1.2, "t_dtw": -1, "probability": 0.9},
+            ],
+        },
+        {
+            "id": 1,
+            "text": " It's here",
+            "start": 1.2,
+            "end": 2.5,
+            "tokens": [5, 6, 7],
+            "words": [
+                {"word": " It", "start": 1.3, "end": 1.5},
+                {"word": "'s", "start": 1.5, "end": 1.6},
+                {"word": " here", "start": 1.7, "end": 2.4},
+            ],
+        },
+    ],
+}
+
+
+class AnswerShapeTests(SynchronousTestCase):
+    """whisper-server's answers in OpenAI's shape (issue 53 N5, N6)."""
+
+    def reshaped(self, response_format: str, granularities: tuple[str, ...] = ()) -> dict:
+        return json.loads(transcript.reshaped(response_format, granularities, json.dumps(VERBOSE).encode()))
+
+    def test_text_has_no_leading_space_or_trailing_newline(self) -> None:
+        self.assertEqual(transcript.reshaped("text", (), b" w22239\n"), b"w22239")
+        self.assertEqual(
+            transcript.reshaped("text", (), b" Hello world.\n It's here\n"), b"Hello world. It's here"
+        )
+        self.assertEqual(transcript.reshaped("json", (), b'{"text":" w22239\\n"}'), b'{"text":"w22239"}')
+
+    def test_words_are_top_level_as_openai_gives_them(self) -> None:
+        answer = self.reshaped("verbose_json", ("word", "segment"))
+        self.assertEqual(
+            answer["words"],
+            [
+                {"word": "Hello", "start": 0.0, "end": 0.4},
+                {"word": "world", "start": 0.5, "end": 1.0},
+                {"word": "It's", "start": 1.3, "end": 1.6},
+                {"word": "here", "start": 1.7, "end": 2.4},
+            ],
+        )
+        self.assertEqual(answer["text"], "Hello world. It's here")
+        self.assertEqual([segment["text"] for segment in answer["segments"]], [" Hello world.", " It's here"])
+        self.assertNotIn("words", answer["segments"][0])
+
+    def test_no_words_unless_asked(self) -> None:
+        answer = self.reshaped("verbose_json", ("segment",))
+        self.assertNotIn("words", answer)
+        self.assertEqual(answer["segments"][1]["tokens"], [5, 6, 7])
+
+    def test_subtitles_pass_as_they_are(self) -> None:
+        srt = b"1\n00:00:00,540 --> 00:00:07,340\n w22249\n\n"
+        self.assertEqual(transcript.reshaped("srt", (), srt), srt)

@@ -4,8 +4,9 @@ C{/engines/whisper.cpp/v1}.
 
 A request takes the gateway's path as every inference does (the key, the record, the queue, the
 budget), with its form checked first (L{transcription}); the runner is sent a form of its own
-making, C{translate} set for a translation, and its answer (JSON, text, SRT or WebVTT) is relayed
-as it comes.
+making, C{translate} set for a translation, and its answer (JSON, text, SRT or WebVTT) is read
+whole and given OpenAI's shape (L{transcript}). A client that leaves aborts the runner's
+connection, and whisper-server's abort callback stops its work at the next step.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from mrunner.api.documented import Documented
 from mrunner.api.door.declared import MAX_AUDIO_BYTES, MAX_AUDIO_FORM
 from mrunner.api.errors import handle_json_errors, openai_shape
 from mrunner.api.manage.openapi import Piece, answer, errors, operation
-from mrunner.api.openai import transcription
+from mrunner.api.openai import transcript, transcription
 from mrunner.api.openai.gateway import Gateway
 from mrunner.errors import BadRequest
+from mrunner.runners.answer import Answer
 from mrunner.runners.forwarder import Forwarder
 from mrunner.values.backend import TRANSCRIPTION, WHISPER
 
@@ -86,7 +88,7 @@ class AudioAPI:
     def translations(self, request: Request, backend: str | None = None) -> Any:
         return self._transcribe(request, backend, translate=True)
 
-    async def _transcribe(self, request: Request, backend: str | None, translate: bool) -> None:
+    async def _transcribe(self, request: Request, backend: str | None, translate: bool) -> bytes:
         content_type = request.getHeader(b"content-type")
         asked = self._gateway.begin(
             request,
@@ -107,12 +109,28 @@ class AudioAPI:
                 code="model_not_whisper",
                 param="model",
             )
-        body, runner_type = asked.checked.runner_form(translate)
-        request.requestHeaders.setRawHeaders(b"content-type", [runner_type])
+        checked = asked.checked
+        body, runner_type = checked.runner_form(translate)
         clock = self._gateway.clock
         async with self._gateway.lease(request, asked) as lease:
             began = clock.seconds()
-            await self._forwarder.forward(request, lease.socket, b"/inference", body, asked.meter)
-        seconds = asked.checked.audio.seconds
-        if request.code == 200 and seconds:
-            self._gateway.metrics.transcribed(asked.model, seconds, clock.seconds() - began)
+            answer_type, said = await self._forwarder.forward(
+                request,
+                lease.socket,
+                b"/inference",
+                body,
+                asked.meter,
+                transform=_whole,
+                content_type=runner_type,
+            )
+        if checked.audio.seconds:
+            self._gateway.metrics.transcribed(asked.model, checked.audio.seconds, clock.seconds() - began)
+        answer = transcript.reshaped(checked.response_format, checked.granularities, said)
+        request.setHeader(b"content-type", answer_type)
+        request.setHeader(b"content-length", b"%d" % len(answer))
+        return answer
+
+
+async def _whole(answer: Answer) -> tuple[bytes, bytes]:
+    """whisper-server's answer, a few kilobytes of text (its content type and body), to reshape whole."""
+    return answer.content_type, await answer.read()

@@ -81,6 +81,32 @@ class AnswerTests(SynchronousTestCase):
             self.post(json_answer(b"400 Bad Request", json.dumps(exceeded).encode())), ContextExceeded
         )
 
+    def test_a_refusal_keeps_the_runners_openai_code_and_param(self) -> None:
+        """whisper-server's 400 for audio it cannot decode names its code and field, as mrunner's own do;
+        llama-server's numeric code is not one."""
+        said = {
+            "message": "not audio",
+            "type": "invalid_request_error",
+            "param": "file",
+            "code": "invalid_file",
+        }
+        whisper = json.dumps({"error": said}).encode()
+        error = self.failureResultOf(self.post(json_answer(b"400 Bad Request", whisper)), RunnerRefused).value
+        self.assertEqual((error.status, error.code, error.param), (400, "invalid_file", "file"))
+        llama = b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}'
+        error = self.failureResultOf(self.post(json_answer(b"400 Bad Request", llama)), RunnerRefused).value
+        self.assertEqual((error.code, error.param), (None, None))
+
+    def test_a_transform_sends_the_content_type_it_is_given(self) -> None:
+        request, _ = client_request()
+        form = b"multipart/form-data; boundary=b"
+        Deferred.fromCoroutine(
+            self.forwarder.forward(
+                request, "/run/r.sock", b"/inference", b"--b--", transform=taken, content_type=form
+            )
+        )
+        self.assertIn(b"Content-Type: " + form + b"\r\n", self.connections.made[-1][1].value())
+
     def test_a_full_cache_is_a_503_to_retry(self) -> None:
         """llama-server's 500 for a KV pool with no room (issue 49) never reaches a client as a 500,
         through a transform or passed through as OpenAI's."""

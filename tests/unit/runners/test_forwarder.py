@@ -112,6 +112,14 @@ class ForwardingTests(SynchronousTestCase):
         data, _ = self.forward(b"HTTP/1.0", CHUNKED_HEAD + CHUNKS[:10], cut=True)
         self.assertEqual(data.partition(b"\r\n\r\n")[2], CHUNKS[3:10] + CUT)
 
+    def test_the_runners_server_and_date_are_not_relayed(self) -> None:
+        """twisted.web writes its own: the runner's made a second Server field (issue 53 N6)."""
+        head = b"HTTP/1.1 200 OK\r\nServer: whisper.cpp\r\nDate: then\r\nContent-Length: 2\r\n\r\n"
+        data, _ = self.forward(b"HTTP/1.1", head + b"{}")
+        self.assertNotIn(b"whisper.cpp", data)
+        self.assertNotIn(b"then", data)
+        self.assertTrue(data.endswith(b"\r\n\r\n{}"))
+
     def test_a_body_not_of_events_cut_short_cuts_the_client_off(self) -> None:
         head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n"
         data, client = self.forward(b"HTTP/1.1", head + b"{}   ", cut=True)
