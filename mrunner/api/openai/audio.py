@@ -53,12 +53,12 @@ FORM = {
 }
 ANSWERS = {
     "200": answer(
-        "the text: JSON ({text}), verbose JSON with segments, plain text, SRT or WebVTT",
+        "the text: JSON ({text}), verbose JSON with segments (and words), plain text, SRT or WebVTT",
         {"application/json": {"schema": {"type": "object"}}, "text/plain": {"schema": {"type": "string"}}},
     ),
     **errors(
         **{
-            "400": "not audio, an empty file, an unknown field or format, or a model that is not Whisper",
+            "400": "not audio, an empty or damaged file, over 30 minutes, an unknown field, or not Whisper",
             "413": f"a form over {MAX_AUDIO_BYTES} bytes of audio",
             "500": "the runner failed to start; the message has the tail of its log",
         }
