@@ -184,6 +184,9 @@ function showRunners(overview) {
     return c ? " · prompt cache: " + plural(c.hits, "hit") + " (" + c.restores + " restored), " +
       plural(c.misses, "miss", "misses") : "";
   };
+  // Fewer slots than [scheduler] parallel asks: the memory budget holds no more whole contexts.
+  const fewer = (runner) => runner.parallel_configured > runner.parallel ?
+    " (of " + runner.parallel_configured + " asked: the memory budget holds no more)" : "";
   for (const runner of overview.runners) {
     used += runner.memory;
     const button = element("button", "Unload", "admin-only");
@@ -192,7 +195,8 @@ function showRunners(overview) {
       runner.model_name,
       runner.mode,
       element("span", runner.state, "state-" + runner.state),
-      runner.in_use + " / " + runner.parallel + queued(runner.model_name) + cached(runner.model_name),
+      runner.in_use + " / " + runner.parallel + fewer(runner) + queued(runner.model_name) +
+        cached(runner.model_name),
       memoryBar(runner, overview.memory_budget),
       countdown(runner, overview.now),
       button,
