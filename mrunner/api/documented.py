@@ -18,6 +18,7 @@ from klein import Klein
 from twisted.web.resource import IResource
 
 from mrunner.api.door.direct import Direct
+from mrunner.api.door.released import released
 from mrunner.api.door.route_group import Piece
 from mrunner.api.errors import ErrorShape
 
@@ -83,6 +84,7 @@ class Documented:
         methods = [methods] if isinstance(methods, str) else list(methods)
 
         def decorate(handler: F) -> F:
+            handler = released(handler)
             for i, path in enumerate(paths):
                 endpoint = f"{handler.__name__}_{i}" if len(paths) > 1 else handler.__name__
                 self.app.route(path, methods=methods, endpoint=endpoint, **rule)(handler)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -82,7 +83,9 @@ class Runner:
         roll: Roll,
         placement: Placement | None = None,
     ):
-        self.request = request
+        # It outlives the request that started it: that request's prompt (which the loader read to
+        # prefer an instance) is not kept for the runner's life.
+        self.request = attrs.evolve(request, conversation=()) if request.conversation else request
         self.process = process
         #: Where the plan put its layers; None on a machine without GPUs.
         self.placement = placement
