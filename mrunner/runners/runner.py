@@ -83,8 +83,7 @@ class Runner:
         roll: Roll,
         placement: Placement | None = None,
     ):
-        # It outlives the request that started it: that request's prompt (which the loader read to
-        # prefer an instance) is not kept for the runner's life.
+        # It outlives the request that started it: not that request's prompt (issue 53 M1).
         self.request = attrs.evolve(request, conversation=()) if request.conversation else request
         self.process = process
         #: Where the plan put its layers; None on a machine without GPUs.
