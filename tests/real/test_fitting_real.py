@@ -64,9 +64,11 @@ class FittingTests(LlamaCppTestCase):
         scenario: str,
         oom_layers: int | None = None,
         config_text: str = "",
-        parallel: int = 2,
+        parallel: int = 1,
         oom_context: int | None = None,
     ) -> None:
+        """The daemon over the fake GPUs' C{scenario}; one slot by default, so that the budgets below
+        are sized for one context of KV cache (each slot holds a whole context: issue 49)."""
         directory = Path(self.mktemp())
         directory.mkdir()
         wrapper = gpu_server.write_wrapper(
