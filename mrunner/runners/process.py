@@ -28,7 +28,7 @@ from zope.interface import implementer
 from mrunner.backends import childprocess
 from mrunner.backends.loadlines import LoadReport
 from mrunner.errors import RunnerFailed
-from mrunner.home import PRIVATE_FILE, Home, write_private
+from mrunner.home import PRIVATE_FILE, Home, log_time, write_private
 from mrunner.interfaces import IRunnerProcess
 from mrunner.values.backend import Command
 
@@ -189,8 +189,11 @@ class RunnerProcess:
             self._on_output()
 
     def _write(self, text: str) -> None:
+        """Each line of C{text} into the log after the time it was written: llama.cpp's own times count
+        from its start, so only these place its lines among the daemon's in C{GET /logs} (issue 53 N11)."""
         if self._output is not None:
-            self._output.write(text + "\n")
+            stamp = log_time(self._reactor.seconds())
+            self._output.write("".join(f"{stamp} {line}\n" for line in text.split("\n")))
             self._output.flush()  # `logs -f` follows it
 
     def _ended(self, exit: childprocess.Exit) -> None:

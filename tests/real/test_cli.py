@@ -153,12 +153,13 @@ class DaemonCommandTests(CLITestCase):
         await self.ok("run", "tiny", "hi")
         out = await self.ok("logs")
         self.assertRegex(out, r"(?m)^\[daemon\] .*stored model sha256:")
-        self.assertRegex(out, r"(?m)^\[ai_tiny_latest-completion\] --- mrunner: .*runner_program\.py")
+        # Issue 53 N11: each runner line after the time it was written, as the daemon's.
+        self.assertRegex(out, r"(?m)^\[ai_tiny_latest-completion\] \S+T\S+ --- mrunner: .*runner_program\.py")
 
         follow = self.spawn("logs", "--follow")
         seen = await follow.shows("[daemon]")
         await self.ok("unload", "--all")
-        await follow.shows("[ai_tiny_latest-completion] --- mrunner: runner ended", seen)
+        await follow.shows("--- mrunner: runner ended", seen)
         assert follow.transport is not None
         follow.transport.signalProcess("INT")
         await follow.ended

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from twisted.internet.defer import succeed
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel, LogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.daemon.logfiles import DaemonLogFile, LogTail
 from mrunner.home import Home, log_time
+from mrunner.runners.process import RunnerOptions, RunnerProcess
+from mrunner.values.backend import Command
 
 #: Seconds since the epoch of the lines below: a daemon's day, its runners' lines among its own.
 T = 1_790_000_000.0
@@ -78,3 +83,54 @@ class MergeTests(SynchronousTestCase):
         ((_, text),) = LogTail(self.dir / "logs").read()
         self.assertTrue(text.startswith(log_time(T + 0.25) + " ["), text)
         self.assertTrue(text.endswith("runner ai/m ready"), text)
+
+
+class Spawned:
+    """A spawned runner: its pid, and the signals it is sent."""
+
+    pid = 4242
+
+    def signalProcess(self, name: str) -> None:
+        pass
+
+
+class ProcessReactor(MemoryReactorClock):
+    """A clock that spawns nothing: the protocol of each spawn is kept, to feed it output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocols: list[Any] = []
+
+    def spawnProcess(self, protocol: Any, executable: str, args: list[str], env: Any, **kw: Any) -> Any:
+        transport = Spawned()
+        protocol.makeConnection(transport)
+        self.protocols.append(protocol)
+        return transport
+
+
+class RunnerLineTests(SynchronousTestCase):
+    def test_each_runner_line_after_the_time_it_was_written(self) -> None:
+        """llama.cpp's own times count from its start: the log's are the wall clock's, as the daemon's."""
+        home = Home(Path(self.mktemp()))
+        home.prepare()
+        reactor = ProcessReactor()
+        reactor.advance(T)
+        log = home.runner_log("ai/m", "completion")
+        options = RunnerOptions(load_timeout=30, stop_grace=5)
+        process = RunnerProcess(
+            reactor,
+            lambda socket: succeed(False),
+            Command("/bin/server", ()),
+            home.socket("r"),
+            log,
+            "m",
+            options,
+        )
+        process.start(lambda: None)
+        reactor.advance(0.5)
+        reactor.protocols[0].childDataReceived(2, b"0.00.012.345 I loading\nlistening\n")
+        lines = log.read_text().splitlines()
+        self.assertTrue(lines[0].startswith(log_time(T) + " --- mrunner: /bin/server"), lines)
+        self.assertEqual(
+            lines[1:], [f"{log_time(T + 0.5)} 0.00.012.345 I loading", f"{log_time(T + 0.5)} listening"]
+        )
