@@ -8,6 +8,7 @@ from pathlib import Path
 
 import attrs
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api.manage.scheduler_json import runner_json
@@ -16,7 +17,7 @@ from mrunner.config import Config, SchedulerConfig
 from mrunner.errors import Unprocessable
 from mrunner.runners.request import LoadRequest
 from mrunner.scheduling.facade import Scheduler
-from mrunner.scheduling.slots import fitted_slots
+from mrunner.scheduling.slots import SlotNotes, fitted_slots
 from mrunner.values import RunnerKey
 from mrunner.values.backend import COMPLETION, RunnerSettings
 from mrunner.values.model import Model
@@ -67,6 +68,21 @@ class FittedSlotsTests(SynchronousTestCase):
         """A runner with fewer slots is not stale: what it was asked is what the settings say."""
         given = fitted_slots(asked(4), estimate, lambda r: r.memory <= 18)
         self.assertEqual(given.asked, RunnerSettings(parallel=4))
+
+
+class SlotNotesTests(SynchronousTestCase):
+    def test_said_once_per_key_and_number(self) -> None:
+        """Every request for a load builds its request again: the log says it once, and again on a change."""
+        notes = SlotNotes()
+        fewer = fitted_slots(asked(4), estimate, partial(under, 18))
+        with capturedLogs() as events:
+            for request in (asked(4), fewer, fewer, fitted_slots(asked(4), estimate, partial(under, 14))):
+                notes(request, 8192)
+        said = [formatEvent(event) for event in events]
+        self.assertEqual(len(said), 2, said)
+        self.assertIn("ai/a:latest gets 2 of the 4 slots asked (8192 tokens each)", said[0])
+        self.assertIn("raise [scheduler] memory_budget", said[0])
+        self.assertIn("gets 1 of the 4", said[1])
 
 
 class PoolTests(SynchronousTestCase):
