@@ -10,8 +10,10 @@ file under it owner-only too.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,3 +138,20 @@ def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+def read_small(path: Path, limit: int) -> bytes:
+    """C{path}'s bytes, for a file of the daemon's own that a hand may have damaged: opened without
+    blocking (a FIFO put there never holds up the start), and only a regular file of at most
+    C{limit} bytes is read.
+
+    @raise OSError: it is missing, cannot be read, is no regular file, or is larger.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"it is larger than {limit} bytes")
+    return data

@@ -3,23 +3,28 @@
 The plan weighs what an eviction costs by it (L{patience.eviction_order}): a
 model that took a minute to load is the last idle one to go. A small JSON
 file under C{$MRUNNER_HOME}, written whole (to a new file, then renamed) on
-each load; a damaged or missing one is started afresh.
+each load; a missing one is started afresh, and so is a damaged one, with a line
+in the log: one nested past Python's limit, no regular file (a FIFO would block
+the start), or larger than any the daemon writes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 from twisted.logger import Logger
 
-from mrunner.home import write_private
+from mrunner.home import read_small, write_private
 
 #: The weight of the newest measurement in the running mean: a load from a cold disk is not the rule.
 NEWEST = 0.5
 #: Models remembered at most; the least recently loaded are forgotten first.
 MAX_MODELS = 256
+#: The largest file read: MAX_MODELS digests and their seconds take some 25 KiB.
+MAX_BYTES = 2**20
 
 
 class LoadTimes:
@@ -29,7 +34,7 @@ class LoadTimes:
 
     def __init__(self, path: Path | None = None):
         self._path = path
-        self._seconds: dict[str, float] = _read(path) if path is not None else {}
+        self._seconds: dict[str, float] = self._read(path) if path is not None else {}
 
     def get(self, digest: str) -> float | None:
         return self._seconds.get(digest)
@@ -49,13 +54,29 @@ class LoadTimes:
         except OSError as e:
             self.log.warn("could not keep load times in {path}: {why}", path=self._path, why=e.strerror)
 
+    def _read(self, path: Path) -> dict[str, float]:
+        """The file's times, the last L{MAX_MODELS} of them (the most recently loaded); none if it is
+        missing or damaged."""
+        try:
+            data = json.loads(read_small(path, MAX_BYTES))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested past the limit
+            why = e.strerror if isinstance(e, OSError) else "it is nested too deeply or not JSON"
+            self.log.warn("load times in {path} not read ({why}): they start afresh", path=path, why=why)
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        times = [(str(k), _seconds(v)) for k, v in data.items()]
+        return dict([(k, v) for k, v in times if v is not None][-MAX_MODELS:])
 
-def _read(path: Path) -> dict[str, float]:
+
+def _seconds(value: object) -> float | None:
+    """C{value} as seconds a load took: a finite number, not below zero."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    numbers = {k: v for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    return {str(k): float(v) for k, v in numbers.items() if v >= 0}
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if 0 <= seconds < math.inf else None

@@ -3,6 +3,9 @@ the wait is bounded by a timer, and load times are kept across restarts."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -12,7 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.api.manage.scheduler_json import with_queue
 from mrunner.scheduling.lease import Lease
-from mrunner.scheduling.load_times import LoadTimes
+from mrunner.scheduling.load_times import MAX_BYTES, MAX_MODELS, LoadTimes
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.patience import FIFO, LOADED, Rules
 from mrunner.scheduling.policy import Limits, State
@@ -86,11 +89,39 @@ class LoadTimesTests(SynchronousTestCase):
         self.assertEqual(Path(path).stat().st_mode & 0o777, 0o600)
 
     def test_a_damaged_file_starts_afresh(self) -> None:
-
         path = Path(self.mktemp())
-        for text in ("{not json", '["a"]', '{"sha256:a": "x", "sha256:b": true, "sha256:c": -1}'):
+        deep = ["[" * 100_000, '{"a":' * 100_000]  # nested past Python's limit (issue 53 L3)
+        huge = '{"sha256:a": 1e400, "sha256:b": 1%s}' % ("0" * 400)
+        wrong = '{"sha256:a": "x", "sha256:b": true, "sha256:c": -1}'
+        for text in ("{not json", '["a"]', wrong, huge, *deep):
             path.write_text(text)
-            self.assertEqual(LoadTimes(path).get("sha256:a"), None, text)
+            self.assertEqual(LoadTimes(path).get("sha256:a"), None, text[:20])
+        path.write_text('{"sha256:a": 1, "pad": "%s"}' % ("x" * MAX_BYTES))
+        self.assertEqual(LoadTimes(path).get("sha256:a"), None, "larger than any the daemon writes")
+
+    def test_no_regular_file_starts_afresh_at_once(self) -> None:
+        """A directory, or a FIFO no one writes to, which blocked the start in open() (issue 53 L3)."""
+        directory, fifo = Path(self.mktemp()), Path(self.mktemp())
+        directory.mkdir()
+        os.mkfifo(fifo)
+        signal.signal(signal.SIGALRM, _too_long)
+        self.addCleanup(signal.signal, signal.SIGALRM, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_REAL, 5)
+        self.addCleanup(signal.setitimer, signal.ITIMER_REAL, 0)
+        for path in (directory, fifo):
+            self.assertEqual(LoadTimes(path).get("sha256:a"), None, path)
+
+    def test_a_long_file_keeps_the_most_recent_in_linear_time(self) -> None:
+        """Its last MAX_MODELS entries, read once: a first load no longer trims 300,000 one by one."""
+        path = Path(self.mktemp())
+        path.write_text(json.dumps({f"sha256:{n}": n for n in range(5000)}))
+        times = LoadTimes(path)
+        self.assertEqual(len(times._seconds), MAX_MODELS)
+        self.assertEqual((times.get("sha256:4999"), times.get(f"sha256:{4999 - MAX_MODELS}")), (4999, None))
+
+
+def _too_long(*args: object) -> None:
+    raise AssertionError("reading the load times blocked")
 
 
 class QueueShownTests(SynchronousTestCase):
