@@ -37,10 +37,14 @@ system-deps:
 
 # The daemon reads $MRUNNER_HOME/tap.conf when there is one (not the checkout's ./tap.conf, the
 # documented defaults); `mrunner wait --pid` waits for the address that very daemon listens at.
+# Ctrl-C reaches the daemon itself (it hears SIGINT though started with `&`, and its runners are in
+# sessions of their own): the shell waits while it saves its runners' states. A SIGTERM (`kill` of
+# make) is passed on to it, once.
 run: backend
 	@conf="$${MRUNNER_HOME:-$$HOME/.mrunner}/tap.conf"; [ -f "$$conf" ] && set -- --config "$$conf"; \
 	$(VENV)/bin/twistd -n --pidfile= mrunner "$$@" & daemon=$$!; \
-	trap 'kill $$daemon 2>/dev/null' INT TERM EXIT; \
+	trap 'wait $$daemon; exit 130' INT; trap 'kill $$daemon 2>/dev/null; wait $$daemon; exit 143' TERM; \
+	trap 'kill $$daemon 2>/dev/null' EXIT; \
 	url=$$($(VENV)/bin/mrunner wait --pid $$daemon) && export MRUNNER_HOST="$$url" && \
 	{ $(VENV)/bin/mrunner inspect ai/smollm2 >/dev/null 2>&1 || \
 	  $(VENV)/bin/mrunner package --gguf "$(SMOLLM2)" ai/smollm2; } && \

@@ -45,7 +45,7 @@ from mrunner.daemon.logfiles import DaemonLogFile
 from mrunner.daemon.metrics import Metrics
 from mrunner.daemon.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.daemon.router_signals import RouterSignals
-from mrunner.daemon.startup import HomeLock, Listener, StartupError, check_listen, one_line_errors
+from mrunner.daemon.startup import HomeLock, Listener, StartupError, check_listen, daemon_process
 from mrunner.devices.inventory import Devices, used_by_runners
 from mrunner.devices.metrics import DeviceCollector
 from mrunner.devices.nvml import Nvml
@@ -92,7 +92,7 @@ class Options(usage.Options):
         twistd's default C{--pidfile} (C{twistd.pid} in the current folder) is dropped: the
         home's lock already names the daemon's pid, and says so to a second daemon.
         """
-        one_line_errors()
+        daemon_process()
         server = getattr(self, "parent", None)
         if server is not None and server.get("pidfile") == TWISTD_PIDFILE:
             server["pidfile"] = ""
@@ -387,7 +387,7 @@ def make_service(
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
-    one_line_errors()
+    daemon_process()
     # What the daemon and its runners create under the home is their owner's alone, as twistd makes it
     # when it daemonizes; twistd --umask, applied after this, still decides.
     os.umask(PRIVATE_UMASK)

@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 #: How long a child may take to exit after SIGTERM before it gets SIGKILL.
 KILL_GRACE = 5.0
 SETPRIV = shutil.which("setpriv")
+SETSID = shutil.which("setsid")
 #: What a child's output pipe holds while it is read now and then (Linux's default limit for a pipe).
 PIPE_BYTES = 1 << 20
 READ_BYTES = 1 << 16
@@ -239,6 +240,7 @@ def spawn(
     on_lines: Callable[[list[str]], object] | None = None,
     keep: int = 40,
     die_with_parent: bool = False,
+    own_session: bool = False,
 ) -> Child:
     """Start C{argv}; a program name without a slash is looked up on C{PATH}.
 
@@ -248,11 +250,19 @@ def spawn(
     writes some nine lines per request); the last C{keep} lines are kept
     for the L{Exit}. With C{die_with_parent}, C{setpriv --pdeathsig KILL}
     makes the kernel kill the child when the daemon dies, even by SIGKILL.
+    With C{own_session}, C{setsid} starts it in a session of its own: a
+    terminal's Ctrl-C (or a C{kill} of the daemon's process group) reaches
+    the daemon only, which then stops the child in its own time (a runner
+    saves its slots first). Twisted's C{spawnProcess} has no C{preexec_fn};
+    each of these util-linux programs changes its own process and execs the
+    next, so the pid is still the child's.
     """
     argv = tuple(argv)
     collector = _Collector(argv, on_line, on_lines, keep)
     if die_with_parent and SETPRIV is not None:
         argv = (SETPRIV, "--pdeathsig", "KILL", "--", *argv)
+    if own_session and SETSID is not None:  # not a group leader, so setsid(1) execs without a fork
+        argv = (SETSID, "--", *argv)
     transport = reactor.spawnProcess(collector, argv[0], argv, env=None if env is None else dict(env))
     return Child(reactor, collector, transport)
 

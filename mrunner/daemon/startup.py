@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import sys
 from collections.abc import Callable
 from types import TracebackType
@@ -137,3 +138,22 @@ def one_line_errors() -> None:
 
     excepthook.one_line = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook
+
+
+def heed_interrupt() -> None:
+    """Let SIGINT stop the daemon even when it was started with SIGINT ignored.
+
+    A shell without job control starts a background job with SIGINT ignored
+    (``make run &`` in a script, and the ``twistd ... &`` inside ``make run``
+    itself); Python keeps that, and the reactor puts its handler only over
+    Python's default one, so a ``kill -INT`` or a Ctrl-C did nothing to the
+    daemon while its runners died (issue 53 N3). Before the reactor runs.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def daemon_process() -> None:
+    """What twistd's process needs before it builds the service: L{one_line_errors}, L{heed_interrupt}."""
+    one_line_errors()
+    heed_interrupt()

@@ -7,7 +7,9 @@ that it wrote (it may just have become ready) and that it C{ended}. The tail
 of its output goes into the error of a failed start, and all of it into a
 log that rotates by size. C{setpriv
 --pdeathsig KILL} makes the kernel kill it if the daemon dies, even by
-SIGKILL; it gets a minimal environment, not the daemon's.
+SIGKILL; C{setsid} keeps it out of the terminal's process group, so a Ctrl-C
+stops the daemon, which saves the runner's slots before it stops the runner
+(issue 53 N2). It gets a minimal environment, not the daemon's.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class RunnerProcess:
                 on_lines=self._lines,
                 keep=TAIL_LINES,
                 die_with_parent=True,
+                own_session=True,
             )
         except BaseException:
             self._output.close()  # the loader reports the error

@@ -221,15 +221,29 @@ class TwistdTests(TestCase):
             await response.content()
         return home, config, process, client
 
-    async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
-        home, _, process, client = await self.start()
+    async def runner(self, home: Path, client: Any) -> int:
+        """The pid of the runner a chat starts."""
         response = await client.post("http://d/v1/chat/completions", json={"model": MODEL, "messages": HI})
         self.assertEqual(response.code, 200)
         await response.content()
         (runner_pid,) = map(int, lines(home / "starts"))
         self.assertTrue(alive(runner_pid))
+        return runner_pid
+
+    async def test_sigkill_of_the_daemon_takes_its_runners(self) -> None:
+        home, _, process, client = await self.start()
+        runner_pid = await self.runner(home, client)
         os.kill(process.pid, signal.SIGKILL)
         await eventually(lambda: not alive(runner_pid), 1, what=lambda: "the runner to die with its daemon")
+
+    async def test_runners_are_out_of_the_terminals_reach(self) -> None:
+        """Each runner leads a session and process group of its own: a Ctrl-C (SIGINT to the terminal's
+        foreground group) reaches the daemon only, which saves the runner's slots before it stops it
+        (issue 53 N2; tests/real/test_terminal.py presses it)."""
+        home, _, process, client = await self.start()
+        runner_pid = await self.runner(home, client)
+        self.assertEqual((os.getsid(runner_pid), os.getpgid(runner_pid)), (runner_pid, runner_pid))
+        self.assertNotEqual(os.getsid(runner_pid), os.getsid(process.pid))
 
     async def test_sighup_reloads_pins_and_preloads(self) -> None:
         _, config, process, client = await self.start()

@@ -8,13 +8,15 @@ import os
 from typing import Any
 
 import anthropic
+from openai import OpenAI
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.utils import getProcessOutputAndValue
 
 from tests.support.cli_cases import MRUNNER
-from tests.support.daemon import InProcessDaemon, eventually, http
-from tests.support.llamacpp_cases import TINY, LlamaCppTestCase, smollm2
+from tests.support.daemon import InProcessDaemon, eventually, free_port, http, short_home
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase, cached_llama_server, smollm2
+from tests.support.terminal import MakeRun, make_run
 
 MODEL = "ai/smollm2"
 #: About 1,300 tokens: long enough to be saved, short enough to read on a shared 2-core machine.
@@ -89,6 +91,45 @@ class PromptCacheTests(LlamaCppTestCase):
         self.addCleanup(lambda: ensureDeferred(self.daemon.stop()))
         self.client = self.client.with_options(base_url=self.daemon.url + "/engines/v1")
         await self.next_turn_is_cached(first, messages)
+
+    async def make_run(self, terminal: bool = True) -> MakeRun:
+        """``make run`` on this test's home (its tap.conf saves states of 64 tokens and more)."""
+        if not hasattr(self, "home"):
+            cached_llama_server()
+            self.home, self.port = short_home(self), free_port()
+            (self.home / "tap.conf").write_text("[cache]\nmin_tokens = 64\n")
+        run = await make_run(self, self.home, self.port, terminal)
+        self.daemon = run  # type: ignore[assignment]  # what the checks read of a daemon: its url
+        self.client = OpenAI(base_url=self.daemon.url + "/engines/v1", api_key="unused", max_retries=0)
+        return run
+
+    def saved_by_the_daemons_stop(self, run: MakeRun, signal: str) -> None:
+        """The daemon heard C{signal} and stopped its runner after it saved its slots, not the other way."""
+        self.assertIn(f"Received {signal}, shutting down.", run.text())
+        self.assertNotIn("were not all saved", run.text())
+        self.assertNotIn("cannot be reached", run.text())
+        self.assertEqual(len(list((self.home / "cache").glob("*.bin"))), 1, run.tail())
+
+    async def test_next_turn_after_ctrl_c_of_make_run(self) -> None:
+        """``make run`` in a terminal, a turn, Ctrl-C: the SIGINT reaches the daemon, not its runner (in
+        a session of its own), so the daemon's stop saves the runner's slots first; after ``make run``
+        again, the next turn restores them (issue 53 N2)."""
+        run = await self.make_run()
+        messages = opening("marbles")
+        first = await self.ask(messages)
+        await run.ctrl_c()
+        self.saved_by_the_daemons_stop(run, "SIGINT")
+        run = await self.make_run()
+        await self.next_turn_is_cached(first, messages)
+        await run.ctrl_c()
+
+    async def test_sigint_to_a_backgrounded_make_run(self) -> None:
+        """A script's ``make run &`` starts with SIGINT ignored; ``kill -INT`` of its process group stops
+        the daemon all the same, which saves its runner's slots first (issue 53 N3)."""
+        run = await self.make_run(terminal=False)
+        await self.ask(opening("marbles"))
+        await run.interrupt_group()
+        self.saved_by_the_daemons_stop(run, "SIGINT")
 
     async def test_next_turn_after_the_keep_alive_ran_out(self) -> None:
         await self.start('[cache]\nmin_tokens = 64\n[models."ai/smollm2"]\nkeep_alive = "1s"\n')

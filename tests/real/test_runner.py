@@ -16,7 +16,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from mrunner.backends.childprocess import SETPRIV
+from mrunner.backends.childprocess import SETPRIV, SETSID
 from mrunner.errors import RunnerFailed
 from mrunner.home import Home
 from mrunner.interfaces import IRunnerProcess
@@ -151,8 +151,9 @@ class RunnerProcessTests(SynchronousTestCase):
         transport = self.start()
         _, executable, args, env = self.reactor.spawned[0]
         self.assertEqual(executable, args[0])
+        own_session = [SETSID, "--"] if SETSID else []
         death_signal = [SETPRIV, "--pdeathsig", "KILL", "--"] if SETPRIV else []
-        self.assertEqual(list(args), [*death_signal, "/opt/llama-server", "--port", "0"])
+        self.assertEqual(list(args), [*own_session, *death_signal, "/opt/llama-server", "--port", "0"])
         self.assertEqual(env, {"PATH": "/usr/bin", "HOME": "/home/u", "LC_ALL": "C", "EXTRA": "1"})
         pid_file = Home.pid_file(self.socket)
         self.assertEqual(pid_file.read_text(), str(transport.pid))

@@ -2,6 +2,7 @@
 
 import io
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner import config
-from mrunner.daemon.startup import HomeLock, StartupError
+from mrunner.daemon.startup import HomeLock, StartupError, heed_interrupt
 from mrunner.tap import Options, make_service, makeService
 from mrunner.values import InstallStatus
 
@@ -263,3 +264,15 @@ class StartupTests(SynchronousTestCase):
         message = str(error)
         self.assertIn(f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use", message)
         self.assertNotIn("\n", message)
+
+    def test_sigint_stops_a_daemon_started_with_it_ignored(self) -> None:
+        """A background job of a shell without job control starts with SIGINT ignored (issue 53 N3):
+        the daemon puts Python's handler back, over which the reactor installs its own at run."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
+        heed_interrupt()
+        self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+        handler = lambda number, frame: None  # noqa: E731  # one set on purpose (pdb's, say) is left
+        signal.signal(signal.SIGINT, handler)
+        heed_interrupt()
+        self.assertIs(signal.getsignal(signal.SIGINT), handler)
