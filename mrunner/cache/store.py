@@ -6,7 +6,8 @@ C{NAME.json} written (to a temporary name, then renamed), so a file cut short by
 a stop, a crash or a full disk is never found: a C{.part}, or a C{.bin} without
 its entry, is removed when the store is opened. The entry says the KV layout the
 state needs (L{layout}), the key that made it (its SHA-256; None without keys)
-and the model file; the tokens are read from the state file's head. Least
+and the model file, and a fingerprint of the state file (L{fingerprint}), checked
+before it is restored; the tokens are read from the state file's head. Least
 recently used states go first when the disk budget is passed, and a state older
 than the maximum age goes in any case.
 """
@@ -25,7 +26,7 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
-from mrunner.cache.statefile import CorruptState, read_tokens
+from mrunner.cache.statefile import CorruptState, fingerprint, read_tokens
 
 PART, STATE, ENTRY = ".part", ".bin", ".json"
 
@@ -43,6 +44,8 @@ class Saved:
     used: float
     #: The model's name as its runner served it (C{--alias}).
     alias: str = ""
+    #: The state file's L{fingerprint} when it was saved.
+    fingerprint: str = ""
 
     @property
     def n_tokens(self) -> int:
@@ -55,6 +58,7 @@ class Saved:
             "model": self.model,
             "size": self.size,
             "alias": self.alias,
+            "fingerprint": self.fingerprint,
         }
 
 
@@ -90,8 +94,11 @@ class CacheStore:
     def open(self) -> None:
         """Create the folder (the owner's alone), read the entries, drop what is half-written."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for path in self.folder.iterdir():
-            if path.suffix == PART or (path.suffix in (STATE, ENTRY) and path.stem not in self.states):
+        for found in os.scandir(self.folder):
+            path = Path(found.path)
+            if found.is_dir(follow_symlinks=False):
+                self.log.warn("prompt cache: {path} is a folder, not a saved state: left alone", path=path)
+            elif path.suffix == PART or (path.suffix in (STATE, ENTRY) and path.stem not in self.states):
                 self._read(path.stem)
         self.sweep()
 
@@ -104,8 +111,9 @@ class CacheStore:
                 raise CorruptState(f"{name}: {size} bytes, its entry says {entry['size']}")
             used = state.stat().st_mtime
             tokens = read_tokens(state)
-            layout, owner, model = entry["layout"], entry["owner"], entry["model"]
-            self.states[name] = Saved(name, layout, owner, model, tokens, size, used, entry.get("alias", ""))
+            layout, owner, model, mark = entry["layout"], entry["owner"], entry["model"], entry["fingerprint"]
+            alias = entry.get("alias", "")
+            self.states[name] = Saved(name, layout, owner, model, tokens, size, used, alias, mark)
         except (OSError, ValueError, KeyError, TypeError, CorruptState) as e:
             self.log.info("prompt cache: removed {name}, half-written or damaged: {why}", name=name, why=e)
             self._unlink(name)
@@ -137,7 +145,7 @@ class CacheStore:
             if len(tokens) // 4 < self.min_tokens:
                 raise SaveRefused(f"{len(tokens) // 4} tokens, fewer than {self.min_tokens}")
             size = written.stat().st_size
-            saved = Saved(name, layout, owner, model, tokens, size, self._now(), alias)
+            saved = Saved(name, layout, owner, model, tokens, size, self._now(), alias, fingerprint(written))
             _write_atomically(self._path(name, ENTRY), json.dumps(saved.entry()).encode())
             os.replace(written, self._path(name, STATE))
         except (OSError, CorruptState) as e:
@@ -172,6 +180,18 @@ class CacheStore:
             if found is None or saved.n_tokens > found.n_tokens:
                 found = saved
         return found
+
+    def intact(self, saved: Saved) -> bool:
+        """Whether C{saved}'s file is the one saved (its fingerprint), to be restored; else it is removed."""
+        try:
+            if fingerprint(self._path(saved.name, STATE)) == saved.fingerprint:
+                return True
+            why = "its file is not the one saved"
+        except OSError as e:
+            why = str(e)
+        self.log.warn("prompt cache: removed {name}, not restored: {why}", name=saved.name, why=why)
+        self.remove(saved)
+        return False
 
     def used(self, saved: Saved) -> None:
         """C{saved} was restored: it is the most recently used (the state file's time says so on disk)."""
@@ -242,7 +262,10 @@ class CacheStore:
 
     def _unlink(self, name: str) -> None:
         for suffix in (PART, STATE, ENTRY, ENTRY + PART):
-            self._path(name, suffix).unlink(missing_ok=True)
+            try:
+                self._path(name, suffix).unlink(missing_ok=True)
+            except OSError as e:  # a folder of that name, say: no reason not to start
+                self.log.warn("prompt cache: {name} not removed: {why}", name=name + suffix, why=e)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

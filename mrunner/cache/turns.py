@@ -310,7 +310,7 @@ class PromptCache:
             self._count(live, misses=1)
             return False
         saved = self.store.best(live.layout, owner, tokens)
-        if saved is None:
+        if saved is None or not self.store.intact(saved):
             self._count(live, misses=1)
             return False
         try:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import struct
 from pathlib import Path
 
 from twisted.trial.unittest import TestCase
 
 from mrunner.cache import store as store_module
-from mrunner.cache.statefile import CorruptState, read_tokens, token_bytes
+from mrunner.cache.statefile import MAGIC, VERSION, CorruptState, read_tokens, token_bytes
 from mrunner.cache.store import CacheStore, SaveRefused
 from tests.support.statefiles import state_bytes, write_state
 
@@ -51,6 +53,20 @@ class StateFileTests(TestCase):
         path = Path(self.mktemp())
         path.write_bytes(b"XXXX" + state_bytes([1, 2])[4:])
         self.assertRaises(CorruptState, read_tokens, path)
+
+    def test_a_sparse_files_head_claiming_more_than_any_state_is_not_read(self) -> None:
+        """1 GiB of holes whose head claims 2^27 words: 512 MiB were read at start (issue 53 L4)."""
+        path = Path(self.mktemp())
+        path.write_bytes(struct.pack("<III", MAGIC, VERSION, 1 << 27))
+        os.truncate(path, 1 << 30)
+        self.assertRaises(CorruptState, read_tokens, path)
+
+    def test_no_regular_file_is_read(self) -> None:
+        fifo, link = Path(self.mktemp()), Path(self.mktemp())
+        os.mkfifo(fifo)  # opened without blocking, then refused
+        link.symlink_to(write_state(Path(self.mktemp()), [1, 2]))
+        for path in (fifo, link):
+            self.assertRaises(OSError, read_tokens, path)
 
 
 class PrefixTests(StoreTestCase):
@@ -98,6 +114,27 @@ class WholeFileTests(StoreTestCase):
         state.write_bytes(state.read_bytes()[:-10])
         self.assertEqual(self.new_store().states, {})
         self.assertEqual(list(self.folder.iterdir()), [])
+
+    def test_a_folder_named_as_a_state_is_left_alone(self) -> None:
+        """A directory C{x.bin} stopped the start ("Is a directory"); with an entry beside it too."""
+        name = self.save(list(range(20)))
+        (self.folder / "x.bin").mkdir()
+        (self.folder / (name + ".bin")).unlink()
+        (self.folder / (name + ".bin")).mkdir()
+        self.assertEqual(self.new_store().states, {})
+        self.assertEqual(sorted(p.name for p in self.folder.iterdir()), sorted([name + ".bin", "x.bin"]))
+
+    def test_another_file_in_a_states_place_is_not_restored(self) -> None:
+        """Another model's state of the same shape under an entry was restored (issue 53 L4)."""
+        name = self.save(list(range(20)))
+        other = self.folder / (name + ".bin")
+        other.write_bytes(state_bytes(list(range(20)), state=b"\x02" * 64))
+        store = self.new_store()
+        self.assertFalse(store.intact(store.states[name]))
+        self.assertEqual((store.states, list(self.folder.iterdir())), ({}, []))
+        name = self.save(list(range(20)), store=store)
+        self.assertTrue(store.intact(store.states[name]))
+        self.assertTrue(self.new_store().intact(self.new_store().states[name]), "read again at open")
 
     def test_half_written_files_are_removed_at_open(self) -> None:
         write_state(self.folder / "abc.part", list(range(20)))

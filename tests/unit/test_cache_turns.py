@@ -217,6 +217,14 @@ class RestoreTests(TurnTestCase):
         self.assertIn("id_slot", sent)
         self.assertEqual(self.cache.counts.misses, 1)
 
+    async def test_a_state_whose_file_was_replaced_is_not_restored(self) -> None:
+        self.saved_state(list(range(50)))
+        [saved] = self.store.states.values()
+        write_state(self.folder / self.store.state_name(saved), list(range(50)), state=b"\x02" * 64)
+        self.calls.prompt = [*range(50), 7]
+        await self.turn(chat("a"))
+        self.assertEqual((self.calls.restores, self.store.states, self.told), ([], {}, ["none"]))
+
     async def test_another_keys_state_is_not_restored(self) -> None:
         self.saved_state(list(range(50)), owner="alice")
         self.calls.prompt = [*range(50), 7]
