@@ -11,9 +11,11 @@ what to do.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 from twisted.logger import Logger
@@ -23,6 +25,7 @@ from mrunner.home import private_file
 
 #: The columns of the table, in order: a table with others is another program's.
 FIELDS = ("day", "key", "model", "requests", "prompt_tokens", "completion_tokens", "errors", "seconds")
+
 _SCHEMA = """
 CREATE TABLE usage (
     day TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL,
@@ -102,18 +105,32 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _check_schema(db: sqlite3.Connection) -> None:
-    """Create the table in an empty file; refuse a file whose tables are not exactly mrunner's."""
-    tables = [
-        name
-        for (name,) in db.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")
-        if not name.startswith("sqlite_")  # SQLite's own
-    ]
-    if not tables:
+    """Create the table in an empty file; refuse a file whose schema is not exactly mrunner's: its one
+    table, whose columns, types, NOT NULLs and primary key are those of L{_SCHEMA} (the daemon's
+    upserts fail, every one, without that key), and nothing else (an index, a view, or a trigger,
+    which could abort every write)."""
+    found = list(db.execute("SELECT type, name FROM sqlite_schema"))
+    if not found:
         db.execute(_SCHEMA)
         return
-    columns = tuple(row[1] for row in db.execute("PRAGMA table_info(usage)"))
-    if tables != ["usage"] or columns != FIELDS:
-        raise _Damaged(f"another schema: tables {', '.join(sorted(tables))[:200]}")
+    if found != [("table", "usage")]:
+        listed = ", ".join(sorted(f"{kind} {name}" for kind, name in found))[:200]
+        raise _Damaged(f"another schema: {listed}")
+    if _columns(db) != _made():
+        raise _Damaged("another schema: the usage table's columns, types or primary key differ")
+
+
+def _columns(db: sqlite3.Connection) -> list[tuple[object, ...]]:
+    """The usage table's columns as C{PRAGMA table_info} tells them, its primary key among them."""
+    return list(db.execute("PRAGMA table_info(usage)"))
+
+
+@functools.cache
+def _made() -> list[tuple[object, ...]]:
+    """The columns of mrunner's table as SQLite makes it (L{_SCHEMA}): what a file's are compared with."""
+    with closing(sqlite3.connect(":memory:")) as db:
+        db.execute(_SCHEMA)
+        return _columns(db)
 
 
 def _failure(path: Path, error: Exception) -> UsageFileError:

@@ -224,6 +224,14 @@ class WaitingRowsTests(BookTestCase):
         self.assertIn("1 usage rows could not be written", said(events))
 
 
+#: mrunner's columns, as another program could declare them.
+COLUMNS = (
+    "day TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,"
+    " prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, errors INTEGER NOT NULL,"
+    " seconds REAL NOT NULL"
+)
+
+
 class DamagedFileTests(BookTestCase):
     """A6: what is at usage.sqlite and is not mrunner's usage file is moved aside, and a fresh one started."""
 
@@ -265,6 +273,26 @@ class DamagedFileTests(BookTestCase):
         self.assertIn("another schema", log)
         with closing(sqlite3.connect(aside)) as db:
             self.assertEqual(db.execute("SELECT * FROM usage").fetchall(), [("2026-01-01", 5)])
+
+    def assert_refused(self, *statements: str) -> None:
+        """A file made by C{statements} is moved aside as another schema's."""
+
+        def other(path: Path) -> None:
+            with closing(sqlite3.connect(path)) as db:
+                for statement in statements:
+                    db.execute(statement)
+
+        self.assertIn("another schema", self.opened_after(other)[1])
+
+    def test_mrunners_columns_without_its_primary_key(self) -> None:
+        """Accepted before (issue 53 L5): every write then failed, and the usage was lost at restart."""
+        self.assert_refused(f"CREATE TABLE usage ({COLUMNS})")
+
+    def test_mrunners_table_with_a_trigger(self) -> None:
+        self.assert_refused(
+            f"CREATE TABLE usage ({COLUMNS}, PRIMARY KEY (day, key, model)) WITHOUT ROWID",
+            "CREATE TRIGGER no BEFORE INSERT ON usage BEGIN SELECT RAISE(ABORT, 'no'); END",
+        )
 
     def test_another_programs_database(self) -> None:
         def other(path: Path) -> None:
