@@ -69,6 +69,17 @@ static int count(Stream *s, const char *data, size_t len, const char *needle) {
     return found;
 }
 
+/* The stream's last 15 bytes, across reads. */
+static void keep_tail(Stream *s, const char *data, size_t len) {
+    char joined[15 + 15];
+    size_t head = len < 15 ? len : 15;
+    memcpy(joined, s->tail, s->tail_len);
+    memcpy(joined + s->tail_len, data + len - head, head);
+    size_t total = s->tail_len + head;
+    s->tail_len = total < 15 ? total : 15;
+    memcpy(s->tail, joined + total - s->tail_len, s->tail_len);
+}
+
 int main(int argc, char **argv) {
     if (argc != 6) {
         fprintf(stderr, "usage: %s TARGET STREAMS RAMP_S WINDOW_S REQUEST_FILE\n", argv[0]);
@@ -157,10 +168,11 @@ int main(int argc, char **argv) {
                 if (seen && s->last == 0) first_seen++;
                 if (seen) s->last = t;
                 if (count(s, buffer, got, "data: [DONE]")) s->done = 1;
-                s->tail_len = got < 15 ? got : 15;
-                memcpy(s->tail, buffer + got - s->tail_len, s->tail_len);
-                /* The body's end, "0\r\n\r\n", closes a stream that said [DONE]. */
-                if (s->done && (got < 5 || memcmp(buffer + got - 5, "0\r\n\r\n", 5) != 0)) continue;
+                keep_tail(s, buffer, got);
+                /* The body's end, "0\r\n\r\n", closes a stream that said [DONE], in whatever reads it came
+                 * (llama-server writes "0\r\n" and "\r\n" apart): read as curl and httpx read it. */
+                if (s->done && (s->tail_len < 5 || memcmp(s->tail + s->tail_len - 5, "0\r\n\r\n", 5) != 0))
+                    continue;
             }
             if (got > 0 && !s->done) continue;
             if (got < 0 && errno == EAGAIN) continue;

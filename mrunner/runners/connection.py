@@ -55,6 +55,7 @@ class RunnerConnection(Protocol):
         self._rest = b""  # body bytes that came with the head, before the relay began
         self._remaining = 0  # of a Content-Length body
         self._chunks: ChunkedEnd | None = None
+        self._held = b""  # the body's bytes not passed on yet (L{ChunkedEnd.held})
         self._payload: list[bytes] | None = None  # de-chunked pieces, when the body wants no framing
         self._body: BodyReceiver | None = None
         self._lost = False
@@ -79,6 +80,7 @@ class RunnerConnection(Protocol):
     def relay(self, body: BodyReceiver, framed: bool) -> None:
         """Hand the body to C{body}: with its chunk framing when C{framed}, else as bare data."""
         self._body = body
+        self._held = b""
         self._chunks = ChunkedEnd() if self._framing == CHUNKED else None
         self._payload = None if framed or self._chunks is None else []
         rest, self._rest = self._rest, b""
@@ -96,8 +98,9 @@ class RunnerConnection(Protocol):
 
     @property
     def chunks(self) -> ChunkedEnd | None:
-        """Where a chunked body relayed with its framing ends, read as it goes (L{ChunkedEnd})."""
-        return self._chunks if self._payload is None else None
+        """Where a chunked body relayed with its framing ends, read as it goes (L{ChunkedEnd}); None
+        also while some of its bytes are held back, which must go out before any that follow."""
+        return self._chunks if self._payload is None and not self._held else None
 
     def ended_elsewhere(self, extra: bytes) -> None:
         """The body's bytes were moved past this protocol (L{mrunner.runners.fastrelay}) to its end;
@@ -121,12 +124,18 @@ class RunnerConnection(Protocol):
         if body is not None:
             if self._chunks is not None:
                 payload = self._payload
-                end = self._chunks.feed(data, payload)
+                chunks = self._chunks
+                end = chunks.feed(data, payload)
                 if payload is None:
-                    if end < 0:
-                        body.write(data)
-                    else:
-                        self._finish(data[:end], data[end:])
+                    held, self._held = self._held, b""
+                    if end >= 0:
+                        self._finish(held + data[:end], data[end:])
+                        return
+                    data = held + data
+                    cut = len(data) - chunks.held  # a size line or the body's end, not yet whole
+                    self._held = data[cut:]
+                    if cut:
+                        body.write(data[:cut])
                     return
                 for piece in payload:
                     body.write(piece)

@@ -8,10 +8,12 @@ head is out, a chunked answer passed on unchanged is moved by one thread: an
 C{epoll} over every such stream's runner socket, and for each readable one a
 C{recv}, the chunk-size lines read (L{ChunkedEnd}, the connection's own, so
 the end is found as before) and a C{send}, the GIL released in each system
-call. The bytes sent are kept aside and shown to the observers (the key's
-meter, the request's record) a batch at a time on the reactor thread: the
-first one at once (the record's first byte), then every L{BATCH} bytes, then
-the rest at the end.
+call; a read that leaves bytes to hold (L{ChunkedEnd.held}: a size line cut,
+or the body's end begun) goes to the reactor unsent, which holds them. The
+bytes sent are kept aside and shown to the observers (the key's meter, the
+request's record) a batch at a time on the reactor thread: the first one at
+once (the record's first byte), then every L{BATCH} bytes, then the rest at
+the end.
 
 Anything but the next event gives the stream back to the Twisted relay, which
 goes on from that byte as if it had moved them all: the body's end (whose
@@ -147,6 +149,8 @@ class Mover:
         try:
             end = chunks.feed(data)
         except Malformed:
+            end = -2
+        if end == -2 or (end < 0 and chunks.held):  # malformed, or bytes to hold: the reactor reads them
             chunks.restore(state)
             moved.raw = data
             self._hand_back(moved)

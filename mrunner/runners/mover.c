@@ -230,7 +230,9 @@ static void move(struct mover *m, size_t slot) {
     size_t line_len = s->line_len;
     int trailer = s->trailer;
     long end = feed(s, data, n, m->scratch);
-    if (end == MALFORMED) {
+    /* Malformed, or a read that leaves bytes to hold (a size line cut, the body's end begun but not
+     * whole: ChunkedEnd.held): the reactor reads it, and sends the end whole. */
+    if (end == MALFORMED || (end < 0 && (s->trailer || s->line_len))) {
         s->skip = skip;
         s->line_len = line_len;
         s->trailer = trailer;

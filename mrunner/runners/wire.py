@@ -93,12 +93,21 @@ class ChunkedEnd:
     C{feed} is given each piece of the body as it arrives and answers where
     in it the body ended (-1: not yet). With C{payload} given, it also gets the
     chunks' data without their framing, for a client that cannot take chunks.
+
+    A relay passes on what was fed but the last L{held} bytes: a size line not
+    yet whole, or the body's end begun (the last chunk's line and what followed
+    it) but not yet ended. llama-server writes the end as C{0\r\n}, then
+    C{\r\n}, in two writes; a relay that read and passed them on apart gave
+    clients that look for the end in one read (the bench's own load among
+    them) an end that never came, until the idle connection was closed a
+    minute later. Held, the end goes out whole, with the bytes before it.
     """
 
     def __init__(self) -> None:
         self._skip = 0  # bytes of the current chunk's data, and its CRLF, still to come
         self._line = b""  # the start of a size or trailer line cut by the end of a read
         self._trailer = False  # past the last chunk: reading trailer lines until an empty one
+        self._ending = 0  # bytes fed since the last chunk's line began, while the end is not whole
 
     def state(self) -> tuple[int, bytes, bool]:
         """Where the reading stands, to L{restore} after a piece that L{feed} found malformed."""
@@ -106,6 +115,12 @@ class ChunkedEnd:
 
     def restore(self, state: tuple[int, bytes, bool]) -> None:
         self._skip, self._line, self._trailer = state
+        self._ending = 0
+
+    @property
+    def held(self) -> int:
+        """How many of the last bytes fed a relay keeps back for now (see the class)."""
+        return self._ending if self._trailer else len(self._line)
 
     def between_chunks(self) -> bool:
         """Whether what was fed ends with a whole chunk, so another could follow."""
@@ -116,6 +131,8 @@ class ChunkedEnd:
         if skip >= len(data) and payload is None:
             self._skip = skip - len(data)  # the common case: a read inside a chunk's data
             return -1
+        if self._trailer:
+            self._ending += len(data)
         buffer, start = (self._line + data, len(self._line)) if self._line else (data, 0)
         self._line = b""
         position = 0
@@ -139,7 +156,7 @@ class ChunkedEnd:
                     raise Malformed("a chunk-size line is longer than 4 KiB")
                 self._skip = 0
                 return -1
-            line = buffer[position:end]
+            line, began = buffer[position:end], position
             position = end + 2
             if self._trailer:
                 if not line:
@@ -151,3 +168,4 @@ class ChunkedEnd:
             skip = int(size, 16) + 2
             if skip == 2:
                 self._trailer, skip = True, 0
+                self._ending = len(buffer) - began

@@ -9,6 +9,7 @@ stay on the Twisted relay.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 from pathlib import Path
 
@@ -100,6 +101,31 @@ class FastRelayTests(DaemonTestCase):
             self.assertTrue(await events.done)
             self.assertIn(b"data: [DONE]", events.data)
         self.assertEqual(moved(self.daemon), self.expected(3))
+
+
+    async def test_the_end_comes_whole(self) -> None:
+        """The stand-in ends as llama-server does, C{0\\r\\n} then C{\\r\\n}: the client gets them in one
+        read, as a client that looks for the end in its last read needs (the bench's load waited a
+        minute for the daemon to close the connection)."""
+        await self.start()
+        reads = await deferToThread(raw_stream, self.daemon.url, {"test": {"events": 3, "interval": SPACED}})
+        self.assertTrue(reads[-1].endswith(b"0\r\n\r\n"), reads[-3:])
+        self.assertEqual(moved(self.daemon), self.expected(1))
+
+
+def raw_stream(url: str, control: dict[str, object]) -> list[bytes]:
+    """A streamed chat's answer as a plain socket reads it, read by read, to its chunked end."""
+    body = json.dumps({"model": MODEL, "messages": HI, "stream": True, **control}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    reads: list[bytes] = []
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+        client.sendall(head.encode() + body)
+        while not b"".join(reads[-3:]).endswith(b"0\r\n\r\n"):
+            reads.append(client.recv(65536))
+            if not reads[-1]:
+                break
+    return reads
 
 
 class PythonLoopTests(FastRelayTests):

@@ -115,7 +115,7 @@ class Runner(resource.Resource):
                     usage = {"prompt_tokens": words, "completion_tokens": sent, "total_tokens": words + sent}
                     request.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
                 request.write(b"data: [DONE]\n\n")
-                request.finish()
+                end_as_llama_server(request)
                 return
             if gate and not os.path.exists(f"{gate}{sent}"):
                 reactor.callLater(0.005, step)
@@ -136,6 +136,26 @@ class Runner(resource.Resource):
             reactor.callLater(interval, step)
 
         step()
+
+
+def end_as_llama_server(request):
+    """End a chunked answer as llama-server's HTTP library does: C{0\\r\\n}, then C{\\r\\n}, two writes.
+
+    Apart by a few milliseconds here, so that they reach mrunner in two reads, as they do from a
+    loaded llama-server.
+    """
+    if not request.chunked:
+        request.finish()
+        return
+    request.chunked = False  # the framing is written here
+    request.write(b"0\r\n")
+
+    def rest():
+        if request.channel is not None:
+            request.write(b"\r\n")
+            request.finish()
+
+    reactor.callLater(0.01, rest)
 
 
 def too_long(tokens, context):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -10,6 +14,7 @@ from twisted.web.http_headers import Headers
 from mrunner.errors import BadGateway
 from mrunner.runners.answer import Answer
 from mrunner.runners.pool import POOL_IDLE_SECONDS, RunnerPool
+from mrunner.runners.wire import ChunkedEnd
 from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, Recorder, lost
 
 
@@ -51,6 +56,21 @@ class PoolTests(SynchronousTestCase):
             connection.dataReceived(CHUNKS[i : i + 5])
         self.assertEqual(b"".join(body.data), CHUNKS)
         self.assertTrue(body.ended)
+
+    @given(st.lists(st.integers(min_value=1, max_value=len(CHUNKS) - 1), unique=True))
+    def test_size_lines_and_the_end_go_on_whole(self, cuts: list[int]) -> None:
+        """However the body is cut, a chunk-size line is passed on whole, and the end (C{0\\r\\n\\r\\n}, which
+        llama-server writes in two) in one piece, with the event before it when that came with it."""
+        body = self.answer(CHUNKED_HEAD)
+        connection, _ = self.connections.made[-1]
+        bounds = [0, *sorted(cuts), len(CHUNKS)]
+        for a, b in itertools.pairwise(bounds):
+            connection.dataReceived(CHUNKS[a:b])
+        self.assertEqual(b"".join(body.data), CHUNKS)
+        self.assertTrue(body.data[-1].endswith(b"0\r\n\r\n"))
+        reader = ChunkedEnd()  # what a client reads, piece by piece: never inside a size line or the end
+        held = [reader.feed(piece) < 0 and reader.held for piece in body.data]
+        self.assertEqual(held, [0] * len(body.data))
 
     def test_chunks_lose_their_framing_for_a_client_without_it(self) -> None:
         body = self.answer(CHUNKED_HEAD + CHUNKS, framed=False)
