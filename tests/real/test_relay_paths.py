@@ -102,7 +102,6 @@ class FastRelayTests(DaemonTestCase):
             self.assertIn(b"data: [DONE]", events.data)
         self.assertEqual(moved(self.daemon), self.expected(3))
 
-
     async def test_the_end_comes_whole(self) -> None:
         """The stand-in ends as llama-server does, C{0\\r\\n} then C{\\r\\n}: the client gets them in one
         read, as a client that looks for the end in its last read needs (the bench's load waited a
