@@ -68,7 +68,7 @@ lint: install
 # has them. About 2 minutes.
 RELAY_TESTS = $(addprefix tests.real.,test_relay_paths test_daemon test_hostile_tokens test_teams_real \
 	test_llamacpp_e2e test_observe_real test_answer_names test_memory_budget_real test_cli_round3 \
-	test_cluster_real)
+	test_cluster_real test_stream_ends_real)
 
 # Both runs, whichever fails: .ci/run adds up their results.
 test: system-deps backend lint gpu-bundle

@@ -9,7 +9,6 @@ stay on the Twisted relay.
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tests.support.daemon import InProcessDaemon, eventually, http, lines, short
 from tests.support.daemon_cases import HI, MODEL, DaemonTestCase
 from tests.support.front_door import self_signed
 from tests.support.ggufs import write_tiny_gguf
+from tests.support.raw_streams import chat_request, ended_whole, read_stream
 
 USAGE = {"stream_options": {"include_usage": True}}
 #: Seconds between a stream's events, so the relay has it before its end is in (the fast thread
@@ -107,24 +107,13 @@ class FastRelayTests(DaemonTestCase):
         read, as a client that looks for the end in its last read needs (the bench's load waited a
         minute for the daemon to close the connection)."""
         await self.start()
-        reads = await deferToThread(raw_stream, self.daemon.url, {"test": {"events": 3, "interval": SPACED}})
-        self.assertTrue(reads[-1].endswith(b"0\r\n\r\n"), reads[-3:])
+        host, port = self.daemon.url.removeprefix("http://").split(":")
+        request = chat_request(
+            {"model": MODEL, "messages": HI, "stream": True, "test": {"events": 3, "interval": SPACED}}
+        )
+        _, reads = await deferToThread(read_stream, (host, int(port)), request, 30.0)
+        self.assertTrue(ended_whole(reads), reads[-3:])
         self.assertEqual(moved(self.daemon), self.expected(1))
-
-
-def raw_stream(url: str, control: dict[str, object]) -> list[bytes]:
-    """A streamed chat's answer as a plain socket reads it, read by read, to its chunked end."""
-    body = json.dumps({"model": MODEL, "messages": HI, "stream": True, **control}).encode()
-    host, port = url.removeprefix("http://").split(":")
-    reads: list[bytes] = []
-    with socket.create_connection((host, int(port)), timeout=30) as client:
-        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
-        client.sendall(head.encode() + body)
-        while not b"".join(reads[-3:]).endswith(b"0\r\n\r\n"):
-            reads.append(client.recv(65536))
-            if not reads[-1]:
-                break
-    return reads
 
 
 class PythonLoopTests(FastRelayTests):
