@@ -119,29 +119,33 @@ class RunnerConnection(Protocol):
         self._keep_alive = False
         self.transport.abortConnection()  # type: ignore[union-attr]
 
+    def _chunked(self, body: BodyReceiver, chunks: ChunkedEnd, data: bytes) -> None:
+        """A piece of a chunked body: on with its framing, but what L{ChunkedEnd.held} says to keep
+        back; or without it, its chunks' data."""
+        payload = self._payload
+        end = chunks.feed(data, payload)
+        if payload is None:
+            held, self._held = self._held, b""
+            if end >= 0:
+                self._finish(held + data[:end], data[end:])
+                return
+            data = held + data
+            cut = len(data) - chunks.held  # a size line or the body's end, not yet whole
+            self._held = data[cut:]
+            if cut:
+                body.write(data[:cut])
+            return
+        for piece in payload:
+            body.write(piece)
+        payload.clear()
+        if end >= 0:
+            self._finish(b"", data[end:])
+
     def dataReceived(self, data: bytes) -> None:
         body = self._body
         if body is not None:
             if self._chunks is not None:
-                payload = self._payload
-                chunks = self._chunks
-                end = chunks.feed(data, payload)
-                if payload is None:
-                    held, self._held = self._held, b""
-                    if end >= 0:
-                        self._finish(held + data[:end], data[end:])
-                        return
-                    data = held + data
-                    cut = len(data) - chunks.held  # a size line or the body's end, not yet whole
-                    self._held = data[cut:]
-                    if cut:
-                        body.write(data[:cut])
-                    return
-                for piece in payload:
-                    body.write(piece)
-                payload.clear()
-                if end >= 0:
-                    self._finish(b"", data[end:])
+                self._chunked(body, self._chunks, data)
             elif self._framing == LENGTH:
                 self._remaining -= len(data)
                 if self._remaining > 0:
