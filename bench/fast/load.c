@@ -6,7 +6,9 @@
  * event (so the requests' own cost, which scenarios 1 and 6 measure, is not in the window), and
  * "end" WINDOW_S later (the bench reads the proxy's CPU at both), then waits for every stream and
  * prints one JSON line: the events seen in the window, the streams that ended with [DONE] or not,
- * and the p99 gap between events.
+ * the p99 gap between events, and for scenario 13 (bench/realstreams.py) the events of the whole
+ * run, its seconds from the first connect to the last end, and the slowest stream's seconds from
+ * its connect to its end (a stream is over when its body's end has come, not at the close).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -23,7 +25,7 @@
 
 typedef struct {
     int fd, done, failed, ok_status, answered, connecting;
-    double last;
+    double last, began, ended;
     size_t tail_len;
     char tail[16];
 } Stream;
@@ -96,7 +98,7 @@ int main(int argc, char **argv) {
     size_t gaps_cap = 1 << 20, gaps_len = 0;
     double *gaps = malloc(gaps_cap * sizeof(double));
     int epfd = epoll_create1(0), opened = 0, finished = 0, said_window = 0, said_end = 0;
-    long events = 0;
+    long events = 0, all_events = 0;
     int first_seen = 0, failed_early = 0; /* streams whose first event came; that failed first */
     double began = now(), window_at = INFINITY, end_at = INFINITY;
     struct epoll_event ready[512];
@@ -105,6 +107,7 @@ int main(int argc, char **argv) {
         double t = now();
         while (opened < streams && t >= began + ramp * opened / streams) {
             Stream *s = &all[opened];
+            s->began = t;
             s->fd = open_stream();
             if (s->fd < 0) {
                 s->failed = 1;
@@ -165,6 +168,7 @@ int main(int argc, char **argv) {
                         for (int k = 1; k < seen; k++) gaps[gaps_len++] = 0;
                     }
                 }
+                all_events += seen;
                 if (seen && s->last == 0) first_seen++;
                 if (seen) s->last = t;
                 if (count(s, buffer, got, "data: [DONE]")) s->done = 1;
@@ -178,6 +182,7 @@ int main(int argc, char **argv) {
             if (got < 0 && errno == EAGAIN) continue;
             s->failed = !(s->done && s->ok_status);
             if (s->last == 0) failed_early++;
+            s->ended = t;
             epoll_ctl(epfd, EPOLL_CTL_DEL, s->fd, NULL);
             close(s->fd);
             finished++;
@@ -185,10 +190,16 @@ int main(int argc, char **argv) {
     }
     if (!said_end) printf("end\n");
     int failed = 0;
-    for (int i = 0; i < streams; i++) failed += all[i].failed;
+    double slowest = 0, last_end = began;
+    for (int i = 0; i < streams; i++) {
+        failed += all[i].failed;
+        if (all[i].ended - all[i].began > slowest) slowest = all[i].ended - all[i].began;
+        if (all[i].ended > last_end) last_end = all[i].ended;
+    }
     qsort(gaps, gaps_len, sizeof(double), compare);
     double p99 = gaps_len ? gaps[(size_t)(gaps_len * 0.99)] : 0;
-    printf("{\"events\": %ld, \"window_s\": %.3f, \"streams\": %d, \"failed\": %d, \"p99_gap_ms\": %.3f}\n",
-           events, window, streams, failed, p99 * 1000);
+    printf("{\"events\": %ld, \"window_s\": %.3f, \"streams\": %d, \"failed\": %d, \"p99_gap_ms\": %.3f, "
+           "\"all_events\": %ld, \"elapsed_s\": %.4f, \"slowest_s\": %.4f}\n",
+           events, window, streams, failed, p99 * 1000, all_events, last_end - began, slowest);
     return 0;
 }

@@ -3,8 +3,12 @@
  * runner SOCKET EVENTS INTERVAL_S: listens on the UNIX socket SOCKET, answers GET /health with 200
  * and any POST with a chunked server-sent event stream of EVENTS OpenAI-shaped chunks (the body's
  * "max_tokens" overrides it), one each INTERVAL_S, one chunk each as llama-server writes them, then
- * a usage chunk, "[DONE]" and the chunked body's end. Keep-alive; one epoll loop; a stream whose
- * client does not take its bytes waits (its next event is sent once the socket drains).
+ * a usage chunk, "[DONE]" and the chunked body's end. Each chunk is one send, and the end two,
+ * "0\r\n" then "\r\n", as the pinned llama-server (cpp-httplib) sends them (strace of a stream:
+ * sendto "e\r\ndata: [DONE]\n\n\r\n", sendto "0\r\n", sendto "\r\n"): a relay that passed the end on
+ * as it came kept clients waiting for it (issue 48), so the stand-in must cut it where the runner
+ * does. Keep-alive; one epoll loop; a stream whose client does not take its bytes waits (its next
+ * event is sent once the socket drains; what is queued behind then goes in one send).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -100,10 +104,14 @@ static void event(int fd) {
                  "\"model\":\"fast\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":%d,"
                  "\"total_tokens\":%d}}\n\n",
                  c->sent, c->sent + 10);
-        chunk(c, data);
-        chunk(c, "data: [DONE]\n\n");
-        queue(c, "0\r\n\r\n", 5);
         c->streaming = 0;
+        chunk(c, data);
+        if (flush(fd) < 0) return;
+        chunk(c, "data: [DONE]\n\n");
+        if (flush(fd) < 0) return;
+        queue(c, "0\r\n", 3);
+        if (flush(fd) < 0) return;
+        queue(c, "\r\n", 2);
     }
     flush(fd);
 }
@@ -128,7 +136,8 @@ static void serve(int fd) {
             c->sent = 0;
             c->streaming = 1;
             c->due = now();
-            const char *ok = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            const char *ok = "HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\n"
+                             "X-Accel-Buffering: no\r\nContent-Type: text/event-stream\r\n"
                              "Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n";
             queue(c, ok, strlen(ok));
         }
