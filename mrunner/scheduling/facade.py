@@ -27,7 +27,7 @@ from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.lease import Lease
 from mrunner.scheduling.load_times import LoadTimes
 from mrunner.scheduling.loader import Loader
-from mrunner.scheduling.patience import Rules
+from mrunner.scheduling.order import BY_NAME, Rules
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.preloading import Preloader, PullModel
 from mrunner.scheduling.requests import Requests
@@ -224,5 +224,8 @@ def _limits(config: Config) -> Limits:
 
 
 def _rules(config: Config) -> Rules:
+    """C{[scheduler]}'s rules, its C{order} chosen here once by name."""
     scheduler = config.scheduler
-    return Rules(scheduler.order, scheduler.max_wait, scheduler.min_serve, scheduler.starvation_seconds)
+    return Rules(
+        BY_NAME[scheduler.order], scheduler.max_wait, scheduler.min_serve, scheduler.starvation_seconds
+    )

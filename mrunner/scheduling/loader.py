@@ -28,8 +28,8 @@ from mrunner.scheduling import policy, priority, refusals, smaller
 from mrunner.scheduling.backoff import Backoffs
 from mrunner.scheduling.lease import Lease, Waiter, first, instances, least_busy
 from mrunner.scheduling.load_times import LoadTimes
+from mrunner.scheduling.order import Rules
 from mrunner.scheduling.pacing import Pacing, ahead, waiting
-from mrunner.scheduling.patience import FIFO, Rules
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import NoEvents, Roster
 from mrunner.scheduling.smaller import Estimate, same_estimate
@@ -296,10 +296,9 @@ class Loader:
             return
         head = priority.first(self._queue, self._clock.seconds(), self.starvation)
         key = first(runner.key)
-        alone = self.pacing.rules.order == FIFO or all(w.key == key for w in self._queue)
-        if head is not None and head.key == key and alone:
-            # The plan serves the queue in order and free slots first: the head takes this slot.
-            # (Under "loaded", a waiter for another model may be overdue, and take this runner's place.)
+        waiting = (waiter.key for waiter in self._queue)
+        if head is not None and head.key == key and self.pacing.rules.order.hands_on(waiting, key):
+            # The head takes this slot without a plan, as the order says the plan would give it.
             self._queue.remove(head)
             head.deferred.callback(self._lease(runner, head.request))
         else:

@@ -13,7 +13,7 @@ from mrunner.runners.runner import Runner
 from mrunner.scheduling import policy, priority
 from mrunner.scheduling.lease import Waiter
 from mrunner.scheduling.load_times import LoadTimes
-from mrunner.scheduling.patience import FIFO, Rules
+from mrunner.scheduling.order import Rules
 from mrunner.values import RunnerKey, Waiting
 
 
@@ -54,9 +54,7 @@ class Pacing:
 
     def costs(self, runners: Mapping[RunnerKey, Runner]) -> dict[RunnerKey, float]:
         """Seconds each runner would take to load again: the mean of its model's loads here."""
-        if self.rules.order == FIFO:
-            return {}
-        return {key: self.load_times.get(key.model) or runner.load_seconds for key, runner in runners.items()}
+        return self.rules.order.costs(runners, lambda key: self.load_times.get(key.model))
 
     def wake_at(self, clock: IReactorTime, when: float | None) -> None:
         """Plan again at C{when} (None: no need), replacing the time asked for before."""

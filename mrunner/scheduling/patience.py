@@ -2,7 +2,7 @@
 
 Pure decisions, as L{mrunner.scheduling.policy}'s: the clock, the waiters'
 arrival and the runners' load times are inputs. Under C{order = "loaded"}
-(L{Rules}) a runner that serves (a request in flight, or one queued for it)
+(L{mrunner.scheduling.order.LOADED}) a runner that serves (a request in flight, or one queued for it)
 is drained for another model's waiter only once that waiter is I{overdue}:
 it has waited its patience, C{max_wait} for a normal request, half of it for
 a high one, twice for a low one (its class as L{priority.effective} says, so
@@ -18,15 +18,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Protocol, TypeVar
 
-import attrs
-
 from mrunner.scheduling import priority
 from mrunner.values import State
-
-#: Today's order: the queue by class and arrival alone, the first waiter that needs room drains for it.
-FIFO = "fifo"
-#: Serve before swapping: the loaded models' queues first, until another model's waiter is overdue.
-LOADED = "loaded"
 
 #: The longest an idle runner is kept for its clients' next requests (L{grace}).
 RECENT = 1.0
@@ -34,19 +27,15 @@ RECENT = 1.0
 UNMEASURED_SECONDS_PER_BYTE = 1 / 2**30
 
 
-@attrs.frozen
-class Rules:
-    """C{[scheduler]}'s C{order}, C{max_wait} (seconds), C{min_serve} (a share of a runner's
-    load time) and C{starvation_seconds}. The default is today's FIFO order."""
+class RulesView(Protocol):
+    """What patience reads of C{[scheduler]}'s rules (L{mrunner.scheduling.order.Rules})."""
 
-    order: str = FIFO
-    max_wait: float = 15.0
-    min_serve: float = 1.0
-    starvation: float = 60.0
-
-
-#: Today's rules: FIFO.
-TODAY = Rules()
+    @property
+    def max_wait(self) -> float: ...
+    @property
+    def min_serve(self) -> float: ...
+    @property
+    def starvation(self) -> float: ...
 
 
 class Waiting(Protocol):
@@ -81,23 +70,25 @@ class Serving(Protocol):
 K = TypeVar("K", bound=Hashable)
 
 
-def patience(waiter: Waiting, now: float, rules: Rules) -> float:
+def patience(waiter: Waiting, now: float, rules: RulesView) -> float:
     """Seconds C{waiter} lets loaded models serve their own queues: C{max_wait}, halved for each
     class better than normal, doubled for each worse (its class now, starvation promotions in)."""
     rank = priority.effective(waiter, now, rules.starvation)
     return float(rules.max_wait * 2.0 ** (rank - priority.NORMAL))
 
 
-def overdue(waiter: Waiting, now: float, rules: Rules) -> bool:
+def overdue(waiter: Waiting, now: float, rules: RulesView) -> bool:
     return now - waiter.since >= patience(waiter, now, rules)
 
 
-def protected_until(runner: Serving, rules: Rules) -> float:
+def protected_until(runner: Serving, rules: RulesView) -> float:
     """Until when a runner just loaded keeps serving its own, overdue waiters or not."""
     return runner.loaded_at + min(rules.min_serve * runner.load_seconds, rules.max_wait)
 
 
-def wake_at(waiters: Iterable[Waiting], runners: Iterable[Serving], now: float, rules: Rules) -> float | None:
+def wake_at(
+    waiters: Iterable[Waiting], runners: Iterable[Serving], now: float, rules: RulesView
+) -> float | None:
     """The next time a plan may decide otherwise with nothing else changed: a waiter becomes
     overdue, a fresh runner's protection ends, an idle one's L{grace} ends; None when no time would."""
     times = [w.since + patience(w, now, rules) for w in waiters]

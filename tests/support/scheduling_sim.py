@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import attrs
 
 from mrunner.scheduling import policy
-from mrunner.scheduling.patience import Rules
+from mrunner.scheduling.order import Rules
 from mrunner.scheduling.policy import Limits, State
 
 MEMORY = 6

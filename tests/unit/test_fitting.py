@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner.backends.llamacpp import arguments, sizing
 from mrunner.runners.runner import held_on_gpus
 from mrunner.scheduling import placing, policy, smaller
-from mrunner.scheduling.patience import LOADED, Rules
+from mrunner.scheduling.order import LOADED, Rules
 from mrunner.scheduling.policy import Limits, State
 from mrunner.values import HOST, ContextSize, Footprint, Placement, place_on
 from mrunner.values.backend import RunnerSettings

@@ -17,7 +17,7 @@ from mrunner.api.manage.scheduler_json import with_queue
 from mrunner.scheduling.lease import Lease
 from mrunner.scheduling.load_times import MAX_BYTES, MAX_MODELS, LoadTimes
 from mrunner.scheduling.loader import Loader
-from mrunner.scheduling.patience import FIFO, LOADED, Rules
+from mrunner.scheduling.order import FIFO, LOADED, Rules
 from mrunner.scheduling.policy import Limits, State
 from tests.support.fakes import FakeSpawner
 from tests.support.loading import request

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.scheduling import patience, policy
-from mrunner.scheduling.patience import FIFO, LOADED, Rules
+from mrunner.scheduling.order import FIFO, LOADED, Rules
 from mrunner.scheduling.policy import Limits, State
 from tests.support.policy_views import Runner
 from tests.support.scheduling_sim import Client, simulate

@@ -15,7 +15,7 @@ from mrunner.errors import NotFound
 from mrunner.interfaces import ILease, IScheduler
 from mrunner.moves import IllegalMove
 from mrunner.scheduling.facade import Scheduler
-from mrunner.scheduling.patience import FIFO, LOADED, Rules
+from mrunner.scheduling.order import FIFO, LOADED, Rules
 from mrunner.scheduling.preloads import PRELOAD_MOVES, Preloads
 from mrunner.values import ModelSettings, Preload, PreloadState, State
 from mrunner.values.backend import COMPLETION
