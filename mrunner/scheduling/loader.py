@@ -10,7 +10,6 @@ release, rest, retime, drain, stop); it reads their states and sets nothing.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -26,13 +25,15 @@ from mrunner.runners.request import LoadRequest
 from mrunner.runners.runner import Runner, unmeasured
 from mrunner.scheduling import policy, priority, refusals, smaller
 from mrunner.scheduling.backoff import Backoffs
+from mrunner.scheduling.gate import Gate
 from mrunner.scheduling.lease import Lease, Waiter, first, instances, least_busy
 from mrunner.scheduling.load_times import LoadTimes
 from mrunner.scheduling.order import Rules
-from mrunner.scheduling.pacing import Pacing, ahead, waiting
+from mrunner.scheduling.pacing import Pacing
 from mrunner.scheduling.policy import Limits
 from mrunner.scheduling.roster import NoEvents, Roster
 from mrunner.scheduling.smaller import Estimate, same_estimate
+from mrunner.scheduling.waitqueue import WaitQueue
 from mrunner.values import Footprint, Placement, RunnerKey, State, Waiting
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
@@ -70,19 +71,15 @@ class Loader:
         self.pacing = Pacing(rules, load_times or LoadTimes(), self.replan)
         self._spawn = spawn
         self._limits = limits
-        self._max_queue = max_queue
         self.roster = Roster(clock, events or NoEvents(), self, devices.used_by if devices else unmeasured)
         #: The runner each key's requests go to (the roster's; stopping ones are not in it).
         self.runners = self.roster.by_key
-        self._queue: deque[Waiter] = deque()
+        self._queue = WaitQueue(max_queue)
         self._backoff = Backoffs(clock)
-        self._closed = False
-        #: Fired once a drain is done: nothing queued, no lease held (L{drain}).
-        self._drained: list[Deferred[None]] = []
+        #: Open, draining or closed, and the leases held (L{gate}).
+        self._gate = Gate()
         #: Which running instance serves a request that need not wait (L{Prefer}); the wiring's to set.
         self.prefer: Prefer = lambda request, running: None
-        self.draining = False
-        self._leased = 0
         self._pumping = False
         self._repump = False
         if devices is not None:
@@ -99,21 +96,25 @@ class Loader:
 
     def waiting(self) -> list[Waiting]:
         """How many wait for each model, and how long the oldest has."""
-        return waiting(self._queue, self._clock.seconds())
+        return self._queue.waiting(self._clock.seconds())
 
     def ahead(self, waiting: Deferred[Lease]) -> int | None:
         """How many are served before the waiter C{waiting} is for (L{ahead}); None once not queued."""
-        return ahead(self._queue, waiting)
+        return self._queue.ahead(waiting)
+
+    @property
+    def draining(self) -> bool:
+        return self._gate.draining
 
     @property
     def in_flight(self) -> int:
         """Requests queued or holding a lease."""
-        return len(self._queue) + self._leased
+        return len(self._queue) + self._gate.leased
 
     def reconfigure(self, limits: Limits, max_queue: int) -> None:
         """New limits from a reloaded configuration, applied at once; no runner is stopped for them."""
         self._limits = limits
-        self._max_queue = max_queue
+        self._queue.limit = max_queue
         self._pump()
 
     def fits(self, memory: int, footprint: Footprint | None = None) -> bool:
@@ -125,10 +126,7 @@ class Loader:
 
     def admit(self) -> None:
         """Raise L{Unavailable} when this loader takes no new requests: closed, or draining."""
-        if self._closed:
-            raise refusals.shutting_down()
-        if self.draining:
-            raise refusals.draining()
+        self._gate.admit()
 
     def acquire(self, request: LoadRequest, rank: int = priority.NORMAL) -> Deferred[Lease]:
         """A lease on a ready runner for C{request.key}; cancel it to leave the queue.
@@ -151,8 +149,12 @@ class Loader:
         running = [r for r in map(self.runners.get, instances(request)) if r is not None]
         runner = (self.prefer(request, running) if len(running) > 1 else None) or least_busy(running)
         room = runner is not None and runner.has_room
-        if len(self._queue) >= self._max_queue and not room and not self._make_way(rank):
-            return fail(refusals.queue_full(self._max_queue, "try again shortly"))
+        if (
+            self._queue.full
+            and not room
+            and not self._queue.make_way(rank, self._clock.seconds(), self.starvation)
+        ):
+            return fail(refusals.queue_full(self._queue.limit, "try again shortly"))
         if not self._queue and runner is not None and room:
             return succeed(self._lease(runner, request))  # the common case: no one to plan for
         waiter = Waiter(request, Deferred(lambda d: self._leave(waiter)), rank, self._clock.seconds())
@@ -198,25 +200,16 @@ class Loader:
         The requests already queued are still served: a client whose request was
         accepted gets its answer. Runners stay loaded until L{close}.
         """
-        self.draining = True
-        done: Deferred[None] = Deferred()
-        self._drained.append(done)
-        self._settle()
-        return done
+        return self._gate.drain(len(self._queue))
 
     def _settle(self) -> None:
-        """Fire the drain's Deferreds once nothing waits and nothing is served."""
-        if self._drained and not self._queue and not self._leased:
-            done, self._drained = self._drained, []
-            for d in done:
-                d.callback(None)
+        self._gate.settle(len(self._queue))
 
     def close(self) -> Deferred[None]:
         """Refuse new work, fail the queue, stop every runner; fire when all have exited."""
-        self._closed = True
+        self._gate.closed = True
         self.pacing.stop()
-        while self._queue:
-            self._queue.popleft().deferred.errback(refusals.shutting_down())
+        self._queue.close()
         for runner in list(self.runners.values()):
             if self.runners.get(runner.key) is runner:
                 runner.stop()
@@ -251,7 +244,7 @@ class Loader:
         self._fail_waiters(key, reason)  # before its machine stops it: that must not start a load for them
 
     def replan(self) -> None:
-        if not self._closed:
+        if not self._gate.closed:
             self._pump()
 
     # Leases
@@ -261,28 +254,14 @@ class Loader:
         self._pump()
         self._settle()
 
-    def _make_way(self, rank: int) -> bool:
-        """Turn away the waiter a request of class C{rank} may take the place of in the full queue
-        (L{priority.displaced}); False when there is none."""
-        waiter = priority.displaced(self._queue, rank, self._clock.seconds(), self.starvation)
-        if waiter is None:
-            return False
-        self._queue.remove(waiter)
-        waiter.deferred.errback(
-            refusals.queue_full(
-                self._max_queue, "a request of a higher priority class took this place; try again"
-            )
-        )
-        return True
-
     def _lease(self, runner: Runner, request: LoadRequest) -> Lease:
         runner.lease(request.keep_alive if request.sets_keep_alive else None)
-        self._leased += 1
+        self._gate.leased += 1
         return Lease(runner, self._release)
 
     def _release(self, runner: Runner) -> None:
         runner.release()
-        self._leased -= 1
+        self._gate.leased -= 1
         self._hand_on(runner)
         self._settle()
 
@@ -388,9 +367,7 @@ class Loader:
             self._fail_waiters(request.key, Failure(error))
 
     def _fail_waiters(self, key: RunnerKey, reason: Failure) -> None:
-        for waiter in [w for w in self._queue if w.key == key]:
-            self._queue.remove(waiter)
-            waiter.deferred.errback(reason)
+        self._queue.fail(key, reason)
         self._settle()
 
     @property

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from mrunner.runners.runner import Runner
@@ -14,7 +12,7 @@ from mrunner.scheduling import policy, priority
 from mrunner.scheduling.lease import Waiter
 from mrunner.scheduling.load_times import LoadTimes
 from mrunner.scheduling.order import Rules
-from mrunner.values import RunnerKey, Waiting
+from mrunner.values import RunnerKey
 
 
 class Pacing:
@@ -70,25 +68,3 @@ class Pacing:
         if self._wake is not None and self._wake.active():
             self._wake.cancel()
         self._wake = None
-
-
-def waiting(queue: Iterable[Waiter], now: float) -> list[Waiting]:
-    """How many of C{queue} wait for each model's runner, and how long the oldest has, at C{now}."""
-    found: dict[RunnerKey, tuple[Waiter, int, float]] = {}
-    for waiter in queue:
-        first, count, since = found.get(waiter.key, (waiter, 0, waiter.since))
-        found[waiter.key] = (first, count + 1, min(since, waiter.since))
-    return [
-        Waiting(key.backend, first.request.model.name, key.model, key.mode, count, now - since)
-        for key, (first, count, since) in found.items()
-    ]
-
-
-def ahead(queue: Iterable[Waiter], deferred: Deferred[Any]) -> int | None:
-    """How many of C{queue} come before the waiter whose lease is C{deferred}: a better class, or the
-    same one and earlier (what a streamed request's wait notes say); None when it is not queued."""
-    queued = list(queue)
-    mine = next((waiter for waiter in queued if waiter.deferred is deferred), None)
-    if mine is None:
-        return None
-    return sum((waiter.priority, waiter.since) < (mine.priority, mine.since) for waiter in queued)
