@@ -69,6 +69,7 @@ from mrunner.store.names import parse
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient
+from mrunner.store.sources.catalog import Sources
 from mrunner.teams.admission import Teams
 from mrunner.teams.key_metrics import KeyMetrics
 from mrunner.teams.usage import UsageBook, UsageCollector, UsageService
@@ -173,7 +174,7 @@ def make_parts(
     # Docker's config and credential helpers, after [registry.auth]; helpers see the daemon's environment.
     credentials = Credentials(config.registry.auth, reactor, os.environ)
     operations = _operations(config, reactor, store, scheduler, metrics, registry_pool, credentials, cache)
-    models = ModelsAPI(store, operations)
+    models = ModelsAPI(store, operations, Sources.configured(config.sources, os.environ, store))
     followers, logs = _follows(config, reactor, home, reloadable)
     gateway, records, teams = _gateway(config, reactor, store, scheduler, metrics, reloadable)
     history = RecordsAPI(records, followers)

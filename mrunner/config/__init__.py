@@ -28,6 +28,7 @@ from mrunner.config.sections import (
     ResponsesConfig,
     RunnerConfig,
     SchedulerConfig,
+    SourcesConfig,
     StoreConfig,
 )
 from mrunner.config.values import (
@@ -61,6 +62,7 @@ __all__ = [
     "ResponsesConfig",
     "RunnerConfig",
     "SchedulerConfig",
+    "SourcesConfig",
     "StoreConfig",
     "load",
     "parse_duration",

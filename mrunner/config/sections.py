@@ -11,6 +11,7 @@ import attrs
 from mrunner.config.values import (
     PRIORITIES,
     duration,
+    folder,
     limit_field,
     one_of,
     parse_device_budget,
@@ -126,6 +127,20 @@ class HuggingFaceConfig:
 
 
 @attrs.frozen
+class SourcesConfig:
+    """``[sources]``: where other tools keep the models mrunner finds and imports without a copy.
+
+    None: the tool's own variable (C{OLLAMA_MODELS}, C{HF_HUB_CACHE} or C{HF_HOME}, C{LLAMA_CACHE}), else
+    its default folder; C{""} turns that source off.
+    """
+
+    ollama: str | None = attrs.field(default=None, metadata={"parse": folder})
+    huggingface: str | None = attrs.field(default=None, metadata={"parse": folder})
+    lmstudio: str | None = attrs.field(default=None, metadata={"parse": folder})
+    llamacpp: str | None = attrs.field(default=None, metadata={"parse": folder})
+
+
+@attrs.frozen
 class StoreConfig:
     partial_max_age: float = duration(7 * 24 * 3600.0)
     read_timeout: float = duration(60.0)
@@ -227,6 +242,7 @@ class Config:
     http: HTTPConfig = HTTPConfig()
     store: StoreConfig = StoreConfig()
     huggingface: HuggingFaceConfig = HuggingFaceConfig()
+    sources: SourcesConfig = SourcesConfig()
     responses: ResponsesConfig = ResponsesConfig()
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     models: ModelsConfig = ModelsConfig()

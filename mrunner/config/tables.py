@@ -27,6 +27,7 @@ from mrunner.config.sections import (
     RunnerConfig,
     Scalars,
     SchedulerConfig,
+    SourcesConfig,
     StoreConfig,
 )
 from mrunner.config.values import ConfigError
@@ -70,6 +71,7 @@ def build(table: Mapping[str, Any]) -> Config:
         "http": HTTPConfig,
         "store": StoreConfig,
         "huggingface": HuggingFaceConfig,
+        "sources": SourcesConfig,
         "responses": ResponsesConfig,
         "gpu": GPUConfig,
         "cluster": ClusterConfig,

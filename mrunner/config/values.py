@@ -152,6 +152,13 @@ def text(value: object, key: str) -> str:
     return value.strip()
 
 
+def folder(value: object, key: str) -> str:
+    """A folder's path, C{~} expanded where it is used; C{""} means none."""
+    if not isinstance(value, str):
+        raise ConfigError(f'{key}: expected a folder\'s path as a string, or "" for none')
+    return value.strip()
+
+
 def limit_field() -> Any:
     """A settings field counting a limit; 0, the default, is none."""
     return attrs.field(default=0, metadata={"parse": _limit})

@@ -29,6 +29,7 @@ RESTART_KEYS = (
     "backends",
     "registry",
     "huggingface",
+    "sources",
     "scheduler.load_timeout",
     "scheduler.stop_grace",
     "runner.log_max_bytes",

@@ -143,10 +143,22 @@ class Blobs:
     def writer(self, expected: str | None, resume: bool = False) -> BlobWriter:
         """A writer for a blob; C{expected} names it (and allows resuming), else a fresh temp."""
         if expected is None:
-            temp = self.root / f"{_STAGED}{uuid.uuid4().hex}{INCOMPLETE}"
+            temp = self.staged_temp()
         else:
             temp = self.path(expected).with_name(self.path(expected).name + INCOMPLETE)
         return BlobWriter(self, temp, expected, resume)
+
+    def staged_temp(self) -> Path:
+        """A fresh name for an import's file, removed at start if a crash left it (L{remove_staged})."""
+        return self.root / f"{_STAGED}{uuid.uuid4().hex}{INCOMPLETE}"
+
+    def place(self, temp: Path, digest: str) -> None:
+        """Rename the checked file C{temp} into place as the blob C{digest}, durably."""
+        os.replace(temp, self.path(digest))
+        temp.unlink(missing_ok=True)  # still there when it was a link to the blob already in place
+        fsync_dir(self.root)
+        self.verified.add(digest)
+        self.quarantined(digest).unlink(missing_ok=True)
 
     def remove_staged(self) -> None:
         """Remove import temps left by a crash: unlike named partial blobs they cannot resume."""
@@ -213,10 +225,7 @@ class BlobWriter:
         if self.expected is not None and digest != self.expected:
             self.discard()
             raise DigestMismatch(f"expected {self.expected}, got {digest}")
-        os.replace(self.temp, self._blobs.path(digest))
-        fsync_dir(self._blobs.root)
-        self._blobs.verified.add(digest)
-        self._blobs.quarantined(digest).unlink(missing_ok=True)
+        self._blobs.place(self.temp, digest)
         return digest
 
     def close(self) -> None:
@@ -225,4 +234,27 @@ class BlobWriter:
 
     def discard(self) -> None:
         self._file.close()
+        self.temp.unlink(missing_ok=True)
+
+
+class LinkedBlob:
+    """A blob staged as a hard link to another tool's file: hashed once, never written to.
+
+    It is committed as a L{BlobWriter} is, so an import of links and one of copies end alike.
+    """
+
+    def __init__(self, blobs: Blobs, temp: Path) -> None:
+        self._blobs = blobs
+        self.temp = temp
+        self.offset = os.stat(temp).st_size
+        self._digest = hash_file(temp)
+
+    def seal(self) -> str:
+        return self._digest
+
+    def commit(self) -> str:
+        self._blobs.place(self.temp, self._digest)
+        return self._digest
+
+    def discard(self) -> None:
         self.temp.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ collection runs in between, and nothing is left behind when it fails.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -21,6 +21,15 @@ from mrunner.store.blobs import Blobs
 from mrunner.store.names import parse
 from mrunner.store.upload import Staged, Upload
 from mrunner.values.model import Model, Reference
+
+
+class Staging(Protocol):
+    """The temps of one import: an L{Upload}, or another tool's files linked in; C{taken} by an import."""
+
+    taken: bool
+
+    def discard(self) -> None: ...
+
 
 #: The store's C{add}: record the model whose blobs are all present, under a reference.
 Add = Callable[[Reference, bytes], Model]
@@ -60,7 +69,7 @@ class Imports:
         return self.staged(name, upload, stage, context_size)
 
     def staged(
-        self, name: str, upload: Upload, stage: Callable[[], Staged], context_size: int | None
+        self, name: str, upload: Staging, stage: Callable[[], Staged], context_size: int | None
     ) -> Deferred[Model]:
         """Stage C{upload} in a thread with C{stage}, then commit it; nothing is left behind on failure.
 
@@ -75,7 +84,7 @@ class Imports:
         return told
 
     async def _commit(
-        self, name: str, upload: Upload, stage: Callable[[], Staged], context_size: int | None
+        self, name: str, upload: Staging, stage: Callable[[], Staged], context_size: int | None
     ) -> Model:
         try:
             ref = parse(name)

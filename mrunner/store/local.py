@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -33,12 +33,12 @@ from mrunner.store.artifact import Descriptor, InvalidManifest, Manifest, parse_
 from mrunner.store.blobs import Blobs
 from mrunner.store.bundles import Bundles
 from mrunner.store.errors import ModelCorrupt, StoreCorrupt
-from mrunner.store.imports import Imports
+from mrunner.store.imports import Imports, Staging
 from mrunner.store.index import Index
 from mrunner.store.integrity import Integrity
 from mrunner.store.names import parse
 from mrunner.store.registry import MAX_MANIFEST
-from mrunner.store.upload import Upload
+from mrunner.store.upload import Staged, Upload
 from mrunner.values.model import Deletion, Model, Reference, Reports
 
 DEFAULT_PARTIAL_AGE = 7 * 24 * 3600.0
@@ -140,6 +140,10 @@ class ModelStore:
     def import_upload(self, name: str, upload: IUpload, context_size: int | None = None) -> Deferred[Model]:
         staged = cast(Upload, upload)  # the one IUpload there is: what upload() made
         return self._imports.staged(name, staged, staged.staged, context_size)
+
+    def import_staged(self, name: str, staging: Staging, stage: Callable[[], Staged]) -> Deferred[Model]:
+        """Import as C{name} what C{stage} stages in a thread (another tool's files, linked in)."""
+        return self._imports.staged(name, staging, stage, None)
 
     # IModelStoreAdmin: names and removal
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections import Counter
+from collections.abc import Sequence
 from typing import BinaryIO
 
 from zope.interface import implementer
@@ -27,7 +28,7 @@ from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IUpload
 from mrunner.store import gguf_meta, whisper_meta
 from mrunner.store.artifact import CHAT_TEMPLATE, GGUF, LICENSE, MMPROJ, WHISPER
-from mrunner.store.blobs import CHUNK, Blobs, BlobWriter
+from mrunner.store.blobs import CHUNK, Blobs, BlobWriter, LinkedBlob
 from mrunner.store.package import (
     MAX_SHARDS,
     Untar,
@@ -42,8 +43,8 @@ from mrunner.store.package import (
 
 #: The error names the first few members a package may not hold; the others are not kept.
 UNEXPECTED_NAMED = 5
-#: The weights' header and the sealed writers with their media types, in manifest order.
-Staged = tuple[gguf_meta.GGUFInfo | whisper_meta.WhisperInfo, list[tuple[str, BlobWriter]]]
+#: The weights' header and the sealed files (written, or linked in) with their media types, in manifest order.
+Staged = tuple[gguf_meta.GGUFInfo | whisper_meta.WhisperInfo, Sequence[tuple[str, BlobWriter | LinkedBlob]]]
 
 
 class StoreWriteFailed(MrunnerError):

@@ -25,9 +25,10 @@ from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.model_operations import ModelOperations
 from mrunner.api.manage.openapi import NAME, Piece, answer, errors, json_content, operation
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
-from mrunner.errors import BadRequest, MrunnerError
+from mrunner.errors import BadRequest, Forbidden, MrunnerError, NotFound
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IUpload
 from mrunner.store.names import parse
+from mrunner.store.sources.catalog import Sources
 from mrunner.teams.access import check_usable, visible
 from mrunner.values.model import TAR, Model
 
@@ -58,6 +59,20 @@ REGISTRY_ERRORS = errors(**{"502": "the registry is unreachable or answered with
 CREATE = {"type": "object", "required": ["from"], "properties": {"from": {"type": "string"}}}
 BINARY = {"schema": {"type": "string", "format": "binary"}}
 VERIFIED_ALL = {"200": answer("a report per model", json_content({"type": "array", "items": VERIFIED}))}
+FOUND = {
+    "type": "object",
+    "required": ["source", "ref", "name", "path", "size", "in_store"],
+    "properties": {
+        **{key: {"type": "string"} for key in ("source", "ref", "name", "path", "quantization", "problem")},
+        "size": {"type": "integer"},
+        "in_store": {"type": "array", "items": {"type": "string"}},
+    },
+}
+IMPORT = {
+    "type": "object",
+    "required": ["from"],
+    "properties": {"from": {"type": "string"}, "name": {"type": "string"}},
+}
 TAGGED = {"type": "object", "properties": {key: {"type": "string"} for key in ("message", "target", "id")}}
 
 
@@ -107,9 +122,12 @@ class ModelsAPI:
     routes = Documented(app)
     log = Logger()
 
-    def __init__(self, store: IModelStoreAdmin, operations: ModelOperations) -> None:
+    def __init__(
+        self, store: IModelStoreAdmin, operations: ModelOperations, sources: Sources | None = None
+    ) -> None:
         self._store = store
         self._operations = operations
+        self._sources = sources
 
     def openapi(self) -> Piece:
         """The routes' piece, its paths relative to C{/models}, where they are mounted."""
@@ -119,13 +137,49 @@ class ModelsAPI:
     @routes.route(
         "/",
         "GET",
-        operation("Local models", {"200": answer("models", json_content({"type": "array", "items": MODEL}))}),
+        operation(
+            "Local models; with ?found=1, the models other tools keep on this machine",
+            {"200": answer("models", json_content({"type": "array", "items": {"anyOf": [MODEL, FOUND]}}))},
+            parameters=[_query("found", {"type": "boolean"}, "list other tools' models instead")],
+        ),
         strict_slashes=False,
     )
-    def list_models(self, request: IRequest) -> bytes:
-        """The models the key may use: any key may read them (L{visible}), an admin's manages them."""
+    async def list_models(self, request: IRequest) -> bytes:
+        """The models the key may use: any key may read them (L{visible}), an admin's manages them.
+
+        C{?found=1}: instead, the models other tools keep on this machine (an admin's view: it shows
+        their folders), each with the names the store has it by.
+        """
+        if flag(request, "found"):
+            return json_body(request, await self._sources_for(request).listing())
         models = visible(caller(request).member, self._store.list())
         return json_body(request, [model_json(model) for model in models])
+
+    @routes.route(
+        "/import",
+        "POST",
+        operation(
+            "Bring a model another tool keeps (Ollama, the Hugging Face cache, LM Studio, llama.cpp, a"
+            " .gguf path) into the store as hard links: no second copy",
+            {"201": answer("the imported model, and how", json_content(MODEL))},
+            body=json_content(IMPORT),
+        ),
+    )
+    async def import_found(self, request: IRequest) -> bytes:
+        """Import ``{"from": "ollama:llama3.2:1b", "name"?: ...}``; the answer says linked or copied."""
+        body = json_object(read_body(request, MAX_CREATE_BODY))
+        source, name = body.get("from"), body.get("name")
+        if not isinstance(source, str) or not source or not isinstance(name, str | None):
+            raise BadRequest('give {"from": SOURCE} and optionally a "name": strings', param="from")
+        model, report = await self._sources_for(request).import_(source, name)
+        return json_body(request, {**model_json(model), "import": report}, 201)
+
+    def _sources_for(self, request: IRequest) -> Sources:
+        if not caller(request).admin:
+            raise Forbidden("only an admin key sees and imports other tools' models", code="admin_only")
+        if self._sources is None:
+            raise NotFound("this daemon looks in no other tool's folders")
+        return self._sources
 
     @routes.route(
         "/create",

@@ -1,0 +1,128 @@
+"""Ollama's store: ``manifests/<host>/<namespace>/<name>/<tag>`` naming layers kept as ``blobs/sha256-<hex>``.
+
+Found where Ollama looks: C{OLLAMA_MODELS}, else ``~/.ollama/models``. A layer
+is reached only by its digest, checked to be one, so a manifest cannot name a
+file outside the blobs folder; the blob must be a regular file there (Ollama
+writes no links), and its digest is checked when it is imported.
+
+Ollama's template layer is a Go template, which llama-server does not run: the
+GGUF's own chat template is used, and the import says so. Its params layer
+(stop words, sampling defaults) is not carried over either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from mrunner.store.names import DIGEST
+from mrunner.store.sources.folders import inside, lower_keys, store_name, walk_dirs
+from mrunner.store.sources.found import Found, Refused, SourceFile
+
+SOURCE = "ollama"
+REGISTRY = "registry.ollama.ai"
+LIBRARY = "library"
+MEDIA = "application/vnd.ollama.image."
+MODEL, PROJECTOR, TEMPLATE, LICENSE, PARAMS, ADAPTER = (
+    MEDIA + kind for kind in ("model", "projector", "template", "license", "params", "adapter")
+)
+MAX_MANIFEST = 1024 * 1024
+GO_TEMPLATE = (
+    "Ollama's template is a Go template, which llama-server does not run:"
+    " the GGUF's own chat template is used"
+)
+
+
+def root(configured: str | None, environ: Mapping[str, str]) -> Path | None:
+    """Where Ollama keeps its models: C{[sources] ollama}, else C{OLLAMA_MODELS}, else its default."""
+    if configured is not None:
+        return Path(configured).expanduser() if configured else None
+    return Path(environ.get("OLLAMA_MODELS") or "~/.ollama/models").expanduser()
+
+
+def scan(folder: Path) -> Iterator[Found]:
+    """Every model Ollama has in C{folder}, one per manifest (a tag)."""
+    manifests = folder / "manifests"
+    for tag_dir in walk_dirs(manifests, 3):
+        try:
+            entries = sorted(tag_dir.iterdir())
+        except OSError:
+            continue
+        for manifest in entries:
+            if manifest.is_file() or manifest.is_symlink():
+                yield _found(folder, manifest, manifest.relative_to(manifests).parts)
+
+
+def _found(folder: Path, manifest: Path, parts: tuple[str, ...]) -> Found:
+    host, namespace, name, tag = parts
+    short = f"{namespace}/{name}" if namespace != LIBRARY or host != REGISTRY else name
+    full = f"{host}/{namespace}/{name}"
+    keys = lower_keys(f"{short}:{tag}", f"{namespace}/{name}:{tag}", f"{full}:{tag}")
+    if tag == "latest":
+        keys |= lower_keys(short, f"{namespace}/{name}", full)
+    repository = f"ollama.com/{namespace}/{name}" if host == REGISTRY else full
+    found = Found(SOURCE, f"{SOURCE}:{short}:{tag}", store_name(repository, tag), manifest, keys=keys)
+    try:
+        return _layers(found, folder, _read_manifest(inside(manifest, folder).path))
+    except Refused as e:
+        return attrs.evolve(found, problem=e.message)
+
+
+def _read_manifest(path: Path) -> list[dict[str, Any]]:
+    """The layers of the manifest at C{path}; @raise Refused: not one Ollama writes."""
+    if os.path.getsize(path) > MAX_MANIFEST:
+        raise Refused(f"the manifest {path} is over {MAX_MANIFEST} bytes")
+    try:
+        layers = json.loads(path.read_bytes()).get("layers")
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+        raise Refused(f"the manifest {path} is not Ollama's JSON") from None
+    if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
+        raise Refused(f"the manifest {path} has no list of layers")
+    return layers
+
+
+def _layers(found: Found, folder: Path, layers: list[dict[str, Any]]) -> Found:
+    """C{found} with its files: the model layer (one), a projector, licenses; notes on what is left out."""
+    files: dict[str, list[SourceFile]] = {MODEL: [], PROJECTOR: [], LICENSE: [], ADAPTER: []}
+    notes: list[str] = []
+    for layer in layers:
+        kind = layer.get("mediaType")
+        if kind == TEMPLATE:
+            notes.append(GO_TEMPLATE)
+        elif kind == PARAMS:
+            notes.append("Ollama's params (stop words, sampling defaults) are not carried over")
+        elif kind in files:
+            files[kind].append(_blob(folder, layer))
+    if len(files[MODEL]) != 1:
+        raise Refused(f"the manifest names {len(files[MODEL])} model layers; one is what Ollama serves")
+    if files[ADAPTER]:
+        raise Refused("the model has a LoRA adapter layer, which mrunner does not apply")
+    if len(files[PROJECTOR]) > 1:
+        raise Refused("the manifest names more than one projector")
+    projector = files[PROJECTOR][0] if files[PROJECTOR] else None
+    return attrs.evolve(
+        found,
+        weights=tuple(files[MODEL]),
+        projector=projector,
+        licenses=tuple(files[LICENSE]),
+        notes=tuple(notes),
+    )
+
+
+def _blob(folder: Path, layer: dict[str, Any]) -> SourceFile:
+    """The blob a layer names, by its digest only; @raise Refused: no sha256 digest, or not a file here."""
+    digest, size = layer.get("digest"), layer.get("size")
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        raise Refused(f"a layer names {str(digest)[:80]!r}, not a sha256 digest of a blob in {folder}/blobs")
+    name = digest.replace(":", "-")
+    blob = inside(folder / "blobs" / name, folder / "blobs")
+    if blob.path != (folder / "blobs").resolve() / name:
+        raise Refused(f"the blob of {digest} is a link: Ollama writes none, so it is not followed")
+    if isinstance(size, int) and size != blob.size:
+        raise Refused(f"the blob of {digest} holds {blob.size} bytes; the manifest says {size}")
+    return attrs.evolve(blob, digest=digest)
