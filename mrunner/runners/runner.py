@@ -10,7 +10,6 @@ sets nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import attrs
@@ -21,25 +20,14 @@ from twisted.python.failure import Failure
 
 from mrunner.interfaces import ILoaderEvents, IRunnerProcess
 from mrunner.runners import lifecycle
+from mrunner.runners.holding import GpuUse, Measured, held_on_gpus
 from mrunner.runners.lifecycle import Input, Stage
 from mrunner.runners.request import LoadRequest
-from mrunner.values import HOST, Placement, RunnerKey, State
-
-#: Seconds between two readings of a runner's resident memory (from /proc) and its use of each GPU
-#: (from NVML), which are read when it goes idle.
-MEASURE_EVERY = 1.0
+from mrunner.values import Placement, RunnerKey, State
 
 #: Seconds before the first poll of a loading runner's health after a "not yet", and the most between two.
 POLL_FIRST = 0.02
 POLL_MAX = 0.25
-
-#: NVML's bytes for a process on each GPU (L{mrunner.interfaces.IDevices.used_by}).
-GpuUse = Callable[[int], Mapping[str, int]]
-
-
-def unmeasured(pid: int) -> dict[str, int]:
-    """No GPU use measured: a machine without NVML."""
-    return {}
 
 
 class Keeper(Protocol):
@@ -96,10 +84,7 @@ class Runner:
         self.loaded_at = 0.0  # when it became ready: not yet
         #: Requests it has taken since it became ready.
         self.served = 0
-        self.measured = 0
-        #: NVML's bytes for its process on each GPU, when last read; none without NVML.
-        self.measured_gpus: Mapping[str, int] = {}
-        self.measured_at = -MEASURE_EVERY
+        self.measured = Measured()
         #: Seconds of idling before it goes (-1: never, 0: at once); a pinned runner never goes.
         self.keep_alive = request.keep_alive
         self.pinned = request.pinned
@@ -243,7 +228,7 @@ class Runner:
         self.in_use -= 1
         if self.in_use == 0:
             self.finished_at = self._roll.clock.seconds()
-            if self.finished_at - self.measured_at >= MEASURE_EVERY:
+            if self.measured.due(self.finished_at):
                 self._measure()
 
     def take_terms(self) -> None:
@@ -314,11 +299,7 @@ class Runner:
         self._roll.keeper.replan()
 
     def _measure(self) -> None:
-        self.measured = self.process.rss() or self.measured
-        pid = self.process.pid
-        if pid is not None:
-            self.measured_gpus = self._roll.gpu_use(pid) or self.measured_gpus
-        self.measured_at = self._roll.clock.seconds()
+        self.measured.take(self.process, self._roll.gpu_use, self._roll.clock.seconds())
 
     # Views (L{mrunner.scheduling.policy.RunnerView} and the snapshots)
 
@@ -359,16 +340,12 @@ class Runner:
 
     @property
     def memory(self) -> int:
-        """What the budget counts: the estimate, or the measured resident memory once larger.
-
-        Measured when the runner is ready and when it goes idle, at most
-        once every L{MEASURE_EVERY} seconds (a busy runner goes idle after
-        each request). The estimate stays the floor: resident memory counts
-        only pages touched so far, and buffers llama-server has allocated
-        but not yet used are touched by the first long prompt.
+        """What the budget counts: the estimate, or the measured resident memory once larger
+        (L{Measured}). The estimate stays the floor: resident memory counts only pages touched so
+        far, and buffers llama-server has allocated but not yet used are touched by the first long prompt.
         """
         estimate = self.request.memory if self.placement is None else self.placement.in_ram
-        return max(estimate, self.measured)
+        return max(estimate, self.measured.rss)
 
     @property
     def on_gpus(self) -> dict[str, int]:
@@ -377,24 +354,8 @@ class Runner:
         Like L{memory}, the estimate stays the floor (L{held_on_gpus}).
         """
         planned = {} if self.placement is None else self.placement.on_gpus
-        return held_on_gpus(planned, self.process.load_report.buffers, self.measured_gpus)
+        return held_on_gpus(planned, self.process.load_report.buffers, self.measured.gpus)
 
     @property
     def gpu_layers(self) -> int:
         return 0 if self.placement is None else self.placement.gpu_layers
-
-
-def held_on_gpus(*readings: Mapping[str, int]) -> dict[str, int]:
-    """Bytes a runner holds on each GPU: the largest of its C{readings} (the plan, its load output,
-    NVML's use of its process), device by device, as measured RSS corrects the estimate in RAM.
-
-    Each reading misses something the others count (the plan is an estimate, the load output
-    leaves out the GPU runtime's own context), so none is trusted below the others. The host's
-    RAM (C{CPU}) in a reading is not a GPU and is left out.
-    """
-    held: dict[str, int] = {}
-    for reading in readings:
-        for device, size in reading.items():
-            if device != HOST:
-                held[device] = max(held.get(device, 0), size)
-    return held

@@ -21,8 +21,9 @@ from twisted.python.failure import Failure
 
 from mrunner.errors import MrunnerError, RunnerFailed, Unavailable
 from mrunner.interfaces import IDevices, ILoaderEvents, IRunnerProcess
+from mrunner.runners.holding import unmeasured
 from mrunner.runners.request import LoadRequest
-from mrunner.runners.runner import Runner, unmeasured
+from mrunner.runners.runner import Runner
 from mrunner.scheduling import policy, priority, refusals, smaller
 from mrunner.scheduling.backoff import Backoffs
 from mrunner.scheduling.gate import Gate

@@ -7,8 +7,9 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from mrunner.interfaces import ILoaderEvents, IRunnerProcess
+from mrunner.runners.holding import GpuUse, unmeasured
 from mrunner.runners.request import LoadRequest
-from mrunner.runners.runner import GpuUse, Keeper, Runner, unmeasured
+from mrunner.runners.runner import Keeper, Runner
 from mrunner.scheduling import placing
 from mrunner.scheduling.policy import Limits
 from mrunner.values import Footprint, Placement, RunnerKey, State

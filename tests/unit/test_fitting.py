@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.llamacpp import arguments, sizing
-from mrunner.runners.runner import held_on_gpus
+from mrunner.runners.holding import held_on_gpus
 from mrunner.scheduling import placing, policy, smaller
 from mrunner.scheduling.order import LOADED, Rules
 from mrunner.scheduling.policy import Limits, State

@@ -11,8 +11,8 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import RunnerFailed, Unavailable
+from mrunner.runners.holding import MEASURE_EVERY
 from mrunner.runners.request import LoadRequest
-from mrunner.runners.runner import MEASURE_EVERY
 from mrunner.scheduling import policy
 from mrunner.scheduling.lease import Lease
 from mrunner.scheduling.loader import Loader
