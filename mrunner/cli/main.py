@@ -20,6 +20,7 @@ from mrunner.cli import (
     bench,
     devices,
     engines,
+    found,
     launch,
     login,
     models,
@@ -148,7 +149,13 @@ def _model_commands(add: Add) -> None:
     speech.add_argument("--format", choices=transcribe.FORMATS, default="text", help="default: text")
     speech.add_argument("--language", help="the language spoken, e.g. en (default: the model detects it)")
     speech.add_argument("--translate", action="store_true", help="into English text, whatever is spoken")
-    add("ls", models.ls, "list the models in the store", "list", json=True)
+    listing = add("ls", models.ls, "list the models in the store", "list", json=True)
+    listing.add_argument(
+        "--found", action="store_true", help="list the models Ollama, Hugging Face, LM Studio, llama.cpp keep"
+    )
+    bring = add("import", found.import_, "bring another tool's model into the store, without a copy")
+    bring.add_argument("source", metavar="SOURCE", help=found.SOURCES + " (`mrunner ls --found` lists them)")
+    bring.add_argument("name", nargs="?", metavar="NAME", help="its name here (default: one from its source)")
     add("inspect", models.inspect, "show a model's details as JSON").add_argument("model", help=STORED)
     add("verify", models.verify, "re-hash a model's files (all models without NAME)").add_argument(
         "model", nargs="?", metavar="NAME", help=f"{STORED} (default: every model)"

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from mrunner.cli import found
 from mrunner.cli.client import model_path
 from mrunner.cli.context import Context
 from mrunner.cli.errors import CommandError, DaemonError
@@ -56,6 +57,9 @@ def show_transfer(
 
 
 def ls(ctx: Context, args: Namespace) -> None:
+    if getattr(args, "found", False):
+        found.ls(ctx, args)
+        return
     models = ctx.listing("/models", args)
     if models is None:
         return

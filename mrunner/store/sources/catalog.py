@@ -138,12 +138,12 @@ class Sources:
             if model.problem or not model.shards:
                 continue
             first = self._store.manifest(model.id).gguf.digest
-            by_digest[first] = list(model.tags)
+            by_digest.setdefault(first, []).extend(model.tags)
             try:
                 stat = os.stat(model.shards[0])
             except OSError:
                 continue
-            by_inode[(stat.st_dev, stat.st_ino)] = list(model.tags)
+            by_inode.setdefault((stat.st_dev, stat.st_ino), []).extend(model.tags)
 
         def tags(found: Found) -> list[str]:
             if not found.weights:
