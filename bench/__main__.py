@@ -36,6 +36,7 @@ from bench import (
     keyed,
     loading,
     mixed,
+    realstreams,
     report,
     servers,
     small,
@@ -170,7 +171,10 @@ def machine() -> dict[str, Any]:
     """What the figures were measured on, for the README and for comparing runs."""
     cpuinfo = Path("/proc/cpuinfo").read_text()
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
-    nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr.strip()
+    try:
+        nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr.strip()
+    except FileNotFoundError:
+        nginx = "not installed"  # --real-streams-only needs none
     return {
         "cpu": names[0] if names else platform.processor(),
         "cores": len(os.sched_getaffinity(0)),
@@ -229,6 +233,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run only scenario 12, the fast runner (a C stand-in: no llama-server needed): about 3 min",
     )
+    parser.add_argument(
+        "--real-streams-only",
+        action="store_true",
+        help="run only scenario 13, concurrent streams on the real llama-server read to their ends",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 
@@ -255,12 +264,15 @@ def main(argv: list[str] | None = None) -> int:
             rows = store_scenarios(tmp, executable, settings)
         elif args.conversation_only:
             rows = conversations(tmp, executable)
+        elif args.real_streams_only:
+            rows = realstreams.measure(tmp, executable, settings, progress)
         else:
             rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
             rows += conversations(tmp, executable)
             progress("11: mixed models under max_runners 1, order loaded against fifo")
             rows += mixed.rows(*mixed.measure())
             rows += fastrunner.measure(tmp, settings, progress)
+            rows += realstreams.measure(tmp, executable, settings, progress)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1

@@ -65,11 +65,11 @@ def cores() -> tuple[list[str], list[str]]:
     return ["taskset", "-c", str(available[1])], ["taskset", "-c", str(available[0])]
 
 
-def request_file(tmp: Path, events: int) -> Path:
-    """A whole HTTP/1.1 request for a stream of C{events}, as the load sends it."""
-    body = json.dumps(chat(MODEL, events, stream=True)).encode()
+def request_file(tmp: Path, events: int, model: str = MODEL) -> Path:
+    """A whole HTTP/1.1 request for a stream of C{events} of C{model}, as the load sends it."""
+    body = json.dumps(chat(model, events, stream=True)).encode()
     head = f"POST {CHAT} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-    path = tmp / f"fast-request-{events}.http"
+    path = tmp / f"{model.replace('/', '-')}-request-{events}.http"
     path.write_bytes(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     return path
 

@@ -68,6 +68,18 @@ class Settings:
     fast_seconds: float = field(
         default=1.5, metadata={"help": "seconds of each measured window of scenario 10, once all are open"}
     )
+    real_streams: str = field(
+        default="1,4,16,64,256",
+        metadata={"help": "counts of streams scenario 13 (real streams) runs at once, comma-separated"},
+    )
+    real_tokens: int = field(
+        default=32,
+        metadata={"help": "tokens in each stream of scenario 13's counts (short: 256 x 64 took 46 s direct)"},
+    )
+    real_sizes: str = field(
+        default="160,320,16",
+        metadata={"help": "scenario 13's sweep of answer sizes at 4 streams: first,last,step"},
+    )
 
 
 def chat(model: str, max_tokens: int, stream: bool, **extra: Any) -> dict[str, Any]:
