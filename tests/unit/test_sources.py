@@ -15,7 +15,7 @@ from mrunner.store.artifact import GGUF, LICENSE, MMPROJ
 from mrunner.store.sources import catalog, hf_cache, linking, llamacpp, lmstudio, ollama
 from mrunner.store.sources.found import Refused
 from mrunner.testing.tinymodel import write_tiny_mmproj
-from tests.support.ggufs import write_tiny_gguf
+from tests.support.ggufs import flip_last_byte, write_tiny_gguf
 from tests.support.store_cases import StoreTestCase
 from tests.support.tool_folders import (
     hf_cache_repo,
@@ -95,6 +95,21 @@ class OllamaTests(SourcesTestCase):
             ollama_blob_path(self.roots["ollama"], self.gguf.read_bytes()).read_bytes(),
             self.gguf.read_bytes(),
         )
+
+    def test_a_source_changed_in_place_is_found_by_verify(self) -> None:
+        """The tool's file and the store's blob are one file: a change to it is the store's to find."""
+        ollama_model(self.roots["ollama"], "tiny", "1b", self.gguf)
+        model, _ = self.import_("ollama:tiny:1b")
+        flip_last_byte(ollama_blob_path(self.roots["ollama"], self.gguf.read_bytes()))
+        (report,) = self.successResultOf(self.store.verify(model.id))  # type: ignore[arg-type]
+        self.assertEqual(report["status"], "corrupt")
+
+    def test_a_source_removed_after_import_leaves_the_model_whole(self) -> None:
+        ollama_model(self.roots["ollama"], "tiny", "1b", self.gguf)
+        model, _ = self.import_("ollama:tiny:1b")
+        ollama_blob_path(self.roots["ollama"], self.gguf.read_bytes()).unlink()
+        (report,) = self.successResultOf(self.store.verify(model.id))  # type: ignore[arg-type]
+        self.assertEqual(report["status"], "ok")
 
     def test_copied_where_the_file_system_refuses_a_link(self) -> None:
         def cross_device(*args: object, **kwargs: object) -> None:

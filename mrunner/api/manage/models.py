@@ -161,7 +161,16 @@ class ModelsAPI:
         operation(
             "Bring a model another tool keeps (Ollama, the Hugging Face cache, LM Studio, llama.cpp, a"
             " .gguf path) into the store as hard links: no second copy",
-            {"201": answer("the imported model, and how", json_content(MODEL))},
+            {
+                "201": answer("the imported model, and how", json_content(MODEL)),
+                **errors(
+                    **{
+                        "422": "the source's layout was refused: a file outside its folder, a digest that"
+                        " does not match, a file that cannot be read",
+                        "507": "the store's disk is full (a copy, where no link could be made)",
+                    }
+                ),
+            },
             body=json_content(IMPORT),
         ),
     )

@@ -24,7 +24,7 @@ from mrunner.store import gguf_meta
 from mrunner.store.artifact import GGUF, LICENSE, MMPROJ
 from mrunner.store.blobs import Blobs, BlobWriter, LinkedBlob
 from mrunner.store.sources.found import Found, Refused, SourceFile
-from mrunner.store.upload import Staged
+from mrunner.store.upload import Staged, StoreWriteFailed
 from mrunner.values.sizes import format_size
 
 #: Why a link may be refused where a copy is not: another file system, another user's file, too many links.
@@ -85,16 +85,12 @@ class Linking:
 
     def _place(self, source: SourceFile) -> BlobWriter | LinkedBlob:
         """C{source} staged in the store, linked or copied, checked to be the file found and hashed."""
-        temp = self._blobs.staged_temp()
-        found = os.stat(source.path, follow_symlinks=False)
         try:
-            os.link(source.path, temp, follow_symlinks=False)
+            part = self._link_or_copy(source)
         except OSError as e:
-            if e.errno not in NO_LINK:
-                raise
-            part: BlobWriter | LinkedBlob = self._copy(source)
-        else:
-            part = self._linked(temp, found)
+            if e.errno == errno.ENOSPC:
+                raise StoreWriteFailed(f"the store cannot hold {source.path}: {e.strerror}") from None
+            raise Refused(f"{source.path} cannot be imported: {e.strerror}") from None
         digest = part.seal()
         if source.digest is not None and digest != source.digest:
             raise Refused(
@@ -102,6 +98,17 @@ class Linking:
                 " the source's file is damaged or not what it claims; nothing was imported"
             )
         return part
+
+    def _link_or_copy(self, source: SourceFile) -> BlobWriter | LinkedBlob:
+        temp = self._blobs.staged_temp()
+        found = os.stat(source.path, follow_symlinks=False)
+        try:
+            os.link(source.path, temp, follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in NO_LINK:
+                raise
+            return self._copy(source)
+        return self._linked(temp, found)
 
     def _linked(self, temp: Path, found: os.stat_result) -> LinkedBlob:
         staged = os.stat(temp, follow_symlinks=False)
