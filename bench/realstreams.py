@@ -94,7 +94,7 @@ def paths(tmp: Path, executable: Path, settings: Settings, load: Path) -> Iterat
             daemon.import_model(target.url, MODEL, gguf)
             addresses[relay] = "tcp:" + target.url.removeprefix("http://")
         for address in addresses.values():
-            drive(tmp, load, address, 1, 1)  # loads the runner
+            run_load(tmp, load, address, 1, 1)  # loads the runner
         argv = daemon.runner_argv("http://" + addresses[fastrunner.RELAYS[0]].removeprefix("tcp:"))
         direct = running.enter_context(servers.llama_server(argv, tmp, "real-direct"))
         yield {"direct": "tcp:" + direct.url.removeprefix("http://"), **addresses}
@@ -111,7 +111,14 @@ def cores_busy(tmp: Path) -> Iterator[None]:
 
 
 def drive(tmp: Path, load: Path, address: str, streams: int, tokens: int) -> Figures:
-    """C{streams} streams of C{tokens} at once to C{address}, all sent at once, each read to its end."""
+    """The rate after the first event and the slowest end of L{run_load}."""
+    result = run_load(tmp, load, address, streams, tokens)
+    seconds = result["elapsed_s"] - result["first_event_s"]
+    return {"tokens_per_s": streams * tokens / seconds, "slowest_s": result["slowest_s"]}
+
+
+def run_load(tmp: Path, load: Path, address: str, streams: int, tokens: int) -> dict[str, float]:
+    """C{streams} streams of C{tokens} sent at once to C{address}, each read to its end: the load's JSON."""
     request = fastrunner.request_file(tmp, tokens, MODEL)
     argv = [str(load), address, str(streams), "0", "0", str(request)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=LOAD_TIMEOUT, check=False)
@@ -121,8 +128,7 @@ def drive(tmp: Path, load: Path, address: str, streams: int, tokens: int) -> Fig
     result = json.loads(lines[-1])
     if result["failed"] or result["all_events"] < streams * tokens:
         raise BadResponse(f"{address}, {streams} x {tokens} tokens: {result}")
-    seconds = result["elapsed_s"] - result["first_event_s"]
-    return {"tokens_per_s": streams * tokens / seconds, "slowest_s": result["slowest_s"]}
+    return result
 
 
 def measure(tmp: Path, executable: Path, settings: Settings, progress: Callable[[str], None]) -> list[Row]:
