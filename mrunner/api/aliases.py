@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from mrunner.config import Config
 from mrunner.errors import BadRequest, NotFound
 from mrunner.interfaces import IModelStore
-from mrunner.store.names import normal_name
+from mrunner.names import normal_name
 from mrunner.values.model import Model
 
 

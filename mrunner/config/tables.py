@@ -32,7 +32,7 @@ from mrunner.config.sections import (
 )
 from mrunner.config.values import ConfigError
 from mrunner.errors import BadRequest
-from mrunner.store.names import DIGEST, SHORT_ID, parse
+from mrunner.names import DIGEST, SHORT_ID, parse
 
 
 def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from mrunner.errors import NotFound
 from mrunner.interfaces import IModelStore
-from mrunner.store.names import normal_name
+from mrunner.names import normal_name
 from mrunner.teams.members import Member
 from mrunner.values import RunnerSnapshot
 from mrunner.values.model import Model

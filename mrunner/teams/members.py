@@ -15,7 +15,7 @@ import attrs
 
 from mrunner.config import PRIORITIES, KeyConfig
 from mrunner.errors import Forbidden
-from mrunner.store.names import normal_name
+from mrunner.names import normal_name
 
 
 @attrs.frozen

@@ -1,6 +1,6 @@
 """What the rest of mrunner knows of a stored model: the values the store's interfaces speak in.
 
-The store makes them (L{mrunner.store.names} parses a L{Reference}, the index
+The store makes them (L{mrunner.names} parses a L{Reference}, the index
 resolves a L{Model}); every other layer only reads them, so they live here,
 importing nothing of mrunner.
 """

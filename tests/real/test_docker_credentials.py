@@ -24,10 +24,10 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from mrunner.config import RegistryConfig
+from mrunner.names import parse
 from mrunner.store.artifact import OCI_MANIFEST
 from mrunner.store.credentials import Credentials
 from mrunner.store.local import ModelStore
-from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher

@@ -36,13 +36,13 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from mrunner.config import HuggingFaceConfig, RegistryConfig
 from mrunner.errors import BadGateway, BadRequest
+from mrunner.names import parse
 from mrunner.store import gguf_meta
 from mrunner.store.artifact import OCI_MANIFEST
 from mrunner.store.blobs import Blobs, BlobWriter
 from mrunner.store.gguf_header import MAX_ARRAY, MAX_STRING, HeaderError, read_header
 from mrunner.store.huggingface import HubClient
 from mrunner.store.local import ModelStore
-from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.registry import RegistryClient, Repository

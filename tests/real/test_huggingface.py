@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, BadRequest, NotFound
+from mrunner.names import parse
 from mrunner.store import artifact
 from mrunner.store.huggingface import (
     HubFile,
@@ -23,7 +24,6 @@ from mrunner.store.huggingface import (
     safe_path,
     select,
 )
-from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.push import Pusher
 from mrunner.store.registry import RegistryClient

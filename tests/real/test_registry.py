@@ -25,6 +25,7 @@ from mrunner.api.manage.models import ModelsAPI
 from mrunner.cli.package import TarStream, members
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway, NotFound
+from mrunner.names import parse
 from mrunner.store.artifact import (
     GGUF,
     MMPROJ,
@@ -35,7 +36,6 @@ from mrunner.store.artifact import (
     sha256,
 )
 from mrunner.store.local import ModelStore
-from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.registry import MAX_TOKEN_ANSWER, RegistryClient, Repository, Unauthorized

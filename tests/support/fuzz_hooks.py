@@ -15,7 +15,7 @@ import schemathesis
 
 from mrunner.config import ConfigError, parse_keep_alive
 from mrunner.errors import BadRequest
-from mrunner.store.names import parse
+from mrunner.names import parse
 
 MODEL = os.environ.get("MRUNNER_FUZZ_MODEL", "ai/tiny")
 # _configure restarts runners: it gets a model of its own, so inference keeps a warm one.

@@ -12,9 +12,9 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent
 
 from mrunner.config import HuggingFaceConfig, RegistryConfig
+from mrunner.names import parse
 from mrunner.store.huggingface import HubClient
 from mrunner.store.local import ModelStore
-from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.registry import RegistryClient

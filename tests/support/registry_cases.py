@@ -14,9 +14,9 @@ from twisted.web.client import Agent
 
 from mrunner.config import RegistryConfig
 from mrunner.errors import BadGateway
+from mrunner.names import parse
 from mrunner.store.artifact import OCI_MANIFEST, Manifest
 from mrunner.store.local import ModelStore
-from mrunner.store.names import parse
 from mrunner.store.progress import Progress
 from mrunner.store.pull import Puller
 from mrunner.store.push import Pusher

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import BadRequest
-from mrunner.store.names import parse, with_tag
+from mrunner.names import parse, with_tag
 from mrunner.values.model import Reference
 
 DIGEST = "sha256:" + "ab" * 32

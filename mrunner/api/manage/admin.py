@@ -19,7 +19,7 @@ from mrunner.api.reading import validate
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IBackend, IModelStore, IScheduler
-from mrunner.store.names import parse
+from mrunner.names import parse
 from mrunner.teams.access import visible_disk_usage, visible_name, visible_runners
 from mrunner.values import ModelSettings
 

@@ -15,7 +15,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from mrunner.errors import Conflict
 from mrunner.interfaces import IModelPuller, IModelPusher, IModelStoreAdmin, IProgress, IScheduler
-from mrunner.store.names import parse
+from mrunner.names import parse
 from mrunner.store.progress import Emit, Progress
 from mrunner.values import State
 from mrunner.values.model import Deletion, Reference

@@ -10,7 +10,7 @@ from twisted.web.iweb import IRequest
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.reading.bodies import query
-from mrunner.store.names import parse
+from mrunner.names import parse
 
 
 class SavedStates(Protocol):

@@ -23,7 +23,7 @@ from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.api.reading.bodies import count, query
 from mrunner.errors import BadRequest, Forbidden, NotFound
-from mrunner.store.names import normal_name
+from mrunner.names import normal_name
 from mrunner.teams.usage import FIELDS, Page, Query, UsageBook
 
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")

@@ -31,7 +31,7 @@ from mrunner.api.manage.openapi import Piece
 from mrunner.api.reading.bodies import json_object, read_body
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IScheduler
-from mrunner.store.names import parse
+from mrunner.names import parse
 from mrunner.teams.access import check_usable, may_use, visible
 from mrunner.values.model import Model
 
