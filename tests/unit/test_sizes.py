@@ -37,6 +37,15 @@ class SizesTests(SynchronousTestCase):
             ["mrunner/m.py:top: 61 lines", "mrunner/m.py:method: 61 lines", "mrunner/m.py:waits: 62 lines"],
         )
 
+    def test_c_and_javascript_read_for_their_module_size_alone(self) -> None:
+        """A long C or JavaScript file is caught; its functions are not measured (no parser)."""
+        long_function = "int f(void) {\n" + "    x++;\n" * 70 + "}\n"
+        files = {"loop.c": "int x;\n" * 401, "page.js": "let x;\n" * 401, "short.c": long_function}
+        self.assertEqual(
+            [problem.partition(",")[0] for problem in self.check(files)],
+            ["mrunner/loop.c: 401 lines", "mrunner/page.js: 401 lines"],
+        )
+
     def test_allow_list_names_module_or_function(self) -> None:
         files = {"a.py": "x = 1\n" * 401, "b.py": function("long", 61) + function("other", 61)}
         problems = self.check(files, "mrunner/a.py  # being split\nmrunner/b.py:long  # being split\n")
