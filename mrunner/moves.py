@@ -1,9 +1,9 @@
 """A guard for small lifecycles: which state may follow which, as a table, and one error for the rest.
 
 The runner's own machine (L{mrunner.runners.lifecycle}) lists its outputs
-too; the smaller lifecycles (a runner process's readiness, a backend's
-install, a preload) only need their moves checked, so a bug shows up where
-it happens instead of as, say, an install that is both running and failed.
+too, and owns its readiness; the smaller lifecycles (a backend's install, a
+preload) only need their moves checked, so a bug shows up where it happens
+instead of as, say, an install that is both running and failed.
 """
 
 from __future__ import annotations

@@ -13,14 +13,14 @@ RERANKING = "reranking"
 #: Speech to text (and translation to English) by a Whisper model's runner.
 TRANSCRIPTION = "transcription"
 MODES = (COMPLETION, EMBEDDING, RERANKING, TRANSCRIPTION)
-#: The backend that serves Whisper models.
-WHISPER = "whisper.cpp"
+#: The backend that serves Whisper models (their weights' media type is C{store.artifact.WHISPER}).
+WHISPER_CPP = "whisper.cpp"
 
 
 def default_use(model: Model, backend: str) -> tuple[str, str]:
     """The backend and mode that serve C{model} where nothing names them (a preload): a Whisper
     model's are whisper.cpp's transcription, any other's C{backend}'s completion."""
-    return (WHISPER, TRANSCRIPTION) if model.config.get("format") == "whisper" else (backend, COMPLETION)
+    return (WHISPER_CPP, TRANSCRIPTION) if model.config.get("format") == "whisper" else (backend, COMPLETION)
 
 
 @attrs.frozen

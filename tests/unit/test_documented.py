@@ -16,8 +16,9 @@ from mrunner.api.documented import BACKEND, Documented
 from mrunner.api.door.direct import Direct
 from mrunner.api.door.routing import Routes
 from mrunner.api.errors import handle_json_errors, json_body, ollama_shape
-from mrunner.api.manage.openapi import answer, described, document, operation, routed
+from mrunner.api.manage.openapi import described, document, routed
 from mrunner.api.openai.routes import InferenceAPI
+from mrunner.api.openapi import answer, operation
 from mrunner.tap import make_parts
 
 ECHO = operation("Echo", {"200": answer("what was asked")})

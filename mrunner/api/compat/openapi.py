@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mrunner.api.documented import Operation, parameter
-from mrunner.api.manage.openapi import ERROR, Piece, answer, json_content, operation
+from mrunner.api.openapi import ERROR, Piece, answer, json_content, operation
 
 ANTHROPIC_ERROR = {
     "type": "object",

@@ -13,8 +13,8 @@ from mrunner.api.door.callers import caller
 from mrunner.api.door.route_group import Piece
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.flags import runtime_flags
-from mrunner.api.manage.openapi import answer, errors, json_content, operation
 from mrunner.api.manage.scheduler_json import failed_preload_json, failed_preloads, runner_json, with_queue
+from mrunner.api.openapi import answer, errors, json_content, operation
 from mrunner.api.reading import validate
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, json_object, keep_alive, model_name, query, read_body
 from mrunner.errors import BadRequest

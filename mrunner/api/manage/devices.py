@@ -10,7 +10,7 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.documented import Documented
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation
+from mrunner.api.openapi import Piece, answer, json_content, operation
 from mrunner.interfaces import IDevices
 
 DEVICE = {

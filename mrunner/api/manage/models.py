@@ -23,7 +23,7 @@ from mrunner.api.door.callers import caller
 from mrunner.api.door.declared import MAX_CREATE_BODY
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.model_operations import ModelOperations
-from mrunner.api.manage.openapi import NAME, Piece, answer, errors, json_content, operation
+from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.errors import BadRequest, Forbidden, MrunnerError, NotFound
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IUpload

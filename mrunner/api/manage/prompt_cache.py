@@ -8,7 +8,7 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation, parameter
+from mrunner.api.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.reading.bodies import query
 from mrunner.names import parse
 

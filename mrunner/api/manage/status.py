@@ -14,9 +14,9 @@ from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.door.route_group import RouteGroup
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.api.manage.scheduler_json import failed_preloads, install_ready, preload_json
 from mrunner.api.observe.page import wants_html
+from mrunner.api.openapi import TEXT, Piece, answer, json_content, operation
 from mrunner.daemon.router_signals import load_signals
 from mrunner.interfaces import IScheduler
 from mrunner.runners.metrics import RunnerScraper

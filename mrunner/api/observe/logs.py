@@ -22,9 +22,9 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.documented import Documented, parameter
 from mrunner.api.errors import handle_json_errors
-from mrunner.api.manage.openapi import TEXT, Piece, answer, operation
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import record_key
+from mrunner.api.openapi import TEXT, Piece, answer, operation
 from mrunner.api.reading.bodies import flag, query
 from mrunner.config import Config
 from mrunner.daemon.logfiles import DAEMON, LogTail

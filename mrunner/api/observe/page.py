@@ -18,8 +18,8 @@ from twisted.web.iweb import IRequest
 from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.api.manage.scheduler_json import runner_json
+from mrunner.api.openapi import Piece, answer, json_content, operation
 from mrunner.errors import NotFound
 from mrunner.interfaces import IModelStore, IScheduler
 from mrunner.teams.access import visible_name, visible_runners

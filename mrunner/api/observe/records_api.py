@@ -20,9 +20,9 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.documented import Documented, parameter
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import Record, Records, record_key
+from mrunner.api.openapi import Piece, answer, json_content, operation
 from mrunner.api.reading.bodies import flag, query, whole
 from mrunner.config import Config
 from mrunner.errors import BadRequest, NotFound

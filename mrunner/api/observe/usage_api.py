@@ -20,7 +20,7 @@ from twisted.web.iweb import IRequest
 from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece, answer, json_content, operation
+from mrunner.api.openapi import Piece, answer, json_content, operation
 from mrunner.api.reading.bodies import count, query
 from mrunner.errors import BadRequest, Forbidden, NotFound
 from mrunner.names import normal_name

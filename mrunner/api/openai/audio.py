@@ -19,13 +19,13 @@ from twisted.web.server import Request
 from mrunner.api.documented import Documented
 from mrunner.api.door.declared import MAX_AUDIO_BYTES, MAX_AUDIO_FORM
 from mrunner.api.errors import handle_json_errors, openai_shape
-from mrunner.api.manage.openapi import Piece, answer, errors, operation
 from mrunner.api.openai import transcript, transcription
 from mrunner.api.openai.gateway import Gateway
+from mrunner.api.openapi import Piece, answer, errors, operation
 from mrunner.errors import BadRequest
 from mrunner.runners.answer import Answer
 from mrunner.runners.forwarder import Forwarder
-from mrunner.values.backend import TRANSCRIPTION, WHISPER
+from mrunner.values.backend import TRANSCRIPTION, WHISPER_CPP
 
 PREFIXES = ("/engines", "/engines/<backend>", "")
 TRANSCRIPTIONS = [f"{prefix}/v1/audio/transcriptions" for prefix in PREFIXES]
@@ -93,15 +93,15 @@ class AudioAPI:
         asked = self._gateway.begin(
             request,
             TRANSCRIPTION,
-            backend or WHISPER,
+            backend or WHISPER_CPP,
             transcription.check,
             decode=lambda body: transcription.payload(body, content_type),
             limit=MAX_AUDIO_FORM,
             recorded=transcription.recorded,
         )
         resolved = asked.resolved
-        if resolved.backend != WHISPER:
-            raise BadRequest(f"the {resolved.backend} backend does not transcribe; {WHISPER} does")
+        if resolved.backend != WHISPER_CPP:
+            raise BadRequest(f"the {resolved.backend} backend does not transcribe; {WHISPER_CPP} does")
         if resolved.model.config.get("format") != "whisper":
             raise BadRequest(
                 f"{asked.model} is a {resolved.model.config.get('format', 'unknown')} model, not a Whisper"

@@ -13,9 +13,9 @@ from mrunner.api.aliases import stored_name
 from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body, openai_shape
-from mrunner.api.manage.openapi import NAME, Piece, answer, errors, json_content, operation
 from mrunner.api.manage.scheduler_json import failed_preload_statuses, install_text
 from mrunner.api.openai.gateway import Gateway
+from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation
 from mrunner.api.reading import validate
 from mrunner.interfaces import IModelStore
 from mrunner.runners.forwarder import Forwarder

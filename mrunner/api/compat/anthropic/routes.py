@@ -18,8 +18,8 @@ from twisted.web.server import Request
 from mrunner.api.compat.openapi import ANTHROPIC_ERROR, ANY_METHOD, compat_operation
 from mrunner.api.documented import Documented
 from mrunner.api.errors import MethodNotAllowed, anthropic_shape, anthropic_stream_error, handle_json_errors
-from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Gateway
+from mrunner.api.openapi import Piece
 from mrunner.api.reading import validate
 from mrunner.errors import NotFound
 from mrunner.runners.forwarder import Forwarder, relayed

@@ -27,7 +27,7 @@ from mrunner.api.door.declared import MAX_CREATE_BODY
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.manage.model_operations import ModelOperations
 from mrunner.api.manage.models import NDJSONStream
-from mrunner.api.manage.openapi import Piece
+from mrunner.api.openapi import Piece
 from mrunner.api.reading.bodies import json_object, read_body
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IScheduler

@@ -25,9 +25,9 @@ from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body, ollama_shape
 from mrunner.api.manage.models import NDJSONStream
-from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Asked, Gateway
 from mrunner.api.openai.tally import Tally
+from mrunner.api.openapi import Piece
 from mrunner.api.reading.bodies import typed
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore

@@ -28,9 +28,9 @@ from mrunner.api.compat.responses.response_store import ResponseStore, StoredRes
 from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
 from mrunner.api.errors import handle_json_errors, json_body
-from mrunner.api.manage.openapi import Piece
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.tally import Tally
+from mrunner.api.openapi import Piece
 from mrunner.api.reading.bodies import check_vision, count, model_name, query, typed
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
