@@ -7,8 +7,8 @@ passed them on apart kept a client that looks for the end in its last read waiti
 the idle close (issue 48). Scenarios 2 and 12 measure events; this one times ends. The client is
 scenario 12's C load (``bench/fast/load.c``), which finds the end across reads as curl and httpx
 do; it reports the slowest stream's seconds from its connect to its end, and the run's seconds
-from the first event to the last end: the tokens over them are the rate clients got after the
-first (what a path adds before it, scenarios 1 and 2 measure), an end held back included.
+from the first connect to the last end: the tokens over them are the rate the clients got, the
+requests' own cost and an end held back included.
 
 mrunner runs once per ``[http] relay``, each with its own runner of the tiny model; the direct
 ``llama-server`` runs the first runner's command line, read back from the kernel. The paths take
@@ -38,6 +38,7 @@ SWEEP_STREAMS = 4
 #: Each request's context: the prompt (about 30 tokens) and the sweep's longest answer fit.
 CONTEXT = 512
 IDLE, BUSY = "idle", "cores busy"
+RATE, END = "tokens_per_s", "slowest_s"
 #: Seconds one load may take: a stall (the idle close) is a minute, 256 streams on busy cores a few.
 LOAD_TIMEOUT = 600.0
 SLOWEST_END = Goal("<= 1.5 x direct + 0.5 s", lambda v: _excess(v) <= 0)
@@ -66,10 +67,20 @@ Figures = dict[str, float]
 
 
 def shapes(settings: Settings) -> list[Shape]:
-    """Every count of streams at C{real_tokens}, then the sweep of sizes at C{SWEEP_STREAMS}."""
+    """Every count of streams with its answers' size, then the sweep's sizes, each shape once."""
+    return list(dict.fromkeys(counts(settings) + sweep(settings)))
+
+
+def counts(settings: Settings) -> list[Shape]:
+    """C{real_streams}' counts of streams at once, each with its answers' size (C{256:32})."""
+    pairs = [pair.split(":") for pair in settings.real_streams.split(",")]
+    return [(int(streams), int(tokens)) for streams, tokens in pairs]
+
+
+def sweep(settings: Settings) -> list[Shape]:
+    """C{real_sizes}' answer sizes (first,last,step) at C{SWEEP_STREAMS} streams."""
     first, last, step = (int(n) for n in settings.real_sizes.split(","))
-    counts = [(int(count), settings.real_tokens) for count in settings.real_streams.split(",")]
-    return counts + [(SWEEP_STREAMS, tokens) for tokens in range(first, last + 1, step)]
+    return [(SWEEP_STREAMS, tokens) for tokens in range(first, last + 1, step)]
 
 
 @contextmanager
@@ -111,10 +122,9 @@ def cores_busy(tmp: Path) -> Iterator[None]:
 
 
 def drive(tmp: Path, load: Path, address: str, streams: int, tokens: int) -> Figures:
-    """The rate after the first event and the slowest end of L{run_load}."""
+    """The rate the clients got and the slowest end, of L{run_load}."""
     result = run_load(tmp, load, address, streams, tokens)
-    seconds = result["elapsed_s"] - result["first_event_s"]
-    return {"tokens_per_s": streams * tokens / seconds, "slowest_s": result["slowest_s"]}
+    return {RATE: streams * tokens / result["elapsed_s"], END: result["slowest_s"]}
 
 
 def run_load(tmp: Path, load: Path, address: str, streams: int, tokens: int) -> dict[str, float]:
@@ -152,50 +162,40 @@ def rows(results: dict[str, dict[str, dict[Shape, Figures]]], settings: Settings
     """For each relay and condition: tokens/s and the slowest end at each count of streams, then the
     sweep's worst size for each (every size is in the row's details)."""
     table = []
-    counts = [(int(count), settings.real_tokens) for count in settings.real_streams.split(",")]
     for condition, by_path in results.items():
         for relay in fastrunner.RELAYS:
             scenario = f"13 real streams, relay {relay}, {condition}"
             pair = {"direct": by_path["direct"], "mrunner": by_path[relay]}
-
-            def at(shape: Shape, key: str, pair: dict[str, dict[Shape, Figures]] = pair) -> dict[str, float]:
-                return {path: figures[shape][key] for path, figures in pair.items()}
-
-            for streams, tokens in counts:
+            for shape in counts(settings):
+                label = f"{shape[0]} x {shape[1]}"
                 table.append(
-                    Row(
-                        scenario,
-                        f"tokens/s after the first, {streams} x {tokens}",
-                        at((streams, tokens), "tokens_per_s"),
-                        share("direct", 0.95),
-                    )
+                    Row(scenario, f"tokens/s, {label}", _at(pair, shape, RATE), share("direct", 0.95))
                 )
-                table.append(
-                    Row(
-                        scenario,
-                        f"slowest end s, {streams} x {tokens}",
-                        at((streams, tokens), "slowest_s"),
-                        SLOWEST_END,
-                    )
-                )
-            sweep = [shape for shape in by_path["direct"] if shape not in counts]
-            details = {f"{s} x {t}": {p: figures[(s, t)] for p, figures in pair.items()} for s, t in sweep}
-            label = f"{SWEEP_STREAMS} x {sweep[0][1]}-{sweep[-1][1]}"
-            rate = min(sweep, key=lambda shape: _ratio(at(shape, "tokens_per_s")))
-            table.append(
-                Row(
-                    scenario,
-                    f"tokens/s after the first, {label}, worst ({rate[1]})",
-                    at(rate, "tokens_per_s"),
-                    share("direct", 0.95),
-                    details,
-                )
-            )
-            end = max(sweep, key=lambda shape: _excess(at(shape, "slowest_s")))
-            table.append(
-                Row(scenario, f"slowest end s, {label}, worst ({end[1]})", at(end, "slowest_s"), SLOWEST_END)
-            )
+                table.append(Row(scenario, f"slowest end s, {label}", _at(pair, shape, END), SLOWEST_END))
+            table += _sweep_rows(scenario, pair, sweep(settings))
     return table
+
+
+def _sweep_rows(scenario: str, pair: dict[str, dict[Shape, Figures]], shapes: list[Shape]) -> list[Row]:
+    """The sweep's size furthest from each goal, every size in the details."""
+    details = {f"{s} x {t}": {path: figures[(s, t)] for path, figures in pair.items()} for s, t in shapes}
+    label = f"{SWEEP_STREAMS} x {shapes[0][1]}-{shapes[-1][1]}"
+    rate = min(shapes, key=lambda shape: _ratio(_at(pair, shape, RATE)))
+    end = max(shapes, key=lambda shape: _excess(_at(pair, shape, END)))
+    return [
+        Row(
+            scenario,
+            f"tokens/s, {label}, worst ({rate[1]})",
+            _at(pair, rate, RATE),
+            share("direct", 0.95),
+            details,
+        ),
+        Row(scenario, f"slowest end s, {label}, worst ({end[1]})", _at(pair, end, END), SLOWEST_END),
+    ]
+
+
+def _at(pair: dict[str, dict[Shape, Figures]], shape: Shape, key: str) -> dict[str, float]:
+    return {path: figures[shape][key] for path, figures in pair.items()}
 
 
 def _ratio(values: Mapping[str, float]) -> float:

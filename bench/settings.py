@@ -69,12 +69,8 @@ class Settings:
         default=1.5, metadata={"help": "seconds of each measured window of scenario 10, once all are open"}
     )
     real_streams: str = field(
-        default="1,4,16,64,256",
-        metadata={"help": "counts of streams scenario 13 (real streams) runs at once, comma-separated"},
-    )
-    real_tokens: int = field(
-        default=32,
-        metadata={"help": "tokens in each stream of scenario 13's counts (short: 256 x 64 took 46 s direct)"},
+        default="1:256,4:256,16:256,64:128,256:32",
+        metadata={"help": "scenario 13's counts of streams at once, each with its answers' tokens"},
     )
     real_sizes: str = field(
         default="160,320,16",
