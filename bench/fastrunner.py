@@ -37,7 +37,7 @@ from mrunner.testing.tinymodel import write_tiny_llama
 
 SOURCES = Path(__file__).with_name("fast")
 MODEL = "bench/fast"
-RELAYS = ("fast", "python", "twisted")
+RELAYS = ("fast", "twisted")
 #: Seconds of slack after the window, so that no stream ends inside it: the window opens once every
 #: stream has its first event, which a proxy's requests may take a second or two to reach.
 SLACK = 2.5

@@ -115,7 +115,7 @@ class HTTPConfig:
     idle_timeout: float = duration(60.0)
     drain_timeout: float = duration(30.0)
     head_parser: str = attrs.field(default="httptools", metadata={"parse": one_of("httptools", "twisted")})
-    relay: str = attrs.field(default="fast", metadata={"parse": one_of("fast", "python", "twisted")})
+    relay: str = attrs.field(default="fast", metadata={"parse": one_of("fast", "twisted")})
 
 
 @attrs.frozen

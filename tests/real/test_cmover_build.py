@@ -1,4 +1,4 @@
-"""The fast relay's C loop is built once per source, and a machine with no compiler keeps the Python loop."""
+"""The fast relay's C loop is built once per source; a machine with no compiler keeps the Twisted relay."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from twisted.internet.testing import MemoryReactor
 from twisted.trial.unittest import TestCase
 
 from mrunner.runners import cmover
+from mrunner.runners.fastrelay import FastRelay
 
 
 class BuildTests(TestCase):
@@ -28,18 +29,12 @@ class BuildTests(TestCase):
         self.assertIn("false failed", str(raised.exception))
         self.assertEqual(list(cache.iterdir()), [])
 
-    def test_without_a_compiler_the_fast_relay_keeps_its_python_loop(self) -> None:
+    def test_without_a_compiler_every_stream_takes_the_twisted_relay(self) -> None:
         self.patch(os, "environ", {**os.environ, "CC": "/nonexistent/cc"})
-        relay = cmover.fast_relay(MemoryReactor(), "fast", Path(self.mktemp()))
-        assert relay is not None
-        self.assertEqual(relay.loop, "python")
+        self.assertIsNone(cmover.fast_relay(MemoryReactor(), "fast", Path(self.mktemp())))
 
     def test_each_relay_named_is_the_one_made(self) -> None:
         cache = Path(self.mktemp())
-        loops = {
-            name: cmover.fast_relay(MemoryReactor(), name, cache) for name in ("fast", "python", "twisted")
-        }
-        self.assertEqual(
-            {name: r and r.loop for name, r in loops.items()},
-            {"fast": "c", "python": "python", "twisted": None},
-        )
+        made = {name: cmover.fast_relay(MemoryReactor(), name, cache) for name in ("fast", "twisted")}
+        self.assertIsInstance(made["fast"], FastRelay)
+        self.assertIsNone(made["twisted"])

@@ -1,5 +1,5 @@
-"""The fast relay's thread (its loop in Python, L{mrunner.runners.fastrelay.Mover}, and in C,
-L{mrunner.runners.cmover.CMover}) against the Twisted relay, on real sockets.
+"""The fast relay's thread (its loop in C, L{mrunner.runners.cmover.CMover}) against the Twisted relay,
+on real sockets.
 
 Real sockets and a real thread, so it lives apart from the unit tests. Each
 example is a runner's chunked answer sent in pieces cut anywhere, with pauses
@@ -22,7 +22,7 @@ import time
 from functools import partial
 from typing import Any
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -31,7 +31,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from mrunner.backends.build import cache_root
 from mrunner.runners.cmover import CMover, build, load
 from mrunner.runners.connection import RunnerConnection
-from mrunner.runners.fastrelay import Moved, Mover, duplicate, show_aside
+from mrunner.runners.fastrelay import Moved, duplicate, show_aside
 from mrunner.runners.pool import RunnerPool
 from mrunner.runners.wire import Malformed
 from tests.unit.runners.fakes import CHUNKED_HEAD, Connections, Recorder, lost
@@ -116,7 +116,7 @@ class Reactor:
 
 
 def fast(
-    pieces: list[bytes], cut: bool, pauses: list[float], reads_at_once: bool, loop: Any = Mover
+    pieces: list[bytes], cut: bool, pauses: list[float], reads_at_once: bool, loop: Any
 ) -> tuple[Ending, bytes, bytes]:
     """What the client gets through the mover, then Twisted; and what the observers and client saw."""
     connection, body = answering()
@@ -178,13 +178,12 @@ def fast(
     return (sent + b"".join(body.data), body.ended, body.cut_because, malformed), b"".join(observed), sent
 
 
-class FastRelayTests(SynchronousTestCase):
-    """The thread's loop in Python (C{[http] relay = "python"})."""
+class CLoopTests(SynchronousTestCase):
+    """The thread's loop in C (C{[http] relay = "fast"}), held to the Twisted relay's bytes and ends."""
 
-    loop: Any = Mover
+    loop = partial(CMover, load(build(cache_root({}, os.environ) / "native")))
 
-    # Both loops run this one test; each class's examples are its own, so the executors may differ.
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+    @settings(max_examples=60, deadline=None)
     @example([b"data: x\n\n"], False, 18, [], [], False, b"", b"zz\r\n")  # cut just after the bad line
     @given(
         payloads,
@@ -226,9 +225,3 @@ class FastRelayTests(SynchronousTestCase):
         else:
             self.assertEqual(ending, expected)
         self.assertEqual(observed, sent, "the observers see the bytes the thread sent, as they went")
-
-
-class CLoopTests(FastRelayTests):
-    """The thread's loop in C (C{[http] relay = "fast"}), held to the same bytes and ends."""
-
-    loop = partial(CMover, load(build(cache_root({}, os.environ) / "native")))

@@ -31,10 +31,10 @@ from mrunner import docker_config as dc
 from mrunner.api.errors import handle_json_errors
 from mrunner.api.manage.status import StatusAPI
 from mrunner.cli.context import Context
-from mrunner.cli.status import status
 from mrunner.cli.errors import DaemonError, explain
 from mrunner.cli.login import registry
 from mrunner.cli.main import parser
+from mrunner.cli.status import status
 from mrunner.config import RegistryConfig
 from mrunner.docker_config import Credential
 from mrunner.errors import BadGateway
