@@ -36,11 +36,11 @@ from mrunner.devices.metrics import DeviceCollector
 from mrunner.devices.nvml import Nvml
 from mrunner.home import Home
 from mrunner.interfaces import IBackend
+from mrunner.proxy.cmover import fast_relay
+from mrunner.proxy.forwarder import Forwarder, as_sent
+from mrunner.proxy.pool import RunnerPool
 from mrunner.runners.checks import RunnerChecks
-from mrunner.runners.cmover import fast_relay
-from mrunner.runners.forwarder import Forwarder, as_sent
 from mrunner.runners.metrics import RunnerScraper
-from mrunner.runners.pool import RunnerPool
 from mrunner.runners.process import RunnerOptions, new_process
 from mrunner.scheduling.facade import Scheduler
 from mrunner.scheduling.spawning import StartRunner

@@ -31,9 +31,9 @@ from mrunner.daemon.reload import Reconfigure, Reloader, ReloadOnHangup
 from mrunner.daemon.startup import HomeLock, Listener, StartupError, check_listen, daemon_process
 from mrunner.home import PRIVATE_UMASK, Home
 from mrunner.names import parse
+from mrunner.proxy.forwarder import Forwarder
+from mrunner.proxy.pool import RunnerPool, unix_connect
 from mrunner.runners.checks import RunnerChecks
-from mrunner.runners.forwarder import Forwarder
-from mrunner.runners.pool import RunnerPool, unix_connect
 from mrunner.scheduling.facade import Scheduler
 from mrunner.scheduling.service import SchedulerService
 from mrunner.store.clientpool import QuietPool
@@ -105,7 +105,7 @@ def make_parts(
     runner_pool = RunnerPool(reactor, unix_connect(reactor), max(config.scheduler.parallel, 2))
     metrics = Metrics()
     # Health checks and /metrics scrapes: a new runner connection each, none kept (the pool is for requests).
-    checks = RunnerChecks(runner_pool)
+    checks = RunnerChecks(runner_pool.fetch)
 
     # A preload missing from the store is pulled (operations is built below, before any start).
     def pull(name: str) -> Awaitable[object]:

@@ -28,7 +28,7 @@ from mrunner.api.openai.audio import AudioAPI
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openai.routes import InferenceAPI
 from mrunner.interfaces import IBackend, IDevices, IModelStoreAdmin
-from mrunner.runners.forwarder import Forwarder
+from mrunner.proxy.forwarder import Forwarder
 from mrunner.runners.metrics import RunnerScraper
 from mrunner.teams.usage import UsageBook
 

@@ -11,7 +11,7 @@ from twisted.web.http_headers import Headers
 
 from mrunner.cache.anthropic import MESSAGES, chat_body
 from mrunner.cache.statefile import token_bytes
-from mrunner.runners.pool import RunnerPool
+from mrunner.proxy.pool import RunnerPool
 
 
 class Refused(Exception):

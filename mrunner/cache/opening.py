@@ -9,7 +9,7 @@ from mrunner.cache.store import CacheStore
 from mrunner.cache.turns import OwnerOf, PromptCache, Told, untold
 from mrunner.config import Config
 from mrunner.daemon.startup import StartupError
-from mrunner.runners.pool import RunnerPool
+from mrunner.proxy.pool import RunnerPool
 
 #: Seconds the prompt cache waits for a runner's answer to a slot or template call.
 CALL_TIMEOUT = 10.0

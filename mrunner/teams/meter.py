@@ -55,7 +55,7 @@ def counts(found: Mapping[str, int], events: int = 0) -> tuple[int, int, int]:
 
 
 class Meter:
-    """Sees a runner's answer as it comes (an L{mrunner.runners.relay.Observer}) and tells its tokens."""
+    """Sees a runner's answer as it comes (an L{mrunner.proxy.relay.Observer}) and tells its tokens."""
 
     def __init__(self) -> None:
         self._head = b""

@@ -8,8 +8,8 @@ from pathlib import Path
 from twisted.internet.testing import MemoryReactor
 from twisted.trial.unittest import TestCase
 
-from mrunner.runners import cmover
-from mrunner.runners.fastrelay import FastRelay
+from mrunner.proxy import cmover
+from mrunner.proxy.fastrelay import FastRelay
 
 
 class BuildTests(TestCase):

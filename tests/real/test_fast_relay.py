@@ -1,4 +1,4 @@
-"""The fast relay's thread (its loop in C, L{mrunner.runners.cmover.CMover}) against the Twisted relay,
+"""The fast relay's thread (its loop in C, L{mrunner.proxy.cmover.CMover}) against the Twisted relay,
 on real sockets.
 
 Real sockets and a real thread, so it lives apart from the unit tests. Each
@@ -29,12 +29,12 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.backends.build import cache_root
-from mrunner.runners.cmover import CMover, build, load
-from mrunner.runners.connection import RunnerConnection
-from mrunner.runners.fastrelay import Moved, duplicate, show_aside
-from mrunner.runners.pool import RunnerPool
-from mrunner.runners.wire import Malformed
-from tests.unit.runners.fakes import CHUNKED_HEAD, Connections, Recorder, lost
+from mrunner.proxy.cmover import CMover, build, load
+from mrunner.proxy.connection import RunnerConnection
+from mrunner.proxy.fastrelay import Moved, duplicate, show_aside
+from mrunner.proxy.pool import RunnerPool
+from mrunner.proxy.wire import Malformed
+from tests.unit.proxy.fakes import CHUNKED_HEAD, Connections, Recorder, lost
 
 SMALL_BUFFER = 4096
 SECONDS = 10.0

@@ -2,7 +2,7 @@
 
 The daemon runs in this process with the stand-in runner (tests/support/runner_program.py),
 whose streams are chunked, so a plain TCP or UNIX client's go to the fast relay's
-thread (L{mrunner.runners.fastrelay}); a TLS client's and those with C{relay = "twisted"}
+thread (L{mrunner.proxy.fastrelay}); a TLS client's and those with C{relay = "twisted"}
 stay on the Twisted relay.
 """
 
@@ -17,7 +17,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from mrunner.runners.fastrelay import FastRelay
+from mrunner.proxy.fastrelay import FastRelay
 from tests.support.daemon import InProcessDaemon, eventually, http, lines, short_home, sleep, write_config
 from tests.support.daemon_cases import HI, MODEL, DaemonTestCase
 from tests.support.front_door import self_signed

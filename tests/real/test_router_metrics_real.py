@@ -8,8 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
 
 from mrunner.daemon.router_signals import kv_tokens
+from mrunner.proxy.pool import RunnerPool, unix_connect
 from mrunner.runners.checks import RunnerChecks
-from mrunner.runners.pool import RunnerPool, unix_connect
 from tests.support.daemon import http
 from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
 
@@ -28,7 +28,7 @@ class SlotsTests(LlamaCppTestCase):
         (runner,) = self.daemon.scheduler.snapshot()
         pool = RunnerPool(reactor, unix_connect(reactor), 2)
         self.addCleanup(pool.close)
-        code, body = await RunnerChecks(pool).get(runner.socket, b"/slots")
+        code, body = await RunnerChecks(pool.fetch).get(runner.socket, b"/slots")
         self.assertEqual(code, 200)
         slots = json.loads(body)
         self.assertEqual(len(slots), 2)

@@ -1,7 +1,7 @@
 """The two relays ([http] relay): C{MRUNNER_TEST_RELAY} runs every daemon the tests start on one.
 
 C{MRUNNER_TEST_RELAY=twisted trial tests.real...} serves each stream of those tests with the Twisted
-relay (L{mrunner.runners.relay}) instead of the default fast one, so one suite checks both paths
+relay (L{mrunner.proxy.relay}) instead of the default fast one, so one suite checks both paths
 (``make test`` runs the relay-sensitive modules so). A config that names its relay keeps it: a test
 of one path says which.
 """

@@ -27,7 +27,7 @@ from mrunner.daemon.metrics import Metrics
 from mrunner.devices.inventory import Devices
 from mrunner.devices.listing import Listed
 from mrunner.interfaces import IBackend
-from mrunner.runners.forwarder import Forwarder
+from mrunner.proxy.forwarder import Forwarder
 from mrunner.runners.metrics import RunnerScraper
 from tests.support.fakes import unreachable_runners
 

@@ -18,7 +18,7 @@ from mrunner.cache.turns import Counts
 from mrunner.config import Config, SchedulerConfig
 from mrunner.daemon.metrics import Metrics
 from mrunner.errors import RunnerFailed
-from mrunner.runners.forwarder import forwarded_headers
+from mrunner.proxy.forwarder import forwarded_headers
 from mrunner.scheduling.facade import Scheduler
 from tests.support.asking import acquire
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model

@@ -20,7 +20,7 @@ from mrunner.api.openai.gateway import Gateway
 from mrunner.config import Config, SchedulerConfig
 from mrunner.daemon.metrics import Metrics
 from mrunner.errors import RunnerFailed
-from mrunner.runners.forwarder import Forwarder
+from mrunner.proxy.forwarder import Forwarder
 from mrunner.scheduling.facade import Scheduler
 from tests.support.fakes import FakeBackend, FakeSpawner, FakeStore, model
 from tests.support.route_groups import daemon_groups

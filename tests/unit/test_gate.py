@@ -23,8 +23,8 @@ from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.door.trust import Trust, beyond_loopback, is_admin, listen_host
 from mrunner.config import ClusterConfig, Config, HTTPConfig
 from mrunner.errors import PayloadTooLarge
-from mrunner.runners.forwarder import answer_fields, forwarded_headers
-from mrunner.runners.wire import Head
+from mrunner.proxy.forwarder import answer_fields, forwarded_headers
+from mrunner.proxy.wire import Head
 from mrunner.tap import make_service
 from tests.support.parsers import with_twisted_heads
 

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.runners.connection import BodyReceiver
-from mrunner.runners.rename import Renaming, renaming
+from mrunner.proxy.connection import BodyReceiver
+from mrunner.proxy.rename import Renaming, renaming
 from mrunner.values.model import Model
 
 RUNNER, ASKED = "localhost:5000/ai/smollm2:latest", "ai/smollm2:latest"

@@ -1,7 +1,7 @@
 """Twisted's private names mrunner relies on, pinned: a Twisted release that changes one fails here.
 
 They are reached in one module per layer, and only there (L{PLACES}):
-mrunner/runners/fastio.py writes to and connects sockets past Twisted's public
+mrunner/proxy/fastio.py writes to and connects sockets past Twisted's public
 API for speed, mrunner/api/door/webprivate.py gives the front door twisted.web's
 parser state and body decoder under public names, mrunner/store/clientpool.py swaps
 the pool's private factory, mrunner/daemon/startup.py makes a failed listen raise,
@@ -28,7 +28,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web import client, http, http_headers
 
 import mrunner
-from mrunner.runners.fastio import RecvClient, RecvConnector, reading, send_now
+from mrunner.proxy.fastio import RecvClient, RecvConnector, reading, send_now
 from tests.support.private_names import private_reaches
 
 #: Every module that reaches a Twisted private name, and the names it reaches.
@@ -51,7 +51,7 @@ PLACES = {
         "_transferDecoder",
         "_version",
     },
-    "mrunner.runners.fastio": {"_makeTransport", "_reads", "_tempDataBuffer"},
+    "mrunner.proxy.fastio": {"_makeTransport", "_reads", "_tempDataBuffer"},
     "mrunner.store.clientpool": {"_HTTP11ClientFactory", "_factory"},
     "mrunner.daemon.startup": {"_raiseSynchronously", "_waitingForPort"},
     "mrunner.daemon.lazytls": {"twisted.protocols._sni"},

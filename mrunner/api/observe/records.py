@@ -31,8 +31,8 @@ from twisted.web.iweb import IRequest
 from mrunner.api.manage.scheduler_json import timestamp
 from mrunner.errors import BadRequest
 from mrunner.names import parse
-from mrunner.runners.relay import recorder
-from mrunner.runners.wire import ChunkedEnd, Malformed
+from mrunner.proxy.relay import recorder
+from mrunner.proxy.wire import ChunkedEnd, Malformed
 
 SECRET_HEADERS = frozenset(
     (b"authorization", b"proxy-authorization", b"x-api-key", b"api-key", b"cookie", b"set-cookie")

@@ -23,8 +23,8 @@ from mrunner.api.openai import transcript, transcription
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openapi import Piece, answer, errors, operation
 from mrunner.errors import BadRequest
-from mrunner.runners.answer import Answer
-from mrunner.runners.forwarder import Forwarder
+from mrunner.proxy.answer import Answer
+from mrunner.proxy.forwarder import Forwarder
 from mrunner.values.backend import TRANSCRIPTION, WHISPER_CPP
 
 PREFIXES = ("/engines", "/engines/<backend>", "")

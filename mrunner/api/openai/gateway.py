@@ -35,8 +35,8 @@ from mrunner.daemon.metrics import Metrics
 from mrunner.errors import MrunnerError
 from mrunner.interfaces import ILease, IModelStore, IScheduler
 from mrunner.names import DIGEST, SHORT_ID, normal_name
-from mrunner.runners.relay import Observer, record_writes
-from mrunner.runners.rename import Renaming, renaming
+from mrunner.proxy.relay import Observer, record_writes
+from mrunner.proxy.rename import Renaming, renaming
 from mrunner.teams.access import check_usable
 from mrunner.teams.admission import Teams, Ticket
 from mrunner.teams.lengths import NONE, Length

@@ -18,7 +18,7 @@ from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation
 from mrunner.api.reading import validate
 from mrunner.interfaces import IModelStore
-from mrunner.runners.forwarder import Forwarder
+from mrunner.proxy.forwarder import Forwarder
 from mrunner.teams.access import check_usable, may_use, visible, visible_name
 from mrunner.teams.lengths import NONE, OPENAI, Length
 from mrunner.values.backend import COMPLETION, EMBEDDING, RERANKING

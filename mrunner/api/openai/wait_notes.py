@@ -25,7 +25,7 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.web.server import Request
 
-from mrunner.runners.relay import start_event_stream, unrecorded
+from mrunner.proxy.relay import start_event_stream, unrecorded
 
 #: Seconds in the queue before the first note, and between notes.
 FIRST = 3.0

@@ -22,7 +22,7 @@ from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openapi import Piece
 from mrunner.api.reading import validate
 from mrunner.errors import NotFound
-from mrunner.runners.forwarder import Forwarder, relayed
+from mrunner.proxy.forwarder import Forwarder, relayed
 from mrunner.teams.lengths import ANTHROPIC, NONE, Length
 from mrunner.values.backend import COMPLETION
 

@@ -31,8 +31,8 @@ from mrunner.api.openapi import Piece
 from mrunner.api.reading.bodies import typed
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
-from mrunner.runners.answer import Answer
-from mrunner.runners.forwarder import Forwarder
+from mrunner.proxy.answer import Answer
+from mrunner.proxy.forwarder import Forwarder
 from mrunner.teams.lengths import NONE, OLLAMA
 from mrunner.values import ModelSettings
 from mrunner.values.backend import COMPLETION, EMBEDDING

@@ -34,9 +34,9 @@ from mrunner.api.openapi import Piece
 from mrunner.api.reading.bodies import check_vision, count, model_name, query, typed
 from mrunner.errors import BadRequest, MrunnerError
 from mrunner.interfaces import IModelStore
-from mrunner.runners.answer import Answer
-from mrunner.runners.forwarder import Forwarder
-from mrunner.runners.relay import start_event_stream
+from mrunner.proxy.answer import Answer
+from mrunner.proxy.forwarder import Forwarder
+from mrunner.proxy.relay import start_event_stream
 from mrunner.teams.lengths import RESPONSES
 from mrunner.values.backend import COMPLETION
 

@@ -32,7 +32,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from mrunner.backends.build import cache_root
-from mrunner.runners.fastrelay import FastRelay, Moved
+from mrunner.proxy.fastrelay import FastRelay, Moved
 
 SOURCE = Path(__file__).with_name("mover.c")
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
@@ -63,7 +63,7 @@ class BuildFailed(Exception):
 
 def build(cache: Path, compiler: str | None = None) -> Path:
     """The shared object of L{SOURCE}: beside it where an image built it (C{python -m
-    mrunner.runners.cmover}), else under C{cache}, compiled first where it is not there yet."""
+    mrunner.proxy.cmover}), else under C{cache}, compiled first where it is not there yet."""
     source = SOURCE.read_bytes()
     name = f"mover-{hashlib.sha256(source + ' '.join(FLAGS).encode()).hexdigest()[:16]}.so"
     for target in (SOURCE.with_name(name), cache / name):

@@ -13,10 +13,10 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from mrunner.errors import BadGateway, CacheFull, ContextExceeded, MrunnerError
-from mrunner.runners.answer import Answer, RunnerRefused
-from mrunner.runners.forwarder import Forwarder, relayed
-from mrunner.runners.pool import RunnerPool
-from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, Connections, client_request, lost, runner_sends
+from mrunner.proxy.answer import Answer, RunnerRefused
+from mrunner.proxy.forwarder import Forwarder, relayed
+from mrunner.proxy.pool import RunnerPool
+from tests.unit.proxy.fakes import CHUNKED_HEAD, CHUNKS, Connections, client_request, lost, runner_sends
 
 
 def json_answer(status: bytes, body: bytes) -> bytes:

@@ -5,7 +5,7 @@ headers are parsed; the body is handed on as it arrives, its framing
 included: the end of a chunked body is found by reading the chunk-size lines
 alone, never copying the data. Twisted's C{Agent} decodes every chunk (for
 the proxy to encode it again), and its UNIX transport reads with C{recvmsg}
-and an ancillary buffer (see L{mrunner.runners.fastio}): together about half
+and an ancillary buffer (see L{mrunner.proxy.fastio}): together about half
 the proxy's CPU per streamed event.
 """
 

@@ -14,10 +14,10 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
 from mrunner.errors import BadGateway
-from mrunner.runners.answer import Answer
-from mrunner.runners.connection import NotAnswered, RunnerConnection
-from mrunner.runners.fastio import RecvConnector
-from mrunner.runners.wire import Malformed, request_bytes
+from mrunner.proxy.answer import Answer
+from mrunner.proxy.connection import NotAnswered, RunnerConnection
+from mrunner.proxy.fastio import RecvConnector
+from mrunner.proxy.wire import Malformed, request_bytes
 
 #: Drop pooled connections before llama-server's own 5 s keep-alive does.
 POOL_IDLE_SECONDS = 4.0
@@ -41,6 +41,14 @@ class RunnerPool:
         self._connect = connect
         self._per_socket = per_socket
         self._idle: dict[str, list[RunnerConnection]] = {}
+
+    def fetch(self, socket: str, path: bytes) -> Deferred[tuple[int, bytes]]:
+        """C{GET path} of the runner at C{socket}, on a connection of its own: its status and whole body."""
+        return Deferred.fromCoroutine(self._fetch(socket, path))
+
+    async def _fetch(self, socket: str, path: bytes) -> tuple[int, bytes]:
+        answer = await self.request(b"GET", socket, path, Headers(), b"", reuse=False)
+        return answer.code, await answer.read()
 
     def request(
         self, method: bytes, socket: str, path: bytes, headers: Headers, body: bytes, reuse: bool = True

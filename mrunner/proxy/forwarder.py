@@ -26,12 +26,12 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
 from mrunner.errors import CacheFull, ContextExceeded
-from mrunner.runners.answer import Answer, refusal
-from mrunner.runners.fastrelay import FastRelay
-from mrunner.runners.pool import RunnerPool
-from mrunner.runners.relay import ErrorEvent, Observer, Relay, is_event_stream, start_event_stream
-from mrunner.runners.rename import Renaming
-from mrunner.runners.wire import CHUNKED, Head
+from mrunner.proxy.answer import Answer, refusal
+from mrunner.proxy.fastrelay import FastRelay
+from mrunner.proxy.pool import RunnerPool
+from mrunner.proxy.relay import ErrorEvent, Observer, Relay, is_event_stream, start_event_stream
+from mrunner.proxy.rename import Renaming
+from mrunner.proxy.wire import CHUNKED, Head
 
 T = TypeVar("T")
 

@@ -12,10 +12,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
 from mrunner.errors import BadGateway
-from mrunner.runners.answer import Answer
-from mrunner.runners.pool import POOL_IDLE_SECONDS, RunnerPool
-from mrunner.runners.wire import ChunkedEnd
-from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, Recorder, lost
+from mrunner.proxy.answer import Answer
+from mrunner.proxy.pool import POOL_IDLE_SECONDS, RunnerPool
+from mrunner.proxy.wire import ChunkedEnd
+from tests.unit.proxy.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, Recorder, lost
 
 
 class PoolTests(SynchronousTestCase):

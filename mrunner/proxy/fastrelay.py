@@ -1,6 +1,6 @@
 """The pass-through relay's fast path: a thread in C with its own epoll moves a stream's bytes, not Twisted.
 
-The Twisted relay (L{mrunner.runners.relay.Relay}) costs each event a turn of
+The Twisted relay (L{mrunner.proxy.relay.Relay}) costs each event a turn of
 the reactor: the read's dispatch, the connection's and the relay's Python, the
 write's bookkeeping, and the meter's and the record's look; the bench's
 scenario 10 measured it at 2 to 3 times nginx's CPU per event. Here, once the
@@ -25,7 +25,7 @@ While the thread has a stream, the reactor neither reads nor writes its
 sockets; the thread uses duplicates of their descriptors, so a descriptor the
 reactor closed can never be another connection's.
 
-The loop is C's (L{mrunner.runners.cmover}, C{mover.c}), which runs no Python
+The loop is C's (L{mrunner.proxy.cmover}, C{mover.c}), which runs no Python
 per event; this module is its Python side: which streams it takes, and how
 the Twisted relay goes on from where it hands one back. A machine without a C
 compiler keeps every stream on the Twisted relay. Why not C{os.splice}: it
@@ -43,10 +43,10 @@ from typing import Any
 
 from twisted.internet import tcp
 
-from mrunner.runners.connection import RunnerConnection
-from mrunner.runners.fastio import reading, writable_now
-from mrunner.runners.relay import Observer, Relay
-from mrunner.runners.wire import ChunkedEnd
+from mrunner.proxy.connection import RunnerConnection
+from mrunner.proxy.fastio import reading, writable_now
+from mrunner.proxy.relay import Observer, Relay
+from mrunner.proxy.wire import ChunkedEnd
 
 
 class Moved:
@@ -82,7 +82,7 @@ def show_aside(moved: Moved, lock: threading.Lock, observers: list[Observer]) ->
             observer.write(data)
 
 
-#: Makes the thread's loop from C{(call_soon, show, back)} (L{mrunner.runners.cmover.CMover}).
+#: Makes the thread's loop from C{(call_soon, show, back)} (L{mrunner.proxy.cmover.CMover}).
 MoverFactory = Callable[[Any, Any, Any], Any]
 
 

@@ -18,7 +18,7 @@ import json
 
 import attrs
 
-from mrunner.runners.connection import BodyReceiver
+from mrunner.proxy.connection import BodyReceiver
 
 
 @attrs.frozen

@@ -19,11 +19,11 @@ from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 
 from mrunner.errors import MrunnerError
-from mrunner.runners.fastrelay import FastRelay
-from mrunner.runners.forwarder import Forwarder
-from mrunner.runners.pool import RunnerPool, unix_connect
-from mrunner.runners.relay import start_event_stream
-from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, client_request, runner_sends
+from mrunner.proxy.fastrelay import FastRelay
+from mrunner.proxy.forwarder import Forwarder
+from mrunner.proxy.pool import RunnerPool, unix_connect
+from mrunner.proxy.relay import start_event_stream
+from tests.unit.proxy.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, client_request, runner_sends
 
 
 def error_event(error: MrunnerError) -> bytes:
@@ -132,7 +132,11 @@ class FallbackTests(ForwardingTests):
     StringTransports) are served by the Twisted relay, byte for byte as without it."""
 
     def setUp(self) -> None:
-        self.fast = FastRelay(MemoryReactor())
+        self.fast = FastRelay(MemoryReactor(), unused_mover)
+
+
+def unused_mover(*made: object) -> object:
+    raise AssertionError("no stream here is one the thread can take")
 
 
 class Silent(Protocol):

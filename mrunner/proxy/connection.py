@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol as Shape
 
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
-from mrunner.runners.fastio import send_now
-from mrunner.runners.wire import CHUNKED, CLOSE, EMPTY, LENGTH, MAX_HEAD, ChunkedEnd, Head, Malformed
-
-if TYPE_CHECKING:
-    from mrunner.runners.pool import RunnerPool
+from mrunner.proxy.fastio import send_now
+from mrunner.proxy.wire import CHUNKED, CLOSE, EMPTY, LENGTH, MAX_HEAD, ChunkedEnd, Head, Malformed
 
 
 class NotAnswered(Exception):
@@ -36,10 +33,19 @@ class BodyReceiver:
         raise NotImplementedError
 
 
+class Keeper(Shape):
+    """Where a connection goes back once its answer has ended, and is forgotten once closed (the pool):
+    a shape, so that the connection needs nothing of the pool's module."""
+
+    def put(self, connection: RunnerConnection) -> None: ...
+
+    def forget(self, connection: RunnerConnection) -> None: ...
+
+
 class RunnerConnection(Protocol):
     """One keep-alive connection to a runner: a request at a time, its answer relayed as it comes."""
 
-    def __init__(self, pool: RunnerPool, socket: str):
+    def __init__(self, pool: Keeper, socket: str):
         self._pool = pool
         self.socket = socket
         #: False for a connection made for one answer alone, closed after it (L{RunnerPool.request}).
@@ -103,7 +109,7 @@ class RunnerConnection(Protocol):
         return self._chunks if self._payload is None and not self._held else None
 
     def ended_elsewhere(self, extra: bytes) -> None:
-        """The body's bytes were moved past this protocol (L{mrunner.runners.fastrelay}) to its end;
+        """The body's bytes were moved past this protocol (L{mrunner.proxy.fastrelay}) to its end;
         C{extra} came after it."""
         self._finish(b"", extra)
 

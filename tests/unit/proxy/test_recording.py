@@ -18,12 +18,12 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http import Request
 
 from mrunner.errors import MrunnerError
-from mrunner.runners.answer import Answer
-from mrunner.runners.forwarder import Forwarder, Transform, relayed
-from mrunner.runners.pool import RunnerPool
-from mrunner.runners.relay import record_writes, recorder
-from mrunner.runners.rename import Renaming
-from tests.unit.runners.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, client_request, runner_sends
+from mrunner.proxy.answer import Answer
+from mrunner.proxy.forwarder import Forwarder, Transform, relayed
+from mrunner.proxy.pool import RunnerPool
+from mrunner.proxy.relay import record_writes, recorder
+from mrunner.proxy.rename import Renaming
+from tests.unit.proxy.fakes import CHUNKED_HEAD, CHUNKS, EVENTS, Connections, client_request, runner_sends
 
 
 def error_event(error: MrunnerError) -> bytes:
@@ -36,7 +36,7 @@ def json_answer(status: bytes, body: bytes) -> bytes:
 
 
 class Seen:
-    """An observer that keeps what it is shown (an L{mrunner.runners.relay.Observer})."""
+    """An observer that keeps what it is shown (an L{mrunner.proxy.relay.Observer})."""
 
     def __init__(self) -> None:
         self.chunked: bool | None = None

@@ -1,7 +1,7 @@
 /* The fast relay's loop in C: moves chunked answers from runners' sockets to clients' with no
  * Python per event.
  *
- * mrunner/runners/cmover.py builds this with the system's C compiler on first use and calls it
+ * mrunner/proxy/cmover.py builds this with the system's C compiler on first use and calls it
  * through ctypes, which releases the GIL for each call. The loop runs on a thread of its own
  * (mover_start), which never takes the GIL: it waits in epoll over every moved stream, and for each
  * readable runner socket recv()s, reads the chunk-size lines (as ChunkedEnd in wire.py does, so

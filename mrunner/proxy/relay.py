@@ -25,8 +25,8 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.errors import BadGateway, MrunnerError
-from mrunner.runners.connection import BodyReceiver, RunnerConnection
-from mrunner.runners.fastio import send_now
+from mrunner.proxy.connection import BodyReceiver, RunnerConnection
+from mrunner.proxy.fastio import send_now
 
 #: An API's error as bytes of a body already begun (for OpenAI, a server-sent C{data:} event).
 ErrorEvent = Callable[[MrunnerError], bytes]
@@ -111,7 +111,7 @@ class Relay(BodyReceiver):
     C{observer} (the key's meter) sees the body relayed; the
     request's record (L{recorder}) what the client was sent. Cancelling
     C{done} (the client went away) aborts the runner's connection. C{taken},
-    while the fast relay moves the body (L{mrunner.runners.fastrelay}), has it
+    while the fast relay moves the body (L{mrunner.proxy.fastrelay}), has it
     give the connections back first.
     """
 

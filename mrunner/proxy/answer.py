@@ -1,6 +1,6 @@
 """A runner's answer once its head is in, and its body taken once: read whole, as events, or relayed.
 
-The forwarder (L{mrunner.runners.forwarder}) relays it; Ollama's and the
+The forwarder (L{mrunner.proxy.forwarder}) relays it; Ollama's and the
 Responses API's transforms read it here: a whole JSON body, or server-sent
 events one by one. Cancelling whatever awaits the runner (Klein does when the
 client goes away) aborts the runner connection, and llama-server stops
@@ -19,9 +19,9 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail, succeed
 
 from mrunner.errors import CacheFull, ContextExceeded, MrunnerError
-from mrunner.runners.connection import BodyReceiver, RunnerConnection
-from mrunner.runners.relay import Observer, stopped_midway
-from mrunner.runners.wire import Head
+from mrunner.proxy.connection import BodyReceiver, RunnerConnection
+from mrunner.proxy.relay import Observer, stopped_midway
+from mrunner.proxy.wire import Head
 
 
 class RunnerRefused(MrunnerError):

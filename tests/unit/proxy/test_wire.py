@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from mrunner.runners.wire import CHUNKED, CLOSE, EMPTY, LENGTH, ChunkedEnd, Head, Malformed
-from tests.unit.runners.fakes import CHUNKS, EVENTS
+from mrunner.proxy.wire import CHUNKED, CLOSE, EMPTY, LENGTH, ChunkedEnd, Head, Malformed
+from tests.unit.proxy.fakes import CHUNKS, EVENTS
 
 
 class ChunkedEndTests(SynchronousTestCase):

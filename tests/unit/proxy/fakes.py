@@ -8,8 +8,8 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, Request
 
-from mrunner.runners.connection import BodyReceiver, RunnerConnection
-from mrunner.runners.pool import RunnerPool
+from mrunner.proxy.connection import BodyReceiver, RunnerConnection
+from mrunner.proxy.pool import RunnerPool
 
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 EVENTS = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]

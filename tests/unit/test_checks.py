@@ -17,8 +17,8 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from mrunner.proxy.pool import RunnerPool, unix_connect
 from mrunner.runners.checks import RunnerChecks
-from mrunner.runners.pool import RunnerPool, unix_connect
 
 
 class Health(Resource):
@@ -67,7 +67,7 @@ class ChecksTests(TestCase):
         self.runner = Connections(Site(self.health))
         port = await UNIXServerEndpoint(reactor, self.socket).listen(self.runner)
         self.addCleanup(port.stopListening)
-        self.checks = RunnerChecks(RunnerPool(reactor, unix_connect(reactor), per_socket=2))
+        self.checks = RunnerChecks(RunnerPool(reactor, unix_connect(reactor), per_socket=2).fetch)
         self.said: list[str] = []
 
         def observe(event: dict[str, Any]) -> None:
