@@ -16,7 +16,6 @@ from twisted.python import usage
 
 from mrunner import assembly
 from mrunner import config as configuration
-from mrunner.api.door import declared
 from mrunner.api.door.routing import Routes
 from mrunner.api.door.site import GatedSite, private_listen
 from mrunner.api.manage.models import ModelsAPI
@@ -149,7 +148,8 @@ def make_parts(
         usage=teams.book,
         docker_config=credentials.config_file,
     )
-    site = GatedSite(Routes(groups), config, reactor, sinks=declared.sinks({"upload": models.upload}))
+    routes = Routes(groups)
+    site = GatedSite(routes, config, reactor, sinks=routes.door.sinks({"upload": models.upload}))
     reloadable.append(site.configure)
     closers = (runner_pool.close, registry_pool.closeCachedConnections)
     return Parts(site, scheduler, logs, history, closers, reloader, teams, forwarder)

@@ -14,9 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MethodType
 from typing import Any, TypeVar
 
+import attrs
 from klein import Klein
 from twisted.web.resource import IResource
 
+from mrunner.api.door.declared import Route
 from mrunner.api.door.direct import Direct
 from mrunner.api.door.released import released
 from mrunner.api.door.route_group import Piece
@@ -64,6 +66,8 @@ class Documented:
         self.app = app
         self._paths: dict[str, dict[str, Piece]] = {}
         self._hot: list[tuple[bytes, bytes, Callable[..., Any]]] = []
+        #: The front door's facts of the routes declared with them (L{Route}), one per path.
+        self.door: list[Route] = []
 
     def route(
         self,
@@ -72,6 +76,7 @@ class Documented:
         operation: Operation,
         *,
         hot: bool = False,
+        door: Route | None = None,
         **rule: Any,
     ) -> Callable[[F], F]:
         """Route each of C{paths} (werkzeug rules) for C{methods} to the decorated handler, described by
@@ -79,6 +84,8 @@ class Documented:
 
         Several paths are the endpoints C{NAME_0}, C{NAME_1}, ...; C{rule} goes to werkzeug's C{Rule}.
         C{hot}: those of the paths that are fixed strings are rendered without Klein (L{direct}).
+        C{door}: what the front door knows of each of the paths (who may call it, its body, its error
+        shape), its path left out: L{mrunner.api.door.routing.Routes} gathers them into its L{Door}.
         """
         paths = [paths] if isinstance(paths, str) else list(paths)
         methods = [methods] if isinstance(methods, str) else list(methods)
@@ -89,6 +96,8 @@ class Documented:
                 endpoint = f"{handler.__name__}_{i}" if len(paths) > 1 else handler.__name__
                 self.app.route(path, methods=methods, endpoint=endpoint, **rule)(handler)
                 self._document(template(path).rstrip("/") or "/", methods, operation)
+                if door is not None:
+                    self.door.append(attrs.evolve(door, path=path))
                 if hot and "<" not in path:
                     self._hot += [(method.encode(), path.lstrip("/").encode(), handler) for method in methods]
             return handler

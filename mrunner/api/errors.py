@@ -4,7 +4,7 @@ OpenAI's routes (and mrunner's own) answer C{{"error": {"message", "type", "code
 Anthropic's C{{"type": "error", "error": {"type", "message"}}} with its status codes;
 Ollama's C{{"error": "message"}}. A route group picks its shape when it registers
 the handlers; the front door, which answers before any route runs, picks it from
-the path with L{shape_for}, as the routes declare it (L{mrunner.api.door.declared}).
+the path with L{shape_for}, as the routes declare it (L{mrunner.api.door.declared.Door}).
 A route never renders an error by hand. An exception no one foresaw is a 500 in
 the same shape (L{internal_error}), never twisted.web's HTML page.
 """
@@ -12,7 +12,7 @@ the same shape (L{internal_error}), never twisted.web's HTML page.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -23,7 +23,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException
 
-from mrunner.api.door.declared import Reach, shaped
+from mrunner.api.door.declared import Reach
 from mrunner.errors import MethodNotAllowed, MrunnerError, NotFound
 
 PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
@@ -80,14 +80,15 @@ STREAMED = {openai_shape: openai_stream_error, anthropic_shape: anthropic_stream
 
 #: Each API's shape by the name its routes declare (L{mrunner.api.door.declared}).
 SHAPES: dict[str, ErrorShape] = {"openai": openai_shape, "anthropic": anthropic_shape, "ollama": ollama_shape}
-_SHAPED = tuple((reach, path, SHAPES[name]) for reach, path, name in shaped())
+#: (reach, path, shape's name) of each declaration with a shape of its own (L{Door.shaped}).
+Shaped = Sequence[tuple[Reach, bytes, str]]
 
 
-def shape_for(path: bytes) -> ErrorShape:
-    """The shape of the API that C{path} belongs to, as its routes declare it: Anthropic's, Ollama's,
-    else OpenAI's."""
+def shape_for(path: bytes, shaped: Shaped) -> ErrorShape:
+    """The shape of the API that C{path} belongs to, as its routes declare it (C{shaped}): Anthropic's,
+    Ollama's, else OpenAI's."""
     bare = path.rstrip(b"/")
-    for reach, declared, shape in _SHAPED:
+    for reach, declared, name in shaped:
         below = path.startswith(declared + b"/")
         if (
             (reach is Reach.ENDING and bare.endswith(declared))
@@ -95,7 +96,7 @@ def shape_for(path: bytes) -> ErrorShape:
             or (reach is Reach.UNDER and (below or bare == declared))
             or (reach is Reach.EXACT and bare == declared)
         ):
-            return shape
+            return SHAPES[name]
     return openai_shape
 
 
@@ -107,7 +108,7 @@ def json_body(request: IRequest, value: Any, status: int = 200) -> bytes:
 
 
 def render_error(request: IRequest, error: MrunnerError, shape: ErrorShape | None = None) -> bytes:
-    """The response for C{error} in C{shape} (by default the path's), with its headers.
+    """The response for C{error} in C{shape} (by default OpenAI's), with its headers.
 
     C{Retry-After} goes out when a retry can help, C{WWW-Authenticate} with a 401. Where the
     answer's head is out already, as a stream's, the error is the stream's last event: its
@@ -117,7 +118,7 @@ def render_error(request: IRequest, error: MrunnerError, shape: ErrorShape | Non
         request.setHeader(b"retry-after", b"%d" % max(1, round(error.retry_after)))
     for name, value in error.headers:
         request.setHeader(name, value)
-    shape = shape or shape_for(request.path)
+    shape = shape or openai_shape
     if getattr(request, "startedWriting", False) and shape in STREAMED:
         # A stream's head is out (its wait's notes, L{WaitNotes}): the error is its last event.
         request.setResponseCode(shape(error)[0])
@@ -166,17 +167,19 @@ class Refusal(Resource):
     """Answers a request with one client error, without running any route.
 
     With C{close}, the connection closes after it: the front door refuses before
-    reading the body, which must then not be taken for the next request.
+    reading the body, which must then not be taken for the next request. The error
+    is told in the shape of the request path's API, as C{shaped} declares them.
     """
 
     isLeaf = True
 
-    def __init__(self, error: MrunnerError, close: bool = False):
+    def __init__(self, error: MrunnerError, close: bool = False, shaped: Shaped = ()):
         super().__init__()
         self._error = error
         self._close = close
+        self._shaped = shaped
 
     def render(self, request: IRequest) -> bytes:
         if self._close:
             request.setHeader(b"connection", b"close")
-        return render_error(request, self._error)
+        return render_error(request, self._error, shape_for(request.path, self._shaped))

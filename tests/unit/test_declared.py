@@ -10,9 +10,9 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mrunner import config as configuration
 from mrunner.api.door import declared
-from mrunner.api.door.declared import AUDIO_PATHS, MAX_AUDIO_FORM, MAX_CREATE_BODY, ROUTES, Reach
+from mrunner.api.door.declared import AUDIO_PATHS, MAX_AUDIO_FORM, MAX_CREATE_BODY, Reach
 from mrunner.api.door.routing import Routes
-from mrunner.api.door.trust import ADMIN, METRICS, OPEN_PATHS, is_admin
+from mrunner.api.door.trust import is_admin
 from mrunner.api.errors import ErrorShape, anthropic_shape, ollama_shape, openai_shape, shape_for
 from mrunner.api.manage.openapi import routed
 from mrunner.config import HTTPConfig
@@ -80,14 +80,18 @@ class DeclaredTests(SynchronousTestCase):
         root = make_parts(config, MemoryReactorClock()).site.resource
         assert isinstance(root, Routes)
         self.groups = root.groups
+        self.door = root.door
         templates = {path for group in self.groups for _, path in routed(group)}
         self.paths = sorted({re.sub(r"\{[^}]+\}", "b", path).encode() for path in templates} | set(EDGES))
 
     def test_open_paths_and_metrics(self) -> None:
-        self.assertEqual(OPEN_PATHS, {b"/health", b"/ready", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"})
-        self.assertEqual(METRICS, b"/metrics")
+        self.assertEqual(
+            self.door.open_paths, {b"/health", b"/ready", b"", b"/ui", b"/ui/app.js", b"/ui/style.css"}
+        )
+        self.assertEqual(self.door.metrics, b"/metrics")
 
     def test_admin_sets(self) -> None:
+        ADMIN = self.door.admin
         self.assertEqual(dict(ADMIN.areas), {b"models": declared.Who.MANAGE, b"logs": declared.Who.ADMIN})
         self.assertEqual(
             ADMIN.engines, {b"unload", b"_configure", b"_reload", b"_drain", b"requests", b"cache"}
@@ -97,28 +101,30 @@ class DeclaredTests(SynchronousTestCase):
     def test_who_is_admin_on_every_route_as_before(self) -> None:
         for path in self.paths:
             for method in METHODS:
-                self.assertEqual(is_admin(method, path), today_is_admin(method, path), (method, path))
+                self.assertEqual(
+                    is_admin(method, path, self.door.admin), today_is_admin(method, path), (method, path)
+                )
 
     def test_every_route_answers_errors_in_its_shape_as_before(self) -> None:
         for path in self.paths:
-            self.assertIs(shape_for(path), today_shape_for(path), path)
+            self.assertIs(shape_for(path, self.door.shaped), today_shape_for(path), path)
 
     def test_body_limits_sinks_and_the_cap(self) -> None:
         http = HTTPConfig(max_load_bytes=12345)
         audio = {path.encode(): MAX_AUDIO_FORM for path in AUDIO_PATHS}
         self.assertEqual(
-            declared.limits(http), {b"/models/load": 12345, b"/models/create": MAX_CREATE_BODY, **audio}
+            self.door.limits(http), {b"/models/load": 12345, b"/models/create": MAX_CREATE_BODY, **audio}
         )
         self.assertEqual(len(audio), 6)
         self.assertEqual(MAX_CREATE_BODY, 64 * 1024)
         upload = object()
-        self.assertEqual(declared.sinks({"upload": upload}), {b"/models/load": upload})
-        self.assertEqual(declared.past_cap(), {b"/health"})
+        self.assertEqual(self.door.sinks({"upload": upload}), {b"/models/load": upload})
+        self.assertEqual(self.door.past_cap, {b"/health"})
 
     def test_every_declaration_names_a_routed_path(self) -> None:
         """A declaration for a path no route serves would guard nothing: each one's path is routed."""
         maps = [group.app.url_map.bind("localhost") for group in self.groups]
-        for route in ROUTES:
+        for route in self.door.routes:
             path = route.path.replace("<backend>", "b")
             if route.reach is Reach.BELOW:
                 path += "/x"

@@ -26,6 +26,7 @@ from mrunner.errors import PayloadTooLarge
 from mrunner.proxy.forwarder import answer_fields, forwarded_headers
 from mrunner.proxy.wire import Head
 from mrunner.tap import make_service
+from tests.support.door import daemon_door
 from tests.support.parsers import with_twisted_heads
 
 KEY = "sk-local-0123456789"
@@ -93,7 +94,7 @@ class GateTestCase(SynchronousTestCase):
             http=HTTPConfig(**{"head_parser": self.head_parser, **http}),
             cluster=ClusterConfig(open_metrics=open_metrics),
         )
-        self.site = GatedSite(self.routes, self.config, self.clock, sinks)
+        self.site = GatedSite(self.routes, self.config, self.clock, sinks, daemon_door())
         self.site.doStart()
         self.addCleanup(self.site.doStop)
 
@@ -332,9 +333,9 @@ class KeyTests(GateTestCase):
         self.assertRefused(self.get("/logs"), 401)
 
     def test_admin_routes(self) -> None:
-        self.assertFalse(is_admin(b"GET", b"/models/ai/x"))
-        self.assertFalse(is_admin(b"HEAD", b"/models"))
-        self.assertTrue(is_admin(b"DELETE", b"/models/ai/x"))
+        self.assertFalse(is_admin(b"GET", b"/models/ai/x", daemon_door().admin))
+        self.assertFalse(is_admin(b"HEAD", b"/models", daemon_door().admin))
+        self.assertTrue(is_admin(b"DELETE", b"/models/ai/x", daemon_door().admin))
         for path in (
             b"/models",
             b"/models/x/push",
@@ -346,7 +347,7 @@ class KeyTests(GateTestCase):
             b"/api/pull",
             b"/api/delete",
         ):
-            self.assertTrue(is_admin(b"POST", path), path)
+            self.assertTrue(is_admin(b"POST", path, daemon_door().admin), path)
         for path in (
             b"/health",
             b"/v1/models",
@@ -354,7 +355,7 @@ class KeyTests(GateTestCase):
             b"/engines/b/v1/chat/completions",
             b"/api/chat",
         ):
-            self.assertFalse(is_admin(b"GET", path), path)
+            self.assertFalse(is_admin(b"GET", path, daemon_door().admin), path)
 
     def test_environment_adds_a_key(self) -> None:
         loaded = configuration.load(None, environ={"MRUNNER_API_KEY": KEY})
@@ -421,11 +422,13 @@ class BodyLimitTests(GateTestCase):
 
     def test_routes_limits(self) -> None:
         self.make(max_request_bytes=10_000, max_load_bytes=100_000)
-        trust = Trust(self.config)
+        trust = Trust(self.config, daemon_door())
         self.assertEqual(trust.body_limit(b"/models/load?name=x", 100_000), 100_000)
         self.assertEqual(trust.body_limit(b"/models/load/", None), 100_000)
         self.assertEqual(trust.body_limit(b"/v1/chat/completions", None), 10_000)
         self.assertEqual(trust.body_limit(b"/models/create", None), 64 * 1024)
+        audio = b"/engines/whisper.cpp/v1/audio/transcriptions"  # declared as /engines/<backend>/...
+        self.assertEqual(trust.body_limit(audio, None), 25 * 1024 * 1024 + 64 * 1024)
         for target, length in [
             (b"/models/load", 100_001),
             (b"/v1/embeddings", 10_001),

@@ -22,6 +22,7 @@ from mrunner.errors import Unauthorized
 from mrunner.runners.metrics import RunnerScraper
 from mrunner.teams.key_metrics import KeyMetrics
 from mrunner.teams.members import Member
+from tests.support.door import daemon_door
 from tests.support.fakes import unreachable_runners
 
 KEYS = {"alice": KeyConfig(key="alice-key")}
@@ -31,7 +32,8 @@ def trust(open_metrics: bool = True, **http: tuple[str, ...]) -> Trust:
     return Trust(
         attrs.evolve(
             Config(), http=HTTPConfig(**http), cluster=ClusterConfig(open_metrics=open_metrics), keys=KEYS
-        )
+        ),
+        daemon_door(),
     )
 
 

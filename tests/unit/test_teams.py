@@ -20,6 +20,7 @@ from mrunner.teams.limits import DAY, Allowance, RateLimited, reset_text
 from mrunner.teams.members import KeyRing, Member
 from mrunner.teams.meter import HEAD, TAIL, Meter
 from mrunner.teams.usage import UsageBook
+from tests.support.door import daemon_door
 
 
 def limited(allowance: Allowance, member: Member, now: float, asked: int = 0, today: int = 0) -> RateLimited:
@@ -186,7 +187,7 @@ class DoorTests(SynchronousTestCase):
 
     def trust(self, **http: tuple[str, ...]) -> Trust:
         keys = {"alice": KeyConfig(key="alice-key"), "root": KeyConfig(key="root-key", admin=True)}
-        return Trust(Config(keys=keys, http=configuration.HTTPConfig(**http)))
+        return Trust(Config(keys=keys, http=configuration.HTTPConfig(**http)), daemon_door())
 
     def test_named_keys(self) -> None:
         trust = self.trust()

@@ -34,7 +34,6 @@ from twisted.web.iweb import IRequest
 from twisted.web.server import Request
 
 from mrunner.api.door.callers import OPEN, Caller
-from mrunner.api.door.declared import past_cap
 from mrunner.api.door.trust import Trust, route_path
 from mrunner.api.door.webprivate import PrivateChannel
 from mrunner.api.errors import PHRASES
@@ -57,7 +56,6 @@ SERVED_METHODS = frozenset((b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIO
 # A body of 2**63 bytes is past any limit: a Content-Length beyond it is malformed.
 MAX_LENGTH_DIGITS = len(str(2**63 - 1))
 # What the routes declare is still answered at the connection cap (the health probe), then closed.
-PAST_CAP = past_cap()
 # How much a socket read takes while a sink takes the body, instead of twisted's 64 KiB: each read
 # costs the reactor the same Python (HTTP framing, the sink's call) whatever its size, and at
 # 64 KiB that was an eighth of a 112 MB import's time.
@@ -250,7 +248,7 @@ class GatedChannel(PrivateChannel):
         try:
             if command not in SERVED_METHODS:
                 raise unserved_method(command)
-            if self.over_cap and route_path(target).rstrip(b"/") not in PAST_CAP:
+            if self.over_cap and route_path(target).rstrip(b"/") not in trust.door.past_cap:
                 raise Unavailable(
                     f"mrunner is serving its limit of {trust.http.max_connections} connections"
                     " ([http] max_connections); try again shortly",

@@ -1,11 +1,14 @@
-"""What the front door knows of each route, declared once: who may call it, its body, its error shape.
+"""What the front door knows of each route: who may call it, its body, its error shape.
 
 The door decides before a route runs, from the request's line and headers, so
 it cannot ask the route: a key's reach (L{mrunner.api.door.trust}), a body's
 limit and the sink that takes it as it arrives (L{mrunner.api.door.site}), the
 shape a refusal is told in (L{mrunner.api.errors.shape_for}), and what is still
 answered past C{[http] max_connections} (L{mrunner.api.door.channel}) all come
-from L{ROUTES}, and each table they use is derived here. A declaration names a
+from a L{Door}, whose tables are derived here from the L{Route}s the route groups
+declare: each route its own, with its path (C{Documented.route}'s C{door}), and a
+group those of a whole API it serves (its C{door}); L{mrunner.api.door.routing.Routes}
+gathers them. A declaration names a
 path as the router sees it (C{<backend>} for one segment) and how far it
 reaches (L{Reach}): the path alone, with or without what is below it (a mounted
 API), or the path under any prefix (an API served under several). A route declared nowhere is
@@ -28,10 +31,10 @@ MAX_CREATE_BODY = 64 * 1024
 #: The largest audio file OpenAI's audio routes take (OpenAI's own limit), and their whole form's.
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
 MAX_AUDIO_FORM = MAX_AUDIO_BYTES + 64 * 1024
-#: Where OpenAI's audio routes are served: under /v1, /engines/v1 and the backend that serves them.
+#: Where OpenAI's audio routes are served: under /v1, /engines/v1 and a backend's /engines/<backend>/v1.
 AUDIO_PATHS = tuple(
     f"{prefix}/v1/audio/{task}"
-    for prefix in ("", "/engines", "/engines/whisper.cpp")
+    for prefix in ("", "/engines", "/engines/<backend>")
     for task in ("transcriptions", "translations")
 )
 T = TypeVar("T")
@@ -63,7 +66,6 @@ class Reach(enum.Enum):
 class Route:
     """One route's, or one API's, facts for the front door."""
 
-    path: str
     who: Who = Who.KEY
     reach: Reach = Reach.EXACT
     #: The most bytes its body may carry, from C{[http]}; None: C{max_request_bytes}.
@@ -74,41 +76,8 @@ class Route:
     shape: str = "openai"
     #: Answered past C{[http] max_connections}, and the connection closed after.
     past_cap: bool = False
-
-
-ROUTES: tuple[Route, ...] = (
-    # The daemon's own.
-    Route("/", Who.OPEN),
-    Route("/health", Who.OPEN, past_cap=True),
-    Route("/ready", Who.OPEN),
-    Route("/metrics", Who.SCRAPE),
-    Route("/ui", Who.OPEN),
-    Route("/ui/app.js", Who.OPEN),
-    Route("/ui/style.css", Who.OPEN),
-    Route("/models", Who.MANAGE, Reach.UNDER),
-    Route("/models/load", Who.MANAGE, limit=lambda http: http.max_load_bytes, sink="upload"),
-    Route("/models/create", Who.MANAGE, limit=lambda http: MAX_CREATE_BODY),
-    Route("/logs", Who.ADMIN, Reach.UNDER),
-    Route("/engines/unload", Who.ADMIN),
-    Route("/engines/_configure", Who.ADMIN),
-    Route("/engines/<backend>/_configure", Who.ADMIN),
-    Route("/engines/_reload", Who.ADMIN),
-    Route("/engines/_drain", Who.ADMIN),
-    Route("/engines/requests", Who.ADMIN),  # records hold prompts
-    Route("/engines/cache", Who.ADMIN),  # the prompt cache's states: whose prompts, when
-    # OpenAI's audio routes take a form with a file, larger than a JSON body.
-    *(Route(path, limit=lambda http: MAX_AUDIO_FORM) for path in AUDIO_PATHS),
-    # Anthropic's Messages, under /anthropic and wherever its two routes are served.
-    Route("/anthropic", reach=Reach.BELOW, shape="anthropic"),
-    Route("/v1/messages", reach=Reach.ENDING, shape="anthropic"),
-    Route("/v1/messages/count_tokens", reach=Reach.ENDING, shape="anthropic"),
-    # Ollama's API, its model management for admins.
-    Route("/api", reach=Reach.BELOW, shape="ollama"),
-    *(
-        Route(f"/api/{name}", Who.ADMIN, shape="ollama")
-        for name in ("pull", "push", "delete", "copy", "create")
-    ),
-)
+    #: As the router sees it; a route's declaration (L{mrunner.api.documented}) gets its route's.
+    path: str = ""
 
 
 def _segments(route: Route) -> list[str]:
@@ -119,15 +88,16 @@ def _path(route: Route) -> bytes:
     return route.path.rstrip("/").encode()
 
 
-def open_paths(routes: Iterable[Route] = ROUTES) -> frozenset[bytes]:
+def open_paths(routes: Iterable[Route]) -> frozenset[bytes]:
     """The paths (without a trailing slash) any caller reaches, keys or not."""
     return frozenset(_path(route) for route in routes if route.who is Who.OPEN)
 
 
-def scraped(routes: Iterable[Route] = ROUTES) -> bytes:
-    """The path C{[cluster] open_metrics} opens."""
-    (path,) = (_path(route) for route in routes if route.who is Who.SCRAPE)
-    return path
+def scraped(routes: Iterable[Route]) -> bytes | None:
+    """The path C{[cluster] open_metrics} opens, if a route is scraped."""
+    paths = [_path(route) for route in routes if route.who is Who.SCRAPE]
+    assert len(paths) <= 1, paths
+    return paths[0] if paths else None
 
 
 @attrs.frozen
@@ -145,7 +115,7 @@ class AdminRules:
     ollama: frozenset[bytes]
 
 
-def admin_rules(routes: Iterable[Route] = ROUTES) -> AdminRules:
+def admin_rules(routes: Iterable[Route]) -> AdminRules:
     areas: dict[bytes, Who] = {}
     engines: set[bytes] = set()
     ollama: set[bytes] = set()
@@ -162,21 +132,39 @@ def admin_rules(routes: Iterable[Route] = ROUTES) -> AdminRules:
     return AdminRules(areas, frozenset(engines), frozenset(ollama))
 
 
-def limits(http: HTTPConfig, routes: Iterable[Route] = ROUTES) -> dict[bytes, int]:
+def limits(http: HTTPConfig, routes: Iterable[Route]) -> dict[bytes, int]:
     """By path, the body limit of each route that has its own."""
     return {_path(route): route.limit(http) for route in routes if route.limit is not None}
 
 
-def past_cap(routes: Iterable[Route] = ROUTES) -> frozenset[bytes]:
+def past_cap(routes: Iterable[Route]) -> frozenset[bytes]:
     """The paths still answered when the daemon serves its limit of connections."""
     return frozenset(_path(route) for route in routes if route.past_cap)
 
 
-def sinks(named: Mapping[str, T], routes: Iterable[Route] = ROUTES) -> dict[bytes, T]:
+def sinks(named: Mapping[str, T], routes: Iterable[Route]) -> dict[bytes, T]:
     """By path, what takes each route's POSTed body as it arrives, from C{named} by the name declared."""
     return {_path(route): named[route.sink] for route in routes if route.sink is not None}
 
 
-def shaped(routes: Iterable[Route] = ROUTES) -> tuple[tuple[Reach, bytes, str], ...]:
+def shaped(routes: Iterable[Route]) -> tuple[tuple[Reach, bytes, str], ...]:
     """(reach, path, shape) of each declaration with a shape of its own, in the order to try them."""
     return tuple((route.reach, _path(route), route.shape) for route in routes if route.shape != "openai")
+
+
+class Door:
+    """The front door's tables, derived once from the declarations of the routes it serves."""
+
+    def __init__(self, routes: Iterable[Route] = ()):
+        self.routes = tuple(routes)
+        self.open_paths = open_paths(self.routes)
+        self.metrics = scraped(self.routes)
+        self.admin = admin_rules(self.routes)
+        self.past_cap = past_cap(self.routes)
+        self.shaped = shaped(self.routes)
+
+    def limits(self, http: HTTPConfig) -> dict[bytes, int]:
+        return limits(http, self.routes)
+
+    def sinks(self, named: Mapping[str, T]) -> dict[bytes, T]:
+        return sinks(named, self.routes)

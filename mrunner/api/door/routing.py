@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import attrs
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import RequestRedirect
 
-from mrunner.api.door.route_group import UNKNOWN, DirectGroup, RouteGroup
+from mrunner.api.door.declared import Door, Route
+from mrunner.api.door.route_group import UNKNOWN, DirectGroup, MountingGroup, RouteGroup
 from mrunner.api.errors import Refusal
 from mrunner.errors import BadRequest
 
@@ -24,7 +26,8 @@ class Routes(Resource):
     change, so the choice for a method and path is remembered: matching them
     took 6% of the daemon's CPU on small chats (py-spy). A L{DirectGroup} also
     offers its hot routes by method and path, rendered (by L{Direct}, in the
-    group's error shape) without Klein matching them again.
+    group's error shape) without Klein matching them again. Its L{Door} is what the
+    groups' routes declare of themselves for the front door (L{declarations}).
     """
 
     isLeaf = True
@@ -35,6 +38,7 @@ class Routes(Resource):
     def __init__(self, groups: Sequence[RouteGroup], fallback: RouteGroup = UNKNOWN):
         super().__init__()
         self.groups = tuple(groups)
+        self.door = Door(declarations(groups))
         self._routes = [(group.app.url_map, group.app.resource()) for group in groups]
         self._fallback: IResource = fallback.app.resource()
         self._direct: dict[tuple[bytes, bytes], IResource] = {
@@ -62,14 +66,15 @@ class Routes(Resource):
         try:
             path = (b"/" + postpath).decode("utf-8")  # already unquoted
         except UnicodeDecodeError:  # Klein would answer in plain text, and log a traceback
-            return Refusal(BadRequest("the path is not UTF-8 once percent-decoded"))
+            return Refusal(BadRequest("the path is not UTF-8 once percent-decoded"), shaped=self.door.shaped)
         method = method_bytes.decode("ascii", errors="replace")
         chosen = self._fallback
         for url_map, resource in self._routes:
             try:
                 url_map.bind("localhost").match(path, method)
             except RequestRedirect:  # werkzeug would redirect /a//b to /a/b: no client means that
-                return Refusal(BadRequest(f"the path {path!r:.100} has an empty segment (//)"))
+                empty = BadRequest(f"the path {path!r:.100} has an empty segment (//)")
+                return Refusal(empty, shaped=self.door.shaped)
             except MethodNotAllowed:
                 chosen = resource
             except NotFound:
@@ -78,3 +83,16 @@ class Routes(Resource):
                 chosen = resource
                 break
         return chosen
+
+
+def declarations(groups: Iterable[object], prefix: str = "") -> list[Route]:
+    """The front door's facts the C{groups} declare: their routes' (L{Documented.route}'s C{door}), then
+    those a group declares for a whole API it serves (its C{door}), a mounted group's under its prefix."""
+    found: list[Route] = []
+    for group in groups:
+        documented = getattr(group, "routes", None)
+        found += [*getattr(documented, "door", ()), *getattr(group, "door", ())]
+        if isinstance(group, MountingGroup):
+            for mounted_prefix, mounted in group.mounts.items():
+                found += declarations([mounted], mounted_prefix)
+    return [attrs.evolve(route, path=(prefix + route.path).rstrip("/") or "/") for route in found]

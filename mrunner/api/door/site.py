@@ -25,6 +25,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 
 from mrunner.api.door.channel import GatedChannel, GatedRequest, Sink
+from mrunner.api.door.declared import Door
 from mrunner.api.door.httptools_channel import HttptoolsChannel
 from mrunner.api.door.trust import Trust, beyond_loopback, route_path
 from mrunner.api.errors import Refusal
@@ -71,13 +72,21 @@ class GatedSite(BatchedLogSite):
     arrive. The body is still counted, limited and cut off when slow as any other; a sink is
     closed when the request ends or its connection is lost, and then removes what it wrote
     unless the route took it over.
+
+    C{door}: what the routes declare of themselves for the front door; by default C{resource}'s
+    own, when it is L{mrunner.api.door.routing.Routes}, else no route's.
     """
 
     protocol = GatedChannel  # type: ignore[assignment]
     events = Logger()  # (twisted.web's Site.log writes the access log)
 
     def __init__(
-        self, resource: IResource, config: Config, reactor: Any, sinks: Mapping[bytes, Sink] | None = None
+        self,
+        resource: IResource,
+        config: Config,
+        reactor: Any,
+        sinks: Mapping[bytes, Sink] | None = None,
+        door: Door | None = None,
     ):
         # Twisted's own idle timeout is off: the sweep closes idle connections instead. No route
         # takes an HTML form, and parsing one means an email.message.EmailMessage per POST to
@@ -91,6 +100,7 @@ class GatedSite(BatchedLogSite):
         self._sweeper.clock = reactor
         self._started = config
         self._sinks = dict(sinks or {})
+        self.door: Door = door if door is not None else getattr(resource, "door", Door())
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -98,7 +108,7 @@ class GatedSite(BatchedLogSite):
         config = attrs.evolve(
             config, listen=self._started.listen, max_request_bytes=self._started.max_request_bytes
         )
-        self.trust = Trust(config)
+        self.trust = Trust(config, self.door)
         self.protocol = CHANNELS[config.http.head_parser]
         if beyond_loopback(config.listen) and not (config.http.api_keys or config.http.admin_api_keys):
             self.events.warn(
@@ -149,7 +159,7 @@ class GatedSite(BatchedLogSite):
             request.setHeader(b"access-control-allow-origin", request.cors_origin)
             request.setHeader(b"vary", b"Origin")
         if request.refusal is not None:
-            return Refusal(request.refusal, close=True)
+            return Refusal(request.refusal, close=True, shaped=self.door.shaped)
         if request.cors_origin is not None and request.method == b"OPTIONS":
             return PREFLIGHT
         resource: IResource = super().getResourceFor(request)

@@ -19,31 +19,31 @@ from urllib.parse import unquote_to_bytes
 import attrs
 from twisted.web.http_headers import Headers
 
-from mrunner.api.door import declared
 from mrunner.api.door.callers import OPEN, Caller, key_caller
-from mrunner.api.door.declared import Who
+from mrunner.api.door.declared import AdminRules, Door, Who
 from mrunner.config import Config
 from mrunner.errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
 from mrunner.teams.members import KeyRing, Member
 
 LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
-# Routes that manage models or control runners, as the routes declare them: with admin_api_keys set,
-# only those keys reach them. Reading is not managing: any key may GET /models (the routes show it
-# the models it may use) and /engines/usage (its own).
-ADMIN = declared.admin_rules()
 READING = frozenset({b"GET", b"HEAD"})
-# A browser's navigation carries no key: the page's files (and / that sends a browser there) are open,
-# and the page asks for a key when the API answers 401.
-METRICS = declared.scraped()
-OPEN_PATHS = declared.open_paths()
 _LISTEN_FIELDS = re.compile(r"(?<!\\):")
 
 
 class Trust:
-    """The front-door rules of one configuration; a new configuration builds a new one."""
+    """The front-door rules of one configuration; a new configuration builds a new one.
 
-    def __init__(self, config: Config):
+    C{door}: what the routes declare of themselves. Routes that manage models or control runners
+    (C{door.admin}): with admin_api_keys set, only those keys reach them. Reading is not managing:
+    any key may GET /models (the routes show it the models it may use) and /engines/usage (its
+    own). A browser's navigation carries no key: the page's files (and / that sends a browser
+    there) are open (C{door.open_paths}), and the page asks for a key when the API answers 401.
+    """
+
+    def __init__(self, config: Config, door: Door):
         http = config.http
+        self.door = door
+        self._admin = door.admin
         self.http = http
         hosts = {host_name(_lower_ascii(host)) for host in http.allowed_hosts}
         listening = listen_host(config.listen)
@@ -61,12 +61,13 @@ class Trust:
         # Named keys ([keys."NAME"]) make a key needed on every route: anonymous ones still work.
         self._members = KeyRing(config.keys)
         self._open_metrics = config.cluster.open_metrics
-        self._open = OPEN_PATHS | ({METRICS} if self._open_metrics else set())
+        metrics = {door.metrics} if self._open_metrics and door.metrics is not None else set()
+        self._open = door.open_paths | metrics
         self._keys = keys + admin if keys or self._members else ()
         self._admin_keys = admin or keys
-        self._limits = declared.limits(http)
+        self._limits = door.limits(http)
         self._default_limit = config.max_request_bytes
-        self._smallest_limit = min(self._default_limit, *self._limits.values())
+        self._smallest_limit = min([self._default_limit, *self._limits.values()])
 
     def origin(self, headers: Headers, via_socket: bool) -> bytes | None:
         """The request's allowed C{Origin}, None when it sends none; raises a refused Host or Origin.
@@ -90,13 +91,13 @@ class Trust:
         preflight = origin is not None and method == b"OPTIONS"
         if member is not None:
             if not preflight:
-                _check_member(method, route_path(target), member, self._open)
+                _check_member(method, route_path(target), member, self._open, self._admin)
             return key_caller(presented, member.admin, member)
         path = route_path(target)
         if not preflight:
             self._check_key(method, path, presented)
         found = key_caller(presented, presented is not None and _matches(presented, self._admin_keys))
-        if self._open_metrics and path.rstrip(b"/") == METRICS and not self._valid(presented):
+        if self._open_metrics and path.rstrip(b"/") == self.door.metrics and not self._valid(presented):
             return attrs.evolve(found, load_signals_only=True)
         return found
 
@@ -108,7 +109,9 @@ class Trust:
         if length is not None and length <= self._smallest_limit:
             return self._smallest_limit
         path = route_path(target)
-        limit = self._limits.get(path.rstrip(b"/"), self._default_limit)
+        limit = self._limits.get(path.rstrip(b"/")) or self._limits.get(
+            backends(path.rstrip(b"/")), self._default_limit
+        )
         if length is not None and length > limit:
             where = path.decode(errors="replace")
             raise PayloadTooLarge(f"request body is {length} bytes; {where} takes at most {limit}")
@@ -155,7 +158,7 @@ class Trust:
     def _check_key(self, method: bytes, path: bytes, presented: bytes | None) -> None:
         if path.rstrip(b"/") in self._open:
             return
-        admin = is_admin(method, path)
+        admin = is_admin(method, path, self._admin)
         keys = self._admin_keys if admin else self._keys
         if not keys and not self._members:
             return
@@ -172,8 +175,10 @@ class Trust:
             raise Unauthorized("the API key is not valid for this mrunner")
 
 
-def _check_member(method: bytes, path: bytes, member: Member, open_paths: frozenset[bytes]) -> None:
-    if not member.admin and path.rstrip(b"/") not in open_paths and is_admin(method, path):
+def _check_member(
+    method: bytes, path: bytes, member: Member, open_paths: frozenset[bytes], admin: AdminRules
+) -> None:
+    if not member.admin and path.rstrip(b"/") not in open_paths and is_admin(method, path, admin):
         raise Forbidden(
             f"this route manages models or runners: key {member.name!r} is not an admin key"
             " (admin = true in its [keys] table)",
@@ -210,17 +215,25 @@ def route_path(target: bytes) -> bytes:
     return unquote_to_bytes(target.partition(b"?")[0])
 
 
-def is_admin(method: bytes, path: bytes) -> bool:
+def backends(path: bytes) -> bytes:
+    """C{path} as a route declares it for any backend: C{/engines/NAME/...} is C{/engines/<backend>/...}."""
+    if not path.startswith(b"/engines/"):
+        return path
+    segments = path.split(b"/")
+    return b"/".join([*segments[:2], b"<backend>", *segments[3:]])
+
+
+def is_admin(method: bytes, path: bytes, admin: AdminRules) -> bool:
     """Whether C{method} on C{path} manages models or controls runners (C{/models/*} but its reading,
-    C{/logs}, unload, configure)."""
+    C{/logs}, unload, configure), as C{admin} has the routes declare it."""
     segments = path.strip(b"/").split(b"/")
     first = segments[0]
-    area = ADMIN.areas.get(first)
+    area = admin.areas.get(first)
     if area is not None:
         return area is Who.ADMIN or method not in READING
     if first == b"engines":
-        return not ADMIN.engines.isdisjoint(segments[1:3])
-    return first == b"api" and len(segments) > 1 and segments[1] in ADMIN.ollama
+        return not admin.engines.isdisjoint(segments[1:3])
+    return first == b"api" and len(segments) > 1 and segments[1] in admin.ollama
 
 
 def listen_host(listen: str) -> bytes | None:

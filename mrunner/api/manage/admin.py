@@ -10,6 +10,7 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
+from mrunner.api.door.declared import Route, Who
 from mrunner.api.door.route_group import Piece
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.flags import runtime_flags
@@ -202,6 +203,7 @@ class AdminAPI:
             body=json_content(UNLOAD.schema),
             body_required=False,
         ),
+        door=Route(Who.ADMIN),
     )
     async def unload(self, request: IRequest) -> bytes:
         payload = self._payload(request)
@@ -224,6 +226,7 @@ class AdminAPI:
             },
             body=json_content(CONFIGURE.schema),
         ),
+        door=Route(Who.ADMIN),
     )
     async def configure(self, request: IRequest, backend: str | None = None) -> bytes:
         payload = self._payload(request)
@@ -262,6 +265,7 @@ class AdminAPI:
             "Read tap.conf again and apply it, as SIGHUP does",
             {"200": answer("what changed, and what needs a restart", json_content({"type": "object"}))},
         ),
+        door=Route(Who.ADMIN),
     )
     def reload(self, request: IRequest) -> bytes:
         """Read C{tap.conf} again and apply it without a restart (as SIGHUP does)."""
@@ -277,6 +281,7 @@ class AdminAPI:
             {"200": answer("draining", json_content(DRAINED))},
             parameters=[parameter("wait", "query", {"type": "boolean"}, "answer once those in flight end")],
         ),
+        door=Route(Who.ADMIN),
     )
     async def drain(self, request: IRequest) -> bytes:
         """Drain the node before it goes (a rolling update): C{?wait=true} answers once nothing is in flight.

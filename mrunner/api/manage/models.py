@@ -20,7 +20,7 @@ from twisted.web.server import Request
 
 from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
-from mrunner.api.door.declared import MAX_CREATE_BODY
+from mrunner.api.door.declared import MAX_CREATE_BODY, Reach, Route, Who
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.model_operations import ModelOperations
 from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, operation
@@ -143,6 +143,7 @@ class ModelsAPI:
             parameters=[_query("found", {"type": "boolean"}, "list other tools' models instead")],
         ),
         strict_slashes=False,
+        door=Route(Who.MANAGE, Reach.UNDER),
     )
     async def list_models(self, request: IRequest) -> bytes:
         """The models the key may use: any key may read them (L{visible}), an admin's manages them.
@@ -198,6 +199,7 @@ class ModelsAPI:
             {"200": answer("progress lines, then success or error", PROGRESS), **REGISTRY_ERRORS},
             body=json_content(CREATE),
         ),
+        door=Route(Who.MANAGE, limit=lambda http: MAX_CREATE_BODY),
     )
     async def create(self, request: Request) -> bytes:
         """Pull ``{"from": ref}`` from its registry (Hugging Face for ``hf.co/...``), streaming progress."""
@@ -222,6 +224,7 @@ class ModelsAPI:
                 ),
             ],
         ),
+        door=Route(Who.MANAGE, limit=lambda http: http.max_load_bytes, sink="upload"),
     )
     async def load(self, request: IRequest) -> bytes:
         """Import the request body as ``?name=`` (``&context_size=N`` sets its default context).

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from mrunner.api.door.declared import Route, Who
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.openapi import Piece, answer, json_content, operation, parameter
 from mrunner.api.reading.bodies import query
@@ -42,6 +43,8 @@ class PromptCacheAPI:
     """The saved states, most recently used first, and their removal (all, or one model's)."""
 
     app = Klein()
+    #: The prompt cache's states: whose prompts, when.
+    door = (Route(Who.ADMIN, path="/engines/cache"),)
     handle_json_errors(app)
 
     def __init__(self, states: SavedStates) -> None:

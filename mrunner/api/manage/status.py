@@ -12,6 +12,7 @@ from twisted.web.resource import IResource
 import mrunner
 from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
+from mrunner.api.door.declared import Route, Who
 from mrunner.api.door.route_group import RouteGroup
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.scheduler_json import failed_preloads, install_ready, preload_json
@@ -81,7 +82,7 @@ class StatusAPI:
     def openapi(self) -> Piece:
         return self.routes.openapi()
 
-    @routes.route("/", "GET", _one_answer("mrunner is running", TEXT))
+    @routes.route("/", "GET", _one_answer("mrunner is running", TEXT), door=Route(Who.OPEN))
     def root(self, request: IRequest) -> bytes:
         """API clients are told the daemon runs; a browser is sent to the page."""
         if wants_html(request):
@@ -90,7 +91,12 @@ class StatusAPI:
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         return b"mrunner is running"
 
-    @routes.route("/health", "GET", _one_answer("The daemon answers", _strings("status")))
+    @routes.route(
+        "/health",
+        "GET",
+        _one_answer("The daemon answers", _strings("status")),
+        door=Route(Who.OPEN, past_cap=True),
+    )
     def health(self, request: IRequest) -> bytes:
         return json_body(request, {"status": "ok"})
 
@@ -102,6 +108,7 @@ class StatusAPI:
             " and the node is not draining",
             {"200": answer("ready", json_content(READY)), "503": answer("not yet", json_content(READY))},
         ),
+        door=Route(Who.OPEN),
     )
     def ready(self, request: IRequest) -> bytes:
         """200 once the default backend is installed and every preload has loaded or failed, until a
@@ -135,7 +142,7 @@ class StatusAPI:
     def version(self, request: IRequest) -> bytes:
         return json_body(request, {"version": mrunner.__version__, "docker_config": self._docker_config})
 
-    @routes.route("/metrics", "GET", _one_answer("Prometheus metrics", TEXT))
+    @routes.route("/metrics", "GET", _one_answer("Prometheus metrics", TEXT), door=Route(Who.SCRAPE))
     async def metrics(self, request: IRequest) -> bytes:
         """The daemon's metrics, then those of every ready runner that answers in time, for an admin.
 

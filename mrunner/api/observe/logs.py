@@ -21,6 +21,7 @@ from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 from mrunner.api.documented import Documented, parameter
+from mrunner.api.door.declared import Reach, Route, Who
 from mrunner.api.errors import handle_json_errors
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import record_key
@@ -61,6 +62,7 @@ class LogsAPI(Service):
                 parameter("follow", "query", {"type": "boolean"}, "keep sending lines as they are written"),
             ],
         ),
+        door=Route(Who.ADMIN, Reach.UNDER),
     )
     def logs(self, request: IRequest) -> bytes | Deferred[bytes]:
         follow = flag(request, "follow")

@@ -17,6 +17,7 @@ from twisted.web.iweb import IRequest
 
 from mrunner.api.documented import Documented, parameter
 from mrunner.api.door.callers import caller
+from mrunner.api.door.declared import Route, Who
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.manage.scheduler_json import runner_json
 from mrunner.api.openapi import Piece, answer, json_content, operation
@@ -61,6 +62,8 @@ class PageAPI:
     app = Klein()
     handle_json_errors(app)
     routes = Documented(app)
+    #: The page's files, which a browser fetches without a key.
+    door = (Route(Who.OPEN, path="/ui/app.js"), Route(Who.OPEN, path="/ui/style.css"))
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class PageAPI:
         "/ui",
         "GET",
         operation("The web page", {"200": answer("the page", {"text/html": {"schema": {"type": "string"}}})}),
+        door=Route(Who.OPEN),
     )
     def page(self, request: IRequest) -> bytes:
         return self._file(request, "index.html")

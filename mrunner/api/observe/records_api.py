@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from mrunner.api.documented import Documented, parameter
+from mrunner.api.door.declared import Route, Who
 from mrunner.api.errors import handle_json_errors, json_body
 from mrunner.api.observe.follow import Feed, Followers, OpenFollows
 from mrunner.api.observe.records import Record, Records, record_key
@@ -78,6 +79,7 @@ class RecordsAPI(Service):
                 ),
             ],
         ),
+        door=Route(Who.ADMIN),  # records hold prompts
     )
     def requests(self, request: IRequest) -> bytes | Deferred[bytes]:
         if self._records is None:

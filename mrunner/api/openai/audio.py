@@ -17,7 +17,7 @@ from klein import Klein
 from twisted.web.server import Request
 
 from mrunner.api.documented import Documented
-from mrunner.api.door.declared import MAX_AUDIO_BYTES, MAX_AUDIO_FORM
+from mrunner.api.door.declared import MAX_AUDIO_BYTES, MAX_AUDIO_FORM, Route
 from mrunner.api.errors import handle_json_errors, openai_shape
 from mrunner.api.openai import transcript, transcription
 from mrunner.api.openai.gateway import Gateway
@@ -80,11 +80,21 @@ class AudioAPI:
     def openapi(self) -> Piece:
         return self.routes.openapi()
 
-    @routes.route(TRANSCRIPTIONS, "POST", operation("Speech to text (OpenAI)", ANSWERS, body=FORM))
+    @routes.route(
+        TRANSCRIPTIONS,
+        "POST",
+        operation("Speech to text (OpenAI)", ANSWERS, body=FORM),
+        door=Route(limit=lambda http: MAX_AUDIO_FORM),
+    )
     def transcriptions(self, request: Request, backend: str | None = None) -> Any:
         return self._transcribe(request, backend, translate=False)
 
-    @routes.route(TRANSLATIONS, "POST", operation("Speech to English text (OpenAI)", ANSWERS, body=FORM))
+    @routes.route(
+        TRANSLATIONS,
+        "POST",
+        operation("Speech to English text (OpenAI)", ANSWERS, body=FORM),
+        door=Route(limit=lambda http: MAX_AUDIO_FORM),
+    )
     def translations(self, request: Request, backend: str | None = None) -> Any:
         return self._transcribe(request, backend, translate=True)
 

@@ -17,6 +17,7 @@ from twisted.web.server import Request
 
 from mrunner.api.compat.openapi import ANTHROPIC_ERROR, ANY_METHOD, compat_operation
 from mrunner.api.documented import Documented
+from mrunner.api.door.declared import Reach, Route
 from mrunner.api.errors import MethodNotAllowed, anthropic_shape, anthropic_stream_error, handle_json_errors
 from mrunner.api.openai.gateway import Gateway
 from mrunner.api.openapi import Piece
@@ -69,6 +70,11 @@ class AnthropicAPI:
     app = Klein()
     handle_json_errors(app, anthropic_shape)
     routes = Documented(app)
+    #: Anthropic's Messages, under /anthropic and wherever its two routes are served.
+    door = (
+        Route(reach=Reach.BELOW, shape="anthropic", path="/anthropic"),
+        *(Route(reach=Reach.ENDING, shape="anthropic", path=path) for path in SERVED),
+    )
 
     def __init__(self, gateway: Gateway, forwarder: Forwarder):
         self._gateway = gateway

@@ -23,7 +23,7 @@ from mrunner.api.compat.ollama import shapes as shapes
 from mrunner.api.compat.openapi import ANY_METHOD, OLLAMA_ERROR, OLLAMAS, compat_operation
 from mrunner.api.documented import Documented
 from mrunner.api.door.callers import caller
-from mrunner.api.door.declared import MAX_CREATE_BODY
+from mrunner.api.door.declared import MAX_CREATE_BODY, Reach, Route, Who
 from mrunner.api.errors import MethodNotAllowed, handle_json_errors, json_body, ollama_shape
 from mrunner.api.manage.model_operations import ModelOperations
 from mrunner.api.manage.models import NDJSONStream
@@ -66,6 +66,14 @@ class OllamaModelsAPI:
     app = Klein()
     handle_json_errors(app, ollama_shape)
     routes = Documented(app)
+    #: Ollama's API, its model management (served or not) for admins.
+    door = (
+        Route(reach=Reach.BELOW, shape="ollama", path="/api"),
+        *(
+            Route(Who.ADMIN, shape="ollama", path=f"/api/{name}")
+            for name in ("pull", "push", "delete", "copy", "create")
+        ),
+    )
     log = Logger()
 
     def __init__(
