@@ -312,6 +312,9 @@ class ClusterTests(TestCase):
         lost = [r for r in results if isinstance(r, Exception) or r != (EVENTS, "length")]
         self.assertLessEqual(len(lost), in_flight_on_two, f"at most node 2's streams are lost: {results}")
         self.assertEqual(len(results) - len(lost), 4 - in_flight_on_two, f"node 1's finish: {results}")
+        # The openai client stops at [DONE]; the answer's end (two writes, as llama-server's) comes after,
+        # and the node counts a request served at its end.
+        await self.until(lambda: self.idle(one), 30, "node 1's streams have ended")
         before = await one.served(A)
         answers = await self.chats(A, 6)
         self.assertEqual([a for a in answers if isinstance(a, Exception)], [], "the router sends them on")
@@ -337,6 +340,7 @@ class ClusterTests(TestCase):
         open_gate(gate)
         for stream in streams:
             self.assertEqual(await stream.done, (EVENTS, "length"), "each stream finishes whole")
+        await self.until(lambda: self.idle(two), 30, "node 2's stream has ended")  # as node 1's above
         served_by_two = await two.served(A)
         response = await http.post(one.url + "/v1/chat/completions", json={"model": A, "messages": CHAT})
         refusal = json.loads(await response.text())
@@ -377,6 +381,9 @@ class ClusterTests(TestCase):
         except (ConnectError, ResponseNeverReceived):  # refused or reset as it closes, or closing as it took
             return True
         return False
+
+    async def idle(self, node: Node) -> bool:
+        return (await node.metrics()).get("vllm:num_requests_running", 0) == 0
 
     async def running(self, nodes: list[Node], count: int) -> bool:
         total = 0.0
