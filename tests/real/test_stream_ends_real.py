@@ -4,8 +4,9 @@ kept busy, each answer read to its end by a client that looks for the end in its
 llama-server writes a chunked answer's end in two writes; passed on apart, such a client waited
 for the daemon to close the idle connection, a minute later. Here four streams of each size of a
 sweep go to the runner direct, then through mrunner, and each through mrunner must end whole
-within five times the slowest direct one and 5 s: a stall is tens of seconds, so it fails on any
-machine of this kind, however busy.
+within five times the slowest direct one and 20 s: a held end waits for the idle close, 60 s, so
+it fails on any machine of this kind, while a busy one's slowness (10.7 s once, with the bench's
+256 streams beside) does not.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class StreamEndsTests(LlamaCppTestCase):
             }
             direct = await deferToThread(at_once, runner.socket, chat_request(body))
             through = await deferToThread(at_once, (host, int(port)), chat_request(body))
-            bound = 5 * max(seconds for seconds, _ in direct) + 5
+            bound = 5 * max(seconds for seconds, _ in direct) + 20
             for _, reads in through:
                 self.assertTrue(ended_whole(reads), f"{tokens} tokens: {reads[-2:]!r}")
             for seconds, _ in through:
