@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from mrunner.store.names import DIGEST
+from mrunner.names import DIGEST
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from mrunner.store.names import DIGEST
+from mrunner.names import DIGEST
 
 INCOMPLETE = ".incomplete"
 _STAGED = "import-"

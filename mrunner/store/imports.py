@@ -16,9 +16,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from mrunner.errors import BadRequest
+from mrunner.names import parse
 from mrunner.store.artifact import MODEL_CONFIG, Descriptor, Manifest, model_config
 from mrunner.store.blobs import Blobs
-from mrunner.store.names import parse
 from mrunner.store.upload import Staged, Upload
 from mrunner.values.model import Model, Reference
 

@@ -30,9 +30,9 @@ import attrs
 from twisted.logger import Logger
 
 from mrunner.errors import BadRequest, Conflict, NotFound
+from mrunner.names import DIGEST, SHORT_ID, parse
 from mrunner.store.blobs import fsync_dir
 from mrunner.store.errors import StoreCorrupt
-from mrunner.store.names import DIGEST, SHORT_ID, parse
 from mrunner.values.model import Reference
 
 NEAR = 0.8  # how alike a missing name and a stored tag must be to suggest it (difflib's ratio)

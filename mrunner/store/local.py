@@ -29,6 +29,7 @@ from zope.interface import implementer
 
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IModelStoreAdmin, IUpload
+from mrunner.names import parse
 from mrunner.store.artifact import Descriptor, InvalidManifest, Manifest, parse_config, parse_manifest
 from mrunner.store.blobs import Blobs
 from mrunner.store.bundles import Bundles
@@ -36,7 +37,6 @@ from mrunner.store.errors import ModelCorrupt, StoreCorrupt
 from mrunner.store.imports import Imports, Staging
 from mrunner.store.index import Index
 from mrunner.store.integrity import Integrity
-from mrunner.store.names import parse
 from mrunner.store.registry import MAX_MANIFEST
 from mrunner.store.upload import Staged, Upload
 from mrunner.values.model import Deletion, Model, Reference, Reports

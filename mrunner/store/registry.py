@@ -37,10 +37,10 @@ from twisted.web.iweb import IResponse
 from mrunner.config import RegistryConfig
 from mrunner.docker_config import Credential
 from mrunner.errors import BadGateway, MrunnerError, NotFound
+from mrunner.names import DOCKER_HUB
 from mrunner.store.artifact import MANIFEST_TYPES
 from mrunner.store.clientpool import QuietPool
 from mrunner.store.credentials import Credentials
-from mrunner.store.names import DOCKER_HUB
 from mrunner.store.stall import READ_TIMEOUT, Timeout, answer, discard, read_limited
 from mrunner.values.model import Reference
 

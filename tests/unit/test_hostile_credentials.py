@@ -38,8 +38,8 @@ from mrunner.cli.status import status
 from mrunner.config import RegistryConfig
 from mrunner.docker_config import Credential
 from mrunner.errors import BadGateway
+from mrunner.names import parse
 from mrunner.store.credentials import Credentials
-from mrunner.store.names import parse
 from mrunner.store.registry import RegistryClient, Unauthorized, unreachable
 
 HOST = "localhost:5000"

@@ -27,7 +27,7 @@ from mrunner.api.openapi import NAME, Piece, answer, errors, json_content, opera
 from mrunner.api.reading.bodies import MAX_CONTEXT_SIZE, flag, json_object, query, read_body, whole
 from mrunner.errors import BadRequest, Forbidden, MrunnerError, NotFound
 from mrunner.interfaces import IModelStoreAdmin, IProgress, IUpload
-from mrunner.store.names import parse
+from mrunner.names import parse
 from mrunner.store.sources.catalog import Sources
 from mrunner.teams.access import check_usable, visible
 from mrunner.values.model import TAR, Model

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from mrunner.store.names import DIGEST
+from mrunner.names import DIGEST
 from mrunner.store.sources.folders import inside, lower_keys, store_name, walk_dirs
 from mrunner.store.sources.found import Found, Refused, SourceFile
 
