@@ -13,8 +13,9 @@ Twisted relay byte for byte.
 Why ctypes and a compiler at the first start rather than a C extension in the
 package: mrunner installs from its source with no build step, the machines
 that build llama-server have a compiler already, and where none is found the
-daemon says so and keeps every stream on the Twisted relay. The shared object is kept under the
-build cache, named by the source's digest, so an edit builds a new one.
+daemon says so and keeps every stream on the Twisted relay. The shared object
+is kept under the build cache, named by the source's digest, so an edit
+builds a new one.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from mrunner.proxy.fastrelay import FastRelay, Moved
 
 SOURCE = Path(__file__).with_name("mover.c")
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
-MAX_LINE = 4096
 #: Streams one return from C may name.
 NOTES = 256
 
@@ -102,9 +102,6 @@ class Collected(ctypes.Structure):
         ("ended", ctypes.c_int),
         ("raw", ctypes.c_int),
         ("skip", ctypes.c_int64),
-        ("line", ctypes.c_char * MAX_LINE),
-        ("line_len", ctypes.c_size_t),
-        ("trailer", ctypes.c_int),
     ]
 
 
@@ -113,15 +110,7 @@ def load(path: Path) -> ctypes.CDLL:
     library = ctypes.CDLL(str(path), use_errno=True)
     library.mover_new.restype = ctypes.c_void_p
     library.mover_add.restype = ctypes.c_int64
-    library.mover_add.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int64,
-        ctypes.c_char_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-    ]
+    library.mover_add.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64]
     library.mover_start.argtypes = [ctypes.c_void_p]
     library.mover_wait.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
     for name in ("mover_collect", "mover_stop"):
@@ -156,11 +145,9 @@ class CMover:
                 raise OSError(error, "the relay's thread could not start")
             self._thread = threading.Thread(target=self._run, name="mrunner-relay-c", daemon=True)
             self._thread.start()
-        skip, line, trailer = moved.chunks.state()
+        skip, _, _ = moved.chunks.state()  # between size lines: FastRelay takes no stream with bytes held
         with self.lock:
-            key = self._c.mover_add(
-                self._mover, moved.runner.fileno(), moved.client.fileno(), skip, line, len(line), trailer
-            )
+            key = self._c.mover_add(self._mover, moved.runner.fileno(), moved.client.fileno(), skip)
             if key < 0:
                 raise OSError(ctypes.get_errno(), "the relay could not take the stream")
             moved.runner.detach()
@@ -206,8 +193,7 @@ class CMover:
             return
         held = ctypes.string_at(out.held, out.held_len) if out.held_len else b""
         self._c.mover_free(out.held)
-        line = ctypes.string_at(ctypes.addressof(out) + Collected.line.offset, out.line_len)
-        moved.chunks.restore((out.skip, line, bool(out.trailer)))
+        moved.chunks.restore((out.skip, b"", False))  # C keeps no cut line, nor a begun end
         moved.pending = held[out.pending_from : out.pending_to]
         moved.ended = bool(out.ended)
         if moved.ended:

@@ -7,9 +7,9 @@
  * readable runner socket recv()s, reads the chunk-size lines (as ChunkedEnd in wire.py does, so
  * the body's end is found at the same byte), send()s to the client and keeps what it sent aside
  * for the observers. A Python thread sits in mover_wait for the streams Python must look at: a
- * first or a full batch kept aside, or a stream handed back (the body's end, the runner's close
- * or a malformed line, the client's leaving or full socket). Everything else, the byte-exact rules of when to hand back, is the
- * Python loop's (fastrelay.Mover), which the tests hold this one to.
+ * first or a full batch kept aside, or a stream handed back (the body's end, the runner's close,
+ * a malformed line, a read that leaves bytes to hold, the client's leaving or full socket). A
+ * property test holds it to the Twisted relay byte for byte.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,8 +24,8 @@
 
 #define READ_SIZE 65536
 #define BATCH 65536
-#define MAX_LINE 4096
 #define MALFORMED (-2)
+#define HOLD (-3)
 
 enum { FREE, ACTIVE, HANDED };
 
@@ -33,11 +33,9 @@ struct stream {
     int state;
     uint32_t gen;
     int runner, client;
-    /* ChunkedEnd's state: data (and CRLF) still to skip, a cut line, past the last chunk. */
+    /* ChunkedEnd's state: data (and CRLF) still to skip. A cut size line or a begun end is never
+     * kept here: that read goes to the reactor (HOLD). */
     int64_t skip;
-    char *line; /* on the heap, made for the first cut line: a stream's slot stays small */
-    size_t line_len, line_cap;
-    int trailer;
     /* What was sent and not yet shown to the observers. */
     char *aside;
     size_t aside_len, aside_cap;
@@ -56,9 +54,6 @@ struct collected {
     size_t held_len, pending_from, pending_to, extra_from;
     int ended, raw;
     int64_t skip;
-    char line[MAX_LINE];
-    size_t line_len;
-    int trailer;
 };
 
 struct mover {
@@ -69,7 +64,6 @@ struct mover {
     size_t count, capacity;
     uint64_t *notes;
     size_t notes_len, notes_cap;
-    char scratch[MAX_LINE + READ_SIZE];
     char buffer[READ_SIZE];
 };
 
@@ -121,24 +115,17 @@ static int hex_value(char c) {
     return -1;
 }
 
-/* ChunkedEnd.feed: where in data the body ended, -1 not yet, MALFORMED (also for a size too big
- * for C, which Python then reads itself); the caller restores the state after MALFORMED. */
-static long feed(struct stream *s, const char *data, size_t n, char *scratch) {
+/* ChunkedEnd.feed: where in data the body ended, -1 not yet, HOLD (a size line cut, or the end
+ * begun and not whole: ChunkedEnd.held), MALFORMED (also for a size too big for C, which Python
+ * then reads itself); the caller restores the state after HOLD or MALFORMED. */
+static long feed(struct stream *s, const char *buf, size_t len) {
     int64_t skip = s->skip;
-    if (skip >= (int64_t)n) {
-        s->skip = skip - (int64_t)n;
+    if (skip >= (int64_t)len) {
+        s->skip = skip - (int64_t)len;
         return -1;
     }
-    const char *buf = data;
-    size_t len = n, start = 0, pos = 0;
-    if (s->line_len) {
-        memcpy(scratch, s->line, s->line_len);
-        memcpy(scratch + s->line_len, data, n);
-        buf = scratch;
-        start = s->line_len;
-        len = start + n;
-    }
-    s->line_len = 0;
+    size_t pos = 0;
+    int trailer = 0;
     for (;;) {
         if (skip) {
             int64_t taken = skip < (int64_t)(len - pos) ? skip : (int64_t)(len - pos);
@@ -154,17 +141,11 @@ static long feed(struct stream *s, const char *data, size_t n, char *scratch) {
             }
         }
         const char *crlf = memmem(buf + pos, len - pos, "\r\n", 2);
-        if (!crlf) {
-            if (len - pos > MAX_LINE || grow(&s->line, &s->line_cap, len - pos) < 0) return MALFORMED;
-            if (len > pos) memmove(s->line, buf + pos, len - pos);
-            s->line_len = len - pos;
-            s->skip = 0;
-            return -1;
-        }
+        if (!crlf) return HOLD;
         size_t a = pos, b = (size_t)(crlf - buf);
         pos = b + 2;
-        if (s->trailer) {
-            if (a == b) return (long)(pos - start);
+        if (trailer) {
+            if (a == b) return (long)pos;
             continue;
         }
         const char *semicolon = memchr(buf + a, ';', b - a);
@@ -180,7 +161,7 @@ static long feed(struct stream *s, const char *data, size_t n, char *scratch) {
         }
         skip = size + 2;
         if (skip == 2) {
-            s->trailer = 1;
+            trailer = 1;
             skip = 0;
         }
     }
@@ -227,15 +208,10 @@ static void move(struct mover *m, size_t slot) {
     }
     size_t n = (size_t)got;
     int64_t skip = s->skip;
-    size_t line_len = s->line_len;
-    int trailer = s->trailer;
-    long end = feed(s, data, n, m->scratch);
-    /* Malformed, or a read that leaves bytes to hold (a size line cut, the body's end begun but not
-     * whole: ChunkedEnd.held): the reactor reads it, and sends the end whole. */
-    if (end == MALFORMED || (end < 0 && (s->trailer || s->line_len))) {
+    long end = feed(s, data, n);
+    /* Malformed, or a read that leaves bytes to hold: the reactor reads it, and sends the end whole. */
+    if (end == MALFORMED || end == HOLD) {
         s->skip = skip;
-        s->line_len = line_len;
-        s->trailer = trailer;
         s->raw = 1;
         hand_back(m, slot, data, n);
         return;
@@ -285,14 +261,10 @@ static int64_t free_slot(struct mover *m) {
     return (int64_t)m->count++;
 }
 
-/* Move runner and client (descriptors the mover then owns), from ChunkedEnd's state; its key, or
- * -1 with errno set (the descriptors are then still the caller's). */
-int64_t mover_add(struct mover *m, int runner, int client, int64_t skip, const char *line,
-                  size_t line_len, int trailer) {
-    if (line_len > MAX_LINE) {
-        errno = EINVAL;
-        return -1;
-    }
+/* Move runner and client (descriptors the mover then owns), from ChunkedEnd's state between size
+ * lines (C{skip}: data and CRLF still to come); its key, or -1 with errno set (the descriptors are
+ * then still the caller's). */
+int64_t mover_add(struct mover *m, int runner, int client, int64_t skip) {
     pthread_mutex_lock(&m->lock);
     int64_t slot = free_slot(m);
     if (slot < 0) {
@@ -302,23 +274,11 @@ int64_t mover_add(struct mover *m, int runner, int client, int64_t skip, const c
     }
     struct stream *s = m->streams[slot];
     uint32_t gen = (s->gen + 1) & 0x3fffffff;
-    char *kept = s->line;
-    size_t kept_cap = s->line_cap;
     memset(s, 0, sizeof(*s));
     s->gen = gen;
-    s->line = kept;
-    s->line_cap = kept_cap;
-    if (grow(&s->line, &s->line_cap, line_len) < 0) {
-        pthread_mutex_unlock(&m->lock);
-        errno = ENOMEM;
-        return -1;
-    }
     s->runner = runner;
     s->client = client;
     s->skip = skip;
-    if (line_len) memcpy(s->line, line, line_len);
-    s->line_len = line_len;
-    s->trailer = trailer;
     uint64_t key = key_of(m, (size_t)slot);
     struct epoll_event on_client = {.events = EPOLLRDHUP, .data.u64 = key * 2 + 1};
     struct epoll_event on_runner = {.events = EPOLLIN, .data.u64 = key * 2};
@@ -400,9 +360,6 @@ static void give(struct stream *s, struct collected *out) {
     s->aside = NULL;
     s->aside_len = s->aside_cap = 0;
     out->skip = s->skip;
-    if (s->line_len) memcpy(out->line, s->line, s->line_len);
-    out->line_len = s->line_len;
-    out->trailer = s->trailer;
 }
 
 static void give_all(struct stream *s, struct collected *out) {
