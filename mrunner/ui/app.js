@@ -304,7 +304,7 @@ async function deleteModel(model, name) {
   } catch (e) {
     say("delete failed: " + e.message);
   }
-  loadModels();
+  showModels();
 }
 
 $("pull-form").addEventListener("submit", async (event) => {
@@ -339,8 +339,75 @@ $("pull-form").addEventListener("submit", async (event) => {
   } catch (e) {
     status.textContent = "pull failed: " + e.message;
   }
-  loadModels();
+  showModels();
 });
+
+// Found: the models other tools keep on this machine, an admin's view (it shows their folders).
+// Import links a model's files into the store; the list marks the ones the store has already.
+function showModels() {
+  loadModels();
+  loadFound();
+}
+
+async function loadFound() {
+  const note = $("no-found");
+  let found;
+  try {
+    found = await getJSON("/models?found=1");
+  } catch (e) {
+    // A key that is not an admin's may not look: its page hides the list, and that is no error.
+    note.textContent = "Could not look in other tools' folders: " + e.message;
+    note.classList.add("failed");
+    note.hidden = e.code === "admin_only";
+    return;
+  }
+  $("found-rows").replaceChildren(...found.map(foundRow));
+  note.textContent = "No other tool's model found on this machine.";
+  note.classList.remove("failed");
+  note.hidden = found.length > 0;
+}
+
+// A found model's row: Import where it can be imported and is not in the store yet.
+function foundRow(entry) {
+  const stored = entry.in_store.length > 0;
+  const mark = entry.problem ? "refused: " + entry.problem : stored ? "as " + entry.in_store.join(", ") : "no";
+  let action = "";
+  if (!entry.problem && !stored) {
+    action = element("button", "Import");
+    action.addEventListener("click", () => importFound(entry, action));
+  }
+  const tr = row([entry.name, entry.source, size(entry.size), entry.quantization || "-", entry.path, mark, action]);
+  tr.children[4].className = "where";
+  tr.children[4].title = entry.ref;
+  if (entry.problem) tr.children[5].className = "problem";
+  tr.dataset.ref = entry.ref;
+  tr.dataset.inStore = stored ? entry.in_store.join(" ") : "";
+  return tr;
+}
+
+function foundStatus(text, failed = false) {
+  $("found-status").textContent = text;
+  $("found-status").classList.toggle("failed", failed);
+  $("found-status").hidden = false;
+}
+
+async function importFound(entry, button) {
+  button.disabled = true;
+  button.textContent = "Importing…";
+  foundStatus("importing " + entry.ref + "…");
+  try {
+    const model = await getJSON("/models/import", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ from: entry.ref }),
+    });
+    const how = [model.import.message, ...model.import.notes].join("; ");
+    foundStatus("imported " + entry.ref + " as " + model.tags.join(", ") + ": " + how);
+  } catch (e) {
+    foundStatus("import of " + entry.ref + " failed: " + e.message, true);
+  }
+  showModels();
+}
 
 // Chat: the conversation lives in the page; Stop aborts the request, which stops the generation.
 const conversation = [];
@@ -541,7 +608,7 @@ async function followRequests() {
 }
 
 // Views.
-const views = { models: loadModels, chat: loadModels, logs: followLogs, requests: followRequests };
+const views = { models: showModels, chat: loadModels, logs: followLogs, requests: followRequests };
 
 function show(view) {
   stopFollowing();
