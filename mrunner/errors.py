@@ -56,8 +56,8 @@ class ContextExceeded(BadRequest):
 
     code = "context_length_exceeded"
 
-    def __init__(self, tokens: int | None, context: int):
-        size = f" ({tokens} tokens)" if tokens else ""
+    def __init__(self, tokens: int | None, context: int, at_least: bool = False):
+        size = f" ({'at least ' if at_least else ''}{tokens} tokens)" if tokens else ""
         super().__init__(
             f"the conversation{size} no longer fits in the model's context of {context} tokens:"
             " start a new conversation, or drop its oldest turns; or raise the model's context size"

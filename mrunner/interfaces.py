@@ -103,6 +103,11 @@ class IModelStore(Interface):
         @raise ModelCorrupt: (in the Deferred) a blob is missing or corrupt; it is quarantined.
         """
 
+    def fewest_tokens(model: Model, texts: Sequence[str], past: int) -> Deferred[int | None]:
+        """At least how many tokens C{model}'s tokenizer makes of C{texts}, the parts of one request,
+        counted up to C{past + 1}, from its vocabulary alone (no runner); None where the store
+        cannot tell (no vocabulary it reads)."""
+
 
 class IModelStoreAdmin(IModelStore):
     """What the model routes (C{/models}, Ollama's model routes) do to the store: import, tag,

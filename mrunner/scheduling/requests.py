@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from mrunner.errors import ContextExceeded
 from mrunner.interfaces import IBackend, IModelStore
 from mrunner.runners.request import LoadRequest
 from mrunner.scheduling.configured import Configured
@@ -15,7 +16,7 @@ from mrunner.scheduling.installer import Installer
 from mrunner.scheduling.loader import Loader
 from mrunner.scheduling.slots import SlotNotes, fitted_slots
 from mrunner.values import ContextSize, RunnerKey
-from mrunner.values.backend import RunnerSettings
+from mrunner.values.backend import COMPLETION, RunnerSettings
 from mrunner.values.model import Model
 from mrunner.values.request import Resolved
 
@@ -49,6 +50,8 @@ class Requests:
         settings = self._configured.runner(configured)
         if settings.draft is not None and runner is None:
             await self._store.ready(settings.draft)
+        if runner is None:
+            await self._check_length(asked, model, settings)
         request = LoadRequest(
             RunnerKey(backend, model.id, asked.mode),
             model,
@@ -84,6 +87,24 @@ class Requests:
             memory=backend.memory(request.model, mode, request.settings),
             footprint=backend.footprint(request.model, mode, request.settings),
         )
+
+    async def _check_length(self, asked: Resolved, model: Model, settings: RunnerSettings) -> None:
+        """Refuse, before a runner starts for it, a completion at least as long as its context, which
+        that runner would refuse once loaded; the count is a floor (L{IModelStore.fewest_tokens}), taken
+        only for texts of as many bytes, and a model whose flags set the context is left to its runner.
+
+        @raise ContextExceeded: the request could never fit one whole context.
+        """
+        flags = {flag.partition("=")[0] for flag in settings.flags}
+        if asked.mode != COMPLETION or flags & CONTEXT_FLAGS:
+            return
+        context = self._backends[asked.backend].context(model, settings).in_force
+        if not context or sum(len(text.encode("utf-8")) for text in asked.texts) < context:
+            return
+        # Counted past the context, so the refusal says how far (the walk stops at four contexts).
+        tokens = await self._store.fewest_tokens(model, asked.texts, 4 * context)
+        if tokens is not None and tokens >= context:
+            raise ContextExceeded(tokens, context, at_least=True)
 
     def _context_left(self, backend: str, model: Model, settings: RunnerSettings) -> ContextSize | None:
         """The context a runner of C{model} gets when no one fixed its size (not its settings, its

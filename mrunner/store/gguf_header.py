@@ -124,13 +124,7 @@ def read_header(file: BinaryIO, size: int) -> Header:
     @raise HeaderError: not a GGUF file, or one that declares more than it holds.
     """
     cursor = _Cursor(file, size)
-    if size < 4 or cursor.read(4, "the magic number") != MAGIC:
-        raise HeaderError("the file does not start with GGUF's magic number")
-    version = cursor.unpack("I", "the version")
-    if version not in VERSIONS:
-        raise HeaderError(f"GGUF version {version} (or a big-endian file); llama.cpp reads versions 2 and 3")
-    tensor_count = cursor.count("the tensor count", MAX_TENSORS, 8 + 4 + 4 + 8)
-    key_count = cursor.count("the metadata count", MAX_KEYS, 8 + 4)
+    tensor_count, key_count = _counts(cursor)
     metadata: dict[str, Any] = {}
     for _ in range(key_count):
         key = cursor.string("a metadata key")
@@ -144,6 +138,44 @@ def read_header(file: BinaryIO, size: int) -> Header:
     return Header(metadata, tensors)
 
 
+def read_strings(file: BinaryIO, size: int, keys: tuple[str, ...]) -> dict[str, list[bytes]]:
+    """The metadata C{keys} of the GGUF file C{file} that are strings or arrays of strings, as bytes
+    (a string is a list of one), read within the same bounds as L{read_header}; the walk stops at
+    the last one found. A vocabulary's pieces need not be UTF-8 each.
+
+    @raise HeaderError: not a GGUF file, or one that declares more than it holds.
+    """
+    cursor = _Cursor(file, size)
+    found: dict[str, list[bytes]] = {}
+    for _ in range(_counts(cursor)[1]):
+        if len(found) == len(keys):
+            break
+        key = cursor.string("a metadata key")
+        kind = cursor.unpack("I", f"the type of {key}")
+        if key in keys and kind == STRING:
+            found[key] = [cursor.read(cursor.count(f"the length of {key}", MAX_STRING, 1), key)]
+        elif key in keys and kind == ARRAY and cursor.peek(4) == struct.pack("<I", STRING):
+            cursor.skip(4, key)
+            found[key] = []
+            _strings(cursor, key, cursor.count(f"the length of {key}", MAX_ARRAY, 8), found[key])
+        elif kind == ARRAY:
+            _skip_array(cursor, key)
+        else:
+            _scalar(cursor, kind, key)
+    return found
+
+
+def _counts(cursor: _Cursor) -> tuple[int, int]:
+    """The counts of tensors and metadata keys, after the magic number and a version llama.cpp reads."""
+    if cursor.size < 4 or cursor.read(4, "the magic number") != MAGIC:
+        raise HeaderError("the file does not start with GGUF's magic number")
+    version = cursor.unpack("I", "the version")
+    if version not in VERSIONS:
+        raise HeaderError(f"GGUF version {version} (or a big-endian file); llama.cpp reads versions 2 and 3")
+    tensors = cursor.count("the tensor count", MAX_TENSORS, 8 + 4 + 4 + 8)
+    return tensors, cursor.count("the metadata count", MAX_KEYS, 8 + 4)
+
+
 def _scalar(cursor: _Cursor, kind: int, key: str) -> Any:
     if kind == STRING:
         return cursor.string(key)
@@ -155,7 +187,7 @@ def _scalar(cursor: _Cursor, kind: int, key: str) -> Any:
 def _skip_array(cursor: _Cursor, key: str) -> None:
     kind = cursor.unpack("I", f"the item type of {key}")
     if kind == STRING:
-        _skip_strings(cursor, key, cursor.count(f"the length of {key}", MAX_ARRAY, 8))
+        _strings(cursor, key, cursor.count(f"the length of {key}", MAX_ARRAY, 8))
     elif kind in SCALARS:
         size = struct.calcsize(SCALARS[kind])
         cursor.skip(cursor.count(f"the length of {key}", MAX_ARRAY, size) * size, key)
@@ -163,9 +195,10 @@ def _skip_array(cursor: _Cursor, key: str) -> None:
         raise HeaderError(f"{key} is an array of type {kind}, which llama.cpp does not read")
 
 
-def _skip_strings(cursor: _Cursor, key: str, count: int) -> None:
-    """Pass C{count} strings, a window of the file at a time: a vocabulary of a million tokens in
-    about a second on a slow machine, where a checked read of each took eight."""
+def _strings(cursor: _Cursor, key: str, count: int, into: list[bytes] | None = None) -> None:
+    """Pass C{count} strings, a window of the file at a time (kept C{into} a list where one is given):
+    a vocabulary of a million tokens in about a second on a slow machine, where a checked read of
+    each took eight."""
     length = struct.Struct("<Q")
     while count:
         window = cursor.peek(WINDOW)
@@ -174,11 +207,15 @@ def _skip_strings(cursor: _Cursor, key: str, count: int) -> None:
             end = at + 8 + length.unpack_from(window, at)[0]
             if end > len(window):
                 break
+            if into is not None:
+                into.append(window[at + 8 : end])
             at = end
             count -= 1
         cursor.skip(at, key)
         if count and not at:  # a string longer than the window, or one past the end: checked alone
-            cursor.skip(cursor.count(f"the length of a string in {key}", MAX_STRING, 1), key)
+            string = cursor.read(cursor.count(f"the length of a string in {key}", MAX_STRING, 1), key)
+            if into is not None:
+                into.append(string)
             count -= 1
 
 

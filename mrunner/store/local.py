@@ -38,6 +38,7 @@ from mrunner.store.imports import Imports, Staging
 from mrunner.store.index import Index
 from mrunner.store.integrity import Integrity
 from mrunner.store.registry import MAX_MANIFEST
+from mrunner.store.spelling import fewest_tokens
 from mrunner.store.upload import Staged, Upload
 from mrunner.values.model import Deletion, Model, Reference, Reports
 
@@ -106,6 +107,9 @@ class ModelStore:
             self._link_shards(model.id)
             return succeed(model)  # every request but the first: a stat per blob, no hashing
         return Deferred.fromCoroutine(self._ready(model))
+
+    def fewest_tokens(self, model: Model, texts: Sequence[str], past: int) -> Deferred[int | None]:
+        return self.in_thread(fewest_tokens, model.gguf, texts, past)
 
     async def _ready(self, model: Model) -> Model:
         for blob in () if model.problem else self.manifest(model.id).blobs:

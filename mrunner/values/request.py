@@ -28,3 +28,5 @@ class Resolved:
     keep_alive: float | None = None
     rank: int = NORMAL
     conversation: tuple[object, ...] = ()
+    #: The texts it gives the model to read, which a load counts against the context first.
+    texts: tuple[str, ...] = ()

@@ -5,7 +5,7 @@ Each request may use a whole context, so two or four conversations of ~5,000
 tokens at once are all served (before, one pool of 8,192 cells for four slots
 answered each a 500 "Context size has been exceeded"); with a memory budget that
 holds two contexts the runner gets two slots and the others wait; a prompt past
-one context is a 400 naming it; on the OpenAI, Anthropic and Ollama routes,
+one context is a 400 naming it, before any runner starts; on the OpenAI, Anthropic and Ollama routes,
 streamed and not, each answer read to its end.
 """
 
@@ -100,13 +100,21 @@ class ManyContextsTests(LlamaCppTestCase):
         self.assertIsNone(runner["warning"])
 
     async def test_past_one_context_is_a_400_naming_it(self) -> None:
+        """Before any runner starts (counted from the model's vocabulary), and from a loaded one."""
         await self.start_model()
+        await self.too_long_everywhere("(at least 9")
+        self.assertEqual(json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text()), [])
+        await self.at_once(1, "openai", False)
+        await self.too_long_everywhere("(9")
+
+    async def too_long_everywhere(self, count: str) -> None:
+        """A ~9,000-token prompt on every route, streamed and not: a 400 naming the context and C{count}."""
         for route in ROUTES:
             for stream in (False, True):
                 code, body = await self.send(route, conversation(0, TOO_LONG_WORDS), stream)
                 self.assertEqual(code, 400, (route, stream, body[:300]))
-                self.assertIn(f"context of {CONTEXT} tokens", body.decode(), (route, stream))
-                self.assertIn("context_size", body.decode(), (route, stream))
+                for said in (f"context of {CONTEXT} tokens", "context_size", count):
+                    self.assertIn(said, body.decode(), (route, stream, body[:400]))
 
     async def test_a_budget_for_two_contexts_gives_two_slots(self) -> None:
         """The four are all served, two at a time; ps and the warning say why."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -122,6 +122,8 @@ def model(name: str = "ai/smollm2:latest", digest: str = "a" * 64) -> Model:
 class FakeStore:
     models: dict[str, Model] = attrs.field(factory=dict)
     checked: list[str] = attrs.field(factory=list)  # the names of the models L{ready} was asked for
+    #: What L{fewest_tokens} answers: None, as for a model with no vocabulary mrunner reads.
+    tokens: int | None = None
 
     def resolve(self, name: str) -> Model:
         for candidate in (name, f"ai/{name}:latest", f"{name}:latest"):
@@ -141,6 +143,9 @@ class FakeStore:
     def ready(self, model: Model) -> Deferred[Model]:
         self.checked.append(model.name)
         return succeed(model)
+
+    def fewest_tokens(self, model: Model, texts: Sequence[str], past: int) -> Deferred[int | None]:
+        return succeed(self.tokens)
 
 
 @implementer(IBackend)

@@ -28,6 +28,7 @@ from mrunner.api.reading.bodies import (
     json_object,
     keep_alive,
     model_name,
+    prompt_texts,
     read_body,
 )
 from mrunner.cache.slots import conversation
@@ -184,8 +185,8 @@ class Gateway:
         check_usable(who.member, self._store, model)
         seconds = keep_alive(payload.get("keep_alive"))
         checked = check(payload)
-        talk = conversation(request.path, payload) or ()
-        lookup = self._lookup(name, model, mode, who.keep_alive(seconds), who.rank, talk)
+        talk, texts = conversation(request.path, payload) or (), prompt_texts(payload)
+        lookup = self._lookup(name, model, mode, who.keep_alive(seconds), who.rank, talk, texts)
         if has_image_parts(payload):
             check_vision(_resolved(lookup).model)
         ticket = self._admit(request, who, model, payload, length, ends)
@@ -196,15 +197,23 @@ class Gateway:
         return Asked(model, seconds, body, record, checked, lookup, ticket, streamed)
 
     def _lookup(
-        self, backend: str, name: str, mode: str, seconds: float | None, rank: int, talk: tuple[object, ...]
+        self,
+        backend: str,
+        name: str,
+        mode: str,
+        seconds: float | None,
+        rank: int,
+        talk: tuple[object, ...],
+        texts: tuple[str, ...],
     ) -> Resolved | MrunnerError:
         """The request the scheduler takes, with the store's model for C{name}; or why it has none.
 
         C{talk}: an OpenAI chat's or completion's conversation, by which an instance whose slot
-        holds its earlier turn is preferred (L{mrunner.cache.slots.conversation}).
+        holds its earlier turn is preferred (L{mrunner.cache.slots.conversation}); C{texts}: what
+        it gives the model to read (L{prompt_texts}).
         """
         try:
-            return Resolved(backend, self._store.resolve(name), mode, seconds, rank, talk)
+            return Resolved(backend, self._store.resolve(name), mode, seconds, rank, talk, texts)
         except MrunnerError as e:  # a missing model, an ambiguous id: refused once it is recorded
             return e
 

@@ -64,6 +64,34 @@ def has_image_parts(payload: Mapping[str, Any]) -> bool:
     )
 
 
+def prompt_texts(payload: Mapping[str, Any]) -> tuple[str, ...]:
+    """The texts a request gives the model to read, each message's apart, on every API: chat
+    messages' (OpenAI's, Anthropic's, Ollama's), a system prompt, a completion's prompt, a
+    response's input and instructions. The scheduler counts them against the context before a
+    runner starts; what this misses (tools, a list of prompts) only makes that count lower."""
+    texts = []
+    for key in ("system", "instructions", "prompt", "input", "messages"):
+        value = payload.get(key)
+        for item in value if isinstance(value, list) else [value]:
+            texts.extend(_texts(item.get("content") if isinstance(item, dict) and key != "system" else item))
+    return tuple(texts)
+
+
+def _texts(content: object) -> list[str]:
+    """A message's content as text: itself, or its parts' C{text}."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(text := _part_text(content), str):
+        return [text]
+    if isinstance(content, list):
+        return [text for part in content if isinstance(text := _part_text(part), str)]
+    return []
+
+
+def _part_text(part: object) -> object:
+    return part.get("text") if isinstance(part, dict) else None
+
+
 def check_vision(model: Model) -> None:
     """A request with images needs a projector: say so before any runner loads."""
     if "mmproj" not in model.files:
