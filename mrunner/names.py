@@ -1,5 +1,8 @@
 """Model references as Docker Model Runner normalises them: ``smollm2`` is ``ai/smollm2:latest``.
 
+Ollama's names are normalised as Ollama does: ``ollama.com/llama3.2`` and
+``registry.ollama.ai/library/llama3.2`` are ``ollama.com/library/llama3.2:latest``.
+
 The grammar is the distribution (OCI) reference grammar, so every name is
 either a valid registry reference or a L{BadRequest}. A reference is only ever
 a key (in the index, in registry URLs); it never becomes a path on disk.
@@ -20,6 +23,10 @@ DEFAULT_NAMESPACE = "ai"
 DEFAULT_TAG = "latest"
 MAX_LENGTH = 512
 DOCKER_HUB = frozenset(HUB_HOSTS)
+#: Ollama's registry, by the names Ollama gives it; its models are stored under the first.
+OLLAMA = "ollama.com"
+OLLAMA_HOSTS = frozenset({OLLAMA, "registry.ollama.ai"})
+OLLAMA_NAMESPACE = "library"
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 SHORT_ID = re.compile(r"[0-9a-f]{12,64}")
@@ -50,6 +57,9 @@ def parse(text: object, what: str = "model name") -> Reference:
         rest, tag = rest[:colon], _check_tag(rest[colon + 1 :], text)
     registry, repository = _split_registry(rest)
     repository = repository.lower()
+    if registry in OLLAMA_HOSTS:
+        registry = OLLAMA
+        repository = repository if "/" in repository else f"{OLLAMA_NAMESPACE}/{repository}"
     if "/" not in repository and not registry:
         repository = f"{DEFAULT_NAMESPACE}/{repository}"
     if len(repository) > _MAX_REPOSITORY or not all(

@@ -86,6 +86,8 @@ class RegistryConfig:
     mirrors: Mapping[str, str] = attrs.field(factory=dict)
     auth: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
     max_pulls: int = 2
+    #: Where ``ollama.com/...`` and ``registry.ollama.ai/...`` pulls go: a host, or a URL.
+    ollama: str = "registry.ollama.ai"
 
 
 # Browser pages on this machine: an entry ending in ":*" allows any port.

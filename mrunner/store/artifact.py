@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -39,6 +39,10 @@ ROLES = {
 # Blobs that are small by nature, and read whole (the config is served in every model list):
 # a registry announcing more is refused before anything is downloaded.
 MAX_SIZES = {MODEL_CONFIG: 1024 * 1024, LICENSE: 1024 * 1024, CHAT_TEMPLATE: 1024 * 1024}
+
+
+#: A model's file: one on disk, a layer in a registry, a file the Hub lists.
+File = TypeVar("File")
 
 
 class InvalidManifest(ValueError):
@@ -187,6 +191,15 @@ def parse_manifest(data: bytes) -> Manifest:
     if not any(layer.media_type in WEIGHTS for layer in manifest.layers):
         raise InvalidManifest("the model has no GGUF or Whisper layer; only those models are supported")
     return manifest
+
+
+def layered(
+    weights: Sequence[File], licenses: Sequence[File] = (), projector: File | None = None
+) -> list[tuple[str, File]]:
+    """A model's files as its layers (media type, file), in the order mrunner writes them: the weights,
+    the licenses, the projector last."""
+    layers = [(GGUF, f) for f in weights] + [(LICENSE, f) for f in licenses]
+    return layers + ([(MMPROJ, projector)] if projector is not None else [])
 
 
 def model_config(config: Mapping[str, Any], created: float, layers: Iterable[Descriptor]) -> bytes:

@@ -145,6 +145,17 @@ def weights(shards: Sequence[GGUFInfo]) -> GGUFInfo:
     )
 
 
+def of_model(headers: Sequence[GGUFInfo], projector: bool) -> GGUFInfo:
+    """The L{weights} of a model from its files' headers in the store's order, the C{projector} last.
+
+    @raise BadRequest: the shards are not one set, or the projector is none (L{check_projector}).
+    """
+    if projector:
+        check_projector(headers[-1])
+        headers = headers[:-1]
+    return weights(headers)
+
+
 def check_projector(info: GGUFInfo) -> None:
     """@raise BadRequest: the file is not a llama.cpp vision projector (a ``clip`` GGUF)."""
     if info.architecture != "clip":

@@ -3,10 +3,10 @@ the store as a Docker Model Runner artifact.
 
 The files chosen (L{select}) are blobs named by the sha256 the Hub publishes
 for them, fetched, resumed and verified as registry blobs are; the config is
-read from the weights' GGUF header, dated by the repository's last change, so
-pulling an unchanged repository again yields the same manifest and moves no
-bytes but the listing. A file that is not GGUF weights is refused and removed
-from the store (its sha256 is good, but no model may use it).
+read from the weights' GGUF header (L{fetched}), dated by the repository's last
+change, so pulling an unchanged repository again yields the same manifest and
+moves no bytes but the listing. A file that is not GGUF weights is refused and
+removed from the store (its sha256 is good, but no model may use it).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from twisted.web.iweb import IResponse
 
 from mrunner.errors import BadRequest
 from mrunner.interfaces import IProgress
-from mrunner.store import gguf_meta, hub_whisper, whisper_meta
-from mrunner.store.artifact import GGUF, MMPROJ, MODEL_CONFIG, WHISPER, Descriptor, Manifest, model_config
+from mrunner.store import fetched, hub_whisper
+from mrunner.store.artifact import WHISPER, Descriptor, layered
 from mrunner.store.huggingface import HubClient, HubFile, Selection, hub_reference, select
 from mrunner.store.local import ModelStore
 from mrunner.values.model import Model, Reference
@@ -58,23 +58,15 @@ class HubPuller:
             files = [(WHISPER, whisper)]
         else:
             chosen = select(repo, revision.files, ref.tag)
-            files = [(GGUF, f) for f in chosen.weights] + ([(MMPROJ, chosen.mmproj)] if chosen.mmproj else [])
+            files = layered(chosen.weights, projector=chosen.mmproj)
         layers = [Descriptor(media_type, _digest(repo, f), f.size) for media_type, f in files]
         progress.total = sum(layer.size for layer in layers)
-        try:
-            with self._store.keeping(layer.digest for layer in layers):
-                for layer, (_, f) in zip(layers, files, strict=True):
-                    await self._fetch(
-                        layer, progress, self._client.host, partial(self._client.open, repo, revision, f)
-                    )
-                info = await self._describe(layers, chosen.mmproj is not None, whisper is not None)
-                config = model_config(info.config(), revision.modified, layers)
-                self._store.blobs.put(config)
-                manifest = Manifest(Descriptor.of(MODEL_CONFIG, config), tuple(layers))
-                model = self._store.add(name, manifest.to_bytes())
-        except NotGGUF:
-            self._store.collect()  # the files it fetched, unless a model uses them: they are not weights
-            raise
+        with fetched.holding(self._store, layers):
+            for layer, (_, f) in zip(layers, files, strict=True):
+                await self._fetch(
+                    layer, progress, self._client.host, partial(self._client.open, repo, revision, f)
+                )
+            model, _ = await fetched.add(self._store, name, layers, revision.modified)
         self.log.info(
             "pulled {ref} ({quant}, {files} file(s)) from {host} as {id}",
             ref=name,
@@ -84,29 +76,6 @@ class HubPuller:
             id=model.id,
         )
         return model
-
-    async def _describe(
-        self, layers: list[Descriptor], mmproj: bool, whisper: bool
-    ) -> gguf_meta.GGUFInfo | whisper_meta.WhisperInfo:
-        """The weights' header, read from the store's files.
-
-        @raise NotGGUF: a file is not a GGUF file (or, C{whisper}, a Whisper model), or not one
-            model's (a refusal, not a fault).
-        """
-        paths = [self._store.blobs.path(layer.digest) for layer in layers]
-        try:
-            if whisper:
-                return await self._store.in_thread(whisper_meta.read, paths[0])
-            headers = await self._store.in_thread(gguf_meta.read_all, paths)
-            if mmproj:
-                gguf_meta.check_projector(headers.pop())
-            return gguf_meta.weights(headers)
-        except BadRequest as e:
-            raise NotGGUF(e.message, code=e.code) from None
-
-
-class NotGGUF(BadRequest):
-    """A file the Hub published (its sha256 good) is not GGUF weights a model can use."""
 
 
 def _digest(repo: str, file: HubFile) -> str:

@@ -31,6 +31,7 @@ from zope.interface import implementer
 
 from mrunner.errors import BadRequest, MrunnerError, NotFound
 from mrunner.interfaces import IModelPuller, IProgress
+from mrunner.names import OLLAMA_HOSTS
 from mrunner.store.artifact import MAX_SIZES, Descriptor, InvalidManifest, parse_manifest, sha256
 from mrunner.store.blobs import BlobWriter, DigestMismatch
 from mrunner.store.hub_pull import HubPuller, Open
@@ -38,13 +39,14 @@ from mrunner.store.huggingface import HubClient, is_hub
 from mrunner.store.integrity import SizeDisagrees
 from mrunner.store.local import ModelStore
 from mrunner.store.locks import KeyedLocks
+from mrunner.store.ollama_pull import OllamaPuller
 from mrunner.store.registry import RegistryClient, Repository, registry_error
 from mrunner.store.stall import READ_TIMEOUT, Stalled, Timeout, collect
 from mrunner.store.upload import StoreWriteFailed
 from mrunner.values.model import Model, Reference
 from mrunner.values.sizes import format_size
 
-#: A registry's or the Hub's pull of one model.
+#: A registry's, the Hub's or Ollama's registry's pull of one model.
 PullOne = Callable[[Reference, IProgress], Coroutine[Any, Any, Model]]
 
 
@@ -70,14 +72,20 @@ class Puller:
         self._attempts = attempts
         self._fetching = KeyedLocks()
         self._hub = HubPuller(store, hub, self.fetch) if hub else None
+        self._ollama = OllamaPuller(store, self._manifest, self._fetch)
 
     def pull(self, ref: Reference, progress: IProgress) -> Deferred[Model]:
-        """Fetch C{ref} (from a registry, or from Hugging Face for ``hf.co/...``) and store it under
-        its tag; waits while C{max_pulls} others run."""
-        if is_hub(ref) and self._hub is None:
-            raise BadRequest(f"{ref}: this daemon has no Hugging Face client configured")
-        pull = self._hub.pull if is_hub(ref) and self._hub else self._pull
+        """Fetch C{ref} (from a registry, from Hugging Face for ``hf.co/...``, from Ollama's registry for
+        ``ollama.com/...``) and store it under its tag; waits while C{max_pulls} others run."""
+        pull = self._puller(ref)
         return self._slots.run(lambda: Deferred.fromCoroutine(self._writing(pull, ref, progress)))
+
+    def _puller(self, ref: Reference) -> PullOne:
+        if is_hub(ref):
+            if self._hub is None:
+                raise BadRequest(f"{ref}: this daemon has no Hugging Face client configured")
+            return self._hub.pull
+        return self._ollama.pull if ref.registry in OLLAMA_HOSTS else self._pull
 
     async def _writing(self, pull: PullOne, ref: Reference, progress: IProgress) -> Model:
         """C{pull}, with the store's failed writes (a manifest, the index) said as such, not as a crash."""

@@ -37,7 +37,7 @@ from twisted.web.iweb import IResponse
 from mrunner.config import RegistryConfig
 from mrunner.docker_config import Credential
 from mrunner.errors import BadGateway, MrunnerError, NotFound
-from mrunner.names import DOCKER_HUB
+from mrunner.names import DOCKER_HUB, OLLAMA_HOSTS
 from mrunner.store.artifact import MANIFEST_TYPES
 from mrunner.store.clientpool import QuietPool
 from mrunner.store.credentials import Credentials
@@ -120,8 +120,10 @@ class RegistryClient:
 
     def repositories(self, ref: Reference, pull: bool = True) -> list[Repository]:
         """Where to find C{ref}: its mirror first (pulls only), then the registry itself; fresh for each
-        operation, which keeps what it earns in them."""
+        operation, which keeps what it earns in them. Ollama's names go to C{[registry] ollama}."""
         host = ref.registry or self._config.default
+        if host in OLLAMA_HOSTS:
+            host = self._config.ollama
         hosts = [host]
         mirror = self._config.mirrors.get(host) or (
             self._config.mirrors.get("docker.io") if host in DOCKER_HUB else None

@@ -135,10 +135,7 @@ class Upload:
         self._reader.ask([writer.temp for kind, writer in parts if kind in (GGUF, MMPROJ)])
         for _, writer in parts:
             writer.seal()
-        headers = self._reader.answer()
-        if self._files[MMPROJ]:
-            gguf_meta.check_projector(headers.pop())
-        return gguf_meta.weights(headers), parts
+        return gguf_meta.of_model(self._reader.answer(), bool(self._files[MMPROJ])), parts
 
     def _whisper(self) -> Staged:
         """A Whisper model's weights (a package's ``.bin``, or a body that starts as one) and licenses,

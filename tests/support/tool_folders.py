@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 OLLAMA_HOST = "registry.ollama.ai"
+OLLAMA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 GO_TEMPLATE = b"{{- range .Messages }}<|{{ .Role }}|>{{ .Content }}{{ end }}"
 
 
@@ -26,24 +27,19 @@ def ollama_blob(root: Path, data: bytes) -> str:
     return digest
 
 
-def ollama_model(
-    root: Path,
-    name: str,
-    tag: str,
-    gguf: Path,
-    projector: Path | None = None,
-    namespace: str = "library",
-    extra_layers: Sequence[dict[str, object]] = (),
-) -> Path:
-    """An Ollama model as ``ollama pull`` leaves it: config, model, projector, template, params, license
-    layers in blobs, and the manifest naming them; the manifest's path."""
+def ollama_manifest(
+    gguf: Path, projector: Path | None = None, extra_layers: Sequence[dict[str, object]] = ()
+) -> tuple[bytes, dict[str, bytes]]:
+    """An Ollama model's manifest as its registry serves it, and its blobs by digest: config, model,
+    projector, template, license and params layers."""
+    blobs: dict[str, bytes] = {}
+
+    def blob(media_type: str, data: bytes) -> dict[str, object]:
+        blobs[sha256(data)] = data
+        return {"mediaType": media_type, "digest": sha256(data), "size": len(data)}
 
     def layer(kind: str, data: bytes) -> dict[str, object]:
-        return {
-            "mediaType": f"application/vnd.ollama.image.{kind}",
-            "digest": ollama_blob(root, data),
-            "size": len(data),
-        }
+        return blob(f"application/vnd.ollama.image.{kind}", data)
 
     config = json.dumps({"model_format": "gguf", "model_family": "llama"}).encode()
     layers = [layer("model", gguf.read_bytes())]
@@ -57,17 +53,30 @@ def ollama_model(
     ]
     manifest = {
         "schemaVersion": 2,
-        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {
-            "mediaType": "application/vnd.docker.container.image.v1+json",
-            "digest": ollama_blob(root, config),
-            "size": len(config),
-        },
+        "mediaType": OLLAMA_MANIFEST,
+        "config": blob("application/vnd.docker.container.image.v1+json", config),
         "layers": layers,
     }
+    return json.dumps(manifest).encode(), blobs
+
+
+def ollama_model(
+    root: Path,
+    name: str,
+    tag: str,
+    gguf: Path,
+    projector: Path | None = None,
+    namespace: str = "library",
+    extra_layers: Sequence[dict[str, object]] = (),
+) -> Path:
+    """An Ollama model as ``ollama pull`` leaves it: the blobs of L{ollama_manifest}, and the manifest
+    naming them; the manifest's path."""
+    manifest, blobs = ollama_manifest(gguf, projector, extra_layers)
+    for data in blobs.values():
+        ollama_blob(root, data)
     path = root / "manifests" / OLLAMA_HOST / namespace / name / tag
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest))
+    path.write_bytes(manifest)
     return path
 
 

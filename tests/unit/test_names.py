@@ -42,6 +42,15 @@ class NormaliseTests(SynchronousTestCase):
         for name in ("docker.io/ai/smollm2", "index.docker.io/ai/smollm2:latest"):
             self.assertNormal(name, "ai/smollm2:latest")
 
+    def test_ollama_names_as_ollama_reads_them(self) -> None:
+        for name in (
+            "ollama.com/llama3.2:1b",
+            "registry.ollama.ai/library/llama3.2:1b",
+            "Ollama.com/Llama3.2:1b",
+        ):
+            self.assertNormal(name, "ollama.com/library/llama3.2:1b")
+        self.assertNormal("registry.ollama.ai/me/model", "ollama.com/me/model:latest")
+
     def test_digest_reference(self) -> None:
         ref = parse(f"ai/smollm2@{DIGEST}")
         self.assertEqual((ref.tag, ref.digest, str(ref)), (None, DIGEST, f"ai/smollm2@{DIGEST}"))

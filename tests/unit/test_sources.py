@@ -82,7 +82,7 @@ class OllamaTests(SourcesTestCase):
         self.assertEqual(report["linked"], 3)
         self.assertEqual(report["copied_bytes"], 0)
         self.assertIn("Go template", " ".join(report["notes"]))
-        self.assertIn(linking.NO_TEMPLATE, report["notes"])
+        self.assertIn(ollama.NO_TEMPLATE, report["notes"])
         self.assertEqual(self.listing()[0]["in_store"], ["ollama.com/library/tiny:latest"])
 
     def test_removed_from_the_store_the_source_is_untouched(self) -> None:

@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from mrunner.store import gguf_meta
-from mrunner.store.artifact import GGUF, LICENSE, MMPROJ
+from mrunner.store.artifact import LICENSE, layered
 from mrunner.store.blobs import Blobs, BlobWriter, LinkedBlob
 from mrunner.store.sources.found import Found, Refused, SourceFile
+from mrunner.store.sources.ollama import template_notes
 from mrunner.store.upload import Staged, StoreWriteFailed
 from mrunner.values.sizes import format_size
 
 #: Why a link may be refused where a copy is not: another file system, another user's file, too many links.
 NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
 MAX_LICENSE = 1024 * 1024
-NO_TEMPLATE = "the GGUF has no chat template of its own either: llama-server's default (ChatML) is used"
 
 
 class Linking:
@@ -51,19 +51,13 @@ class Linking:
         @raise Refused: a file is not the one found, or does not hash to the digest it is named by.
         """
         found = self._found
-        parts: list[tuple[str, BlobWriter | LinkedBlob]] = [(GGUF, self._place(f)) for f in found.weights]
-        parts += [(LICENSE, self._license(f)) for f in found.licenses]
-        if found.projector is not None:
-            parts.append((MMPROJ, self._place(found.projector)))
+        parts: list[tuple[str, BlobWriter | LinkedBlob]] = [
+            (kind, self._license(f) if kind == LICENSE else self._place(f))
+            for kind, f in layered(found.weights, found.licenses, found.projector)
+        ]
         infos = gguf_meta.read_all([part.temp for kind, part in parts if kind != LICENSE])
-        if found.projector is not None:
-            gguf_meta.check_projector(infos.pop())
-        info = gguf_meta.weights(infos)
-        if (
-            any("Go template" in note for note in self.notes)
-            and "tokenizer.chat_template" not in info.metadata
-        ):
-            self.notes.append(NO_TEMPLATE)
+        info = gguf_meta.of_model(infos, found.projector is not None)
+        self.notes = template_notes(self.notes, info.metadata)
         return info, parts
 
     def discard(self) -> None:

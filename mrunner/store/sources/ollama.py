@@ -7,26 +7,27 @@ writes no links), and its digest is checked when it is imported.
 
 Ollama's template layer is a Go template, which llama-server does not run: the
 GGUF's own chat template is used, and the import says so. Its params layer
-(stop words, sampling defaults) is not carried over either.
+(stop words, sampling defaults) is not carried over either. A pull from Ollama's
+registry (L{mrunner.store.ollama_pull}) takes the same layers (L{choose}).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from mrunner.names import DIGEST
+from mrunner.names import DIGEST, OLLAMA, OLLAMA_NAMESPACE
 from mrunner.store.sources.folders import inside, lower_keys, store_name, walk_dirs
 from mrunner.store.sources.found import Found, Refused, SourceFile
 
 SOURCE = "ollama"
 REGISTRY = "registry.ollama.ai"
-LIBRARY = "library"
+LIBRARY = OLLAMA_NAMESPACE
 MEDIA = "application/vnd.ollama.image."
 MODEL, PROJECTOR, TEMPLATE, LICENSE, PARAMS, ADAPTER = (
     MEDIA + kind for kind in ("model", "projector", "template", "license", "params", "adapter")
@@ -36,6 +37,7 @@ GO_TEMPLATE = (
     "Ollama's template is a Go template, which llama-server does not run:"
     " the GGUF's own chat template is used"
 )
+NO_TEMPLATE = "the GGUF has no chat template of its own either: llama-server's default (ChatML) is used"
 
 
 def root(configured: str | None, environ: Mapping[str, str]) -> Path | None:
@@ -65,7 +67,7 @@ def _found(folder: Path, manifest: Path, parts: tuple[str, ...]) -> Found:
     keys = lower_keys(f"{short}:{tag}", f"{namespace}/{name}:{tag}", f"{full}:{tag}")
     if tag == "latest":
         keys |= lower_keys(short, f"{namespace}/{name}", full)
-    repository = f"ollama.com/{namespace}/{name}" if host == REGISTRY else full
+    repository = f"{OLLAMA}/{namespace}/{name}" if host == REGISTRY else full
     found = Found(SOURCE, f"{SOURCE}:{short}:{tag}", store_name(repository, tag), manifest, keys=keys)
     try:
         return _layers(found, folder, _read_manifest(inside(manifest, folder).path))
@@ -77,18 +79,36 @@ def _read_manifest(path: Path) -> list[dict[str, Any]]:
     """The layers of the manifest at C{path}; @raise Refused: not one Ollama writes."""
     if os.path.getsize(path) > MAX_MANIFEST:
         raise Refused(f"the manifest {path} is over {MAX_MANIFEST} bytes")
+    return manifest_layers(path.read_bytes(), f"the manifest {path}")
+
+
+def manifest_layers(data: bytes, what: str) -> list[dict[str, Any]]:
+    """The layers of an Ollama manifest, C{what} in messages; @raise Refused: not one Ollama writes."""
     try:
-        layers = json.loads(path.read_bytes()).get("layers")
+        layers = json.loads(data).get("layers")
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
-        raise Refused(f"the manifest {path} is not Ollama's JSON") from None
+        raise Refused(f"{what} is not Ollama's JSON") from None
     if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
-        raise Refused(f"the manifest {path} has no list of layers")
+        raise Refused(f"{what} has no list of layers")
     return layers
 
 
-def _layers(found: Found, folder: Path, layers: list[dict[str, Any]]) -> Found:
-    """C{found} with its files: the model layer (one), a projector, licenses; notes on what is left out."""
-    files: dict[str, list[SourceFile]] = {MODEL: [], PROJECTOR: [], LICENSE: [], ADAPTER: []}
+@attrs.frozen
+class Chosen:
+    """What mrunner takes of an Ollama model's layers (each a manifest's entry), and notes on the rest."""
+
+    model: dict[str, Any]
+    projector: dict[str, Any] | None
+    licenses: tuple[dict[str, Any], ...]
+    notes: tuple[str, ...]
+
+
+def choose(layers: list[dict[str, Any]]) -> Chosen:
+    """The model layer (one), a projector, licenses; notes on what is left out (its template, its params).
+
+    @raise Refused: not one model layer, a LoRA adapter, several projectors.
+    """
+    files: dict[str, list[dict[str, Any]]] = {MODEL: [], PROJECTOR: [], LICENSE: [], ADAPTER: []}
     notes: list[str] = []
     for layer in layers:
         kind = layer.get("mediaType")
@@ -97,7 +117,7 @@ def _layers(found: Found, folder: Path, layers: list[dict[str, Any]]) -> Found:
         elif kind == PARAMS:
             notes.append("Ollama's params (stop words, sampling defaults) are not carried over")
         elif kind in files:
-            files[kind].append(_blob(folder, layer))
+            files[kind].append(layer)
     if len(files[MODEL]) != 1:
         raise Refused(f"the manifest names {len(files[MODEL])} model layers; one is what Ollama serves")
     if files[ADAPTER]:
@@ -105,12 +125,25 @@ def _layers(found: Found, folder: Path, layers: list[dict[str, Any]]) -> Found:
     if len(files[PROJECTOR]) > 1:
         raise Refused("the manifest names more than one projector")
     projector = files[PROJECTOR][0] if files[PROJECTOR] else None
+    return Chosen(files[MODEL][0], projector, tuple(files[LICENSE]), tuple(notes))
+
+
+def template_notes(notes: Sequence[str], metadata: Mapping[str, Any]) -> list[str]:
+    """C{notes}, and which chat template serves when Ollama's is left out and the GGUF (C{metadata}) has
+    none either."""
+    missing = GO_TEMPLATE in notes and "tokenizer.chat_template" not in metadata
+    return [*notes, NO_TEMPLATE] if missing else list(notes)
+
+
+def _layers(found: Found, folder: Path, layers: list[dict[str, Any]]) -> Found:
+    """C{found} with the files of the layers mrunner takes (L{choose}), each a blob in C{folder}."""
+    chosen = choose(layers)
     return attrs.evolve(
         found,
-        weights=tuple(files[MODEL]),
-        projector=projector,
-        licenses=tuple(files[LICENSE]),
-        notes=tuple(notes),
+        weights=(_blob(folder, chosen.model),),
+        projector=_blob(folder, chosen.projector) if chosen.projector else None,
+        licenses=tuple(_blob(folder, layer) for layer in chosen.licenses),
+        notes=chosen.notes,
     )
 
 
