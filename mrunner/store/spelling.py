@@ -89,9 +89,9 @@ def _spelling(path: str, mtime: int) -> Spelling | None:
     except (OSError, HeaderError):
         return None
     kind, tokens = found.get(MODEL), found.get(TOKENS)
-    if not tokens or not kind:
+    decode = DECODERS.get(kind[0] if kind else b"")
+    if not tokens or decode is None:
         return None
-    decode = _gpt2_bytes if kind[0] == b"gpt2" else _spm_bytes
     return Spelling.of(piece for piece in map(decode, tokens) if piece)
 
 
@@ -134,3 +134,8 @@ def _gpt2_bytes(token: bytes) -> bytes:
         return bytes(table[char] for char in token.decode("utf-8"))
     except (KeyError, UnicodeDecodeError):
         return b""
+
+
+#: How each tokenizer llama.cpp runs writes its pieces, by C{tokenizer.ggml.model}: BPE's byte-level
+#: alphabet, SentencePiece's. Others (WordPiece's C{##} pieces, Unigram's) are left to the runner.
+DECODERS = {b"gpt2": _gpt2_bytes, b"llama": _spm_bytes}

@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import attrs
+import gguf
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
@@ -65,6 +66,17 @@ class SpellingTests(SynchronousTestCase):
         path = Path(self.mktemp())
         path.write_bytes(b"ggml" + b"\0" * 100)  # a whisper model's magic
         self.assertIsNone(fewest_tokens(str(path), ["text" * 1000], 10))
+
+    def test_a_tokenizer_it_does_not_read(self) -> None:
+        """WordPiece writes a word's later pieces as C{##ing}: a floor from them would count too many."""
+        path = self.mktemp()
+        writer = gguf.GGUFWriter(path, "bert")
+        writer.add_tokenizer_model("bert")
+        writer.add_token_list(["walk", "##ing", "w", "a", "l", "k", "i", "n", "g"])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        self.assertIsNone(fewest_tokens(path, ["walking " * 100], 10))
 
     def test_a_vocabulary_longer_than_its_file(self) -> None:
         header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
