@@ -12,8 +12,10 @@ streamed and not, each answer read to its end.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+import openai
 from twisted.internet.defer import Deferred, gatherResults
 
 from mrunner.backends.llamacpp.sizing import memory_estimate
@@ -21,7 +23,7 @@ from mrunner.testing.tinymodel import write_tiny_llama
 from mrunner.values.backend import RunnerSettings
 from mrunner.values.model import Model
 from tests.support.daemon import http
-from tests.support.llamacpp_cases import TINY, LlamaCppTestCase
+from tests.support.llamacpp_cases import TINY, LlamaCppTestCase, smollm2
 
 CONTEXT = 8192
 #: Repetitions of "the water " (ten tokens each in the tiny vocabulary): ~4,900 tokens.
@@ -29,6 +31,8 @@ LONG_WORDS = 490
 #: Past one context: ~9,000 tokens.
 TOO_LONG_WORDS = 900
 GENERATED = 100
+SMOLLM2 = "ai/smollm2"
+CLOSE = {"Connection": "close"}  # no connection left open after a test
 
 #: Each route: its path, the body for a prompt and a length, and what ends its stream.
 ROUTES: dict[str, tuple[str, Any, bytes]] = {
@@ -141,3 +145,40 @@ class ManyContextsTests(LlamaCppTestCase):
         two = memory_estimate(model, RunnerSettings(context_size=CONTEXT, parallel=2))
         three = memory_estimate(model, RunnerSettings(context_size=CONTEXT, parallel=3))
         return (two + three) // 2
+
+
+class SmolLM2FloorTests(LlamaCppTestCase):
+    """SmolLM2's own vocabulary, through the official openai client: the count before a runner starts
+    is under llama-server's own, and close to it."""
+
+    timeout = 300
+
+    async def test_too_long_before_and_after_a_load(self) -> None:
+        await self.start(parallel=1)
+        await self.daemon.import_model(SMOLLM2, smollm2())
+        client = openai.OpenAI(
+            base_url=self.daemon.url + "/v1", api_key="unused", max_retries=0, default_headers=CLOSE
+        )
+        # About 9,200 tokens: past SmolLM2's 8,192.
+        messages = [{"role": "user", "content": "Tell me about the water. " * 1500}]
+
+        async def refused() -> int:
+            with self.assertRaises(openai.BadRequestError) as caught:
+                await self.call(
+                    client.chat.completions.create, model=SMOLLM2, messages=messages, max_tokens=1
+                )
+            self.assertEqual(caught.exception.code, "context_length_exceeded")
+            self.assertIn("context of 8192 tokens", caught.exception.message)
+            return int(re.search(r"\((?:at least )?(\d+) tokens\)", caught.exception.message).group(1))
+
+        floor = await refused()
+        self.assertEqual(json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text()), [])
+        await self.call(
+            client.chat.completions.create,
+            model=SMOLLM2,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=1,
+        )
+        counted = await refused()
+        self.assertLessEqual(floor, counted)
+        self.assertGreater(floor, 0.95 * counted)
