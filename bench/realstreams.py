@@ -121,15 +121,18 @@ def cores_busy(tmp: Path) -> Iterator[None]:
         yield
 
 
-def drive(tmp: Path, load: Path, address: str, streams: int, tokens: int) -> Figures:
+def drive(tmp: Path, load: Path, address: str, streams: int, tokens: int, model: str = MODEL) -> Figures:
     """The rate the clients got and the slowest end, of L{run_load}."""
-    result = run_load(tmp, load, address, streams, tokens)
+    result = run_load(tmp, load, address, streams, tokens, model)
     return {RATE: streams * tokens / result["elapsed_s"], END: result["slowest_s"]}
 
 
-def run_load(tmp: Path, load: Path, address: str, streams: int, tokens: int) -> dict[str, float]:
-    """C{streams} streams of C{tokens} sent at once to C{address}, each read to its end: the load's JSON."""
-    request = fastrunner.request_file(tmp, tokens, MODEL)
+def run_load(
+    tmp: Path, load: Path, address: str, streams: int, tokens: int, model: str = MODEL
+) -> dict[str, float]:
+    """C{streams} streams of C{tokens} of C{model} sent at once to C{address}, each read to its end:
+    the load's JSON."""
+    request = fastrunner.request_file(tmp, tokens, model)
     argv = [str(load), address, str(streams), "0", "0", str(request)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=LOAD_TIMEOUT, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -8,6 +8,7 @@ CPython 3.12 and the script is run up to its first step that needs a GPU.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from bench import gpu_bundle
+from bench import gpu_bundle, gpu_streams
 from mrunner.testing.tinymodel import write_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +98,36 @@ class ModelTests(SynchronousTestCase):
         self.assertEqual([t.name for t in after.tensors], [t.name for t in before.tensors])
         self.assertEqual(after.data_offset, len(data))
         self.assertFalse(any(bytes(t.data.tobytes()).strip(b"\0") for t in after.tensors))
+
+
+class LongLayoutTests(SynchronousTestCase):
+    def test_trained_context_raised_in_place(self) -> None:
+        """Only the field's value changes: the same size, tensors and data offset."""
+        from gguf import GGUFReader
+
+        original, copy = Path(self.mktemp()), Path(self.mktemp())
+        write_tiny_llama(original)
+        shutil.copyfile(original, copy)
+        gpu_bundle.raise_trained_context(copy, 327_680)
+        before, after = GGUFReader(original), GGUFReader(copy)
+        field = after.fields["llama.context_length"]
+        self.assertEqual(int(field.parts[field.data[0]][0]), 327_680)
+        self.assertEqual(copy.stat().st_size, original.stat().st_size)
+        self.assertEqual(after.data_offset, before.data_offset)
+        self.assertEqual([t.name for t in after.tensors], [t.name for t in before.tensors])
+
+    def test_the_gpu_plan_holds_256_streams_of_a_thousand_tokens(self) -> None:
+        args = argparse.Namespace(
+            cpu=False,
+            server=Path("llama-server"),
+            gguf=Path("smollm2.gguf"),
+            shapes=None,
+            verbose_streams=None,
+        )
+        plan = gpu_streams.plan_from(args)
+        self.assertEqual((plan.parallel, plan.verbose), (256, 64))
+        self.assertGreaterEqual(plan.context, 1000 + gpu_streams.PROMPT)
+        self.assertEqual(plan.shapes, [(1, 1000), (64, 192), (256, 64)])
 
 
 class ScriptTests(SynchronousTestCase):
