@@ -97,6 +97,7 @@ gpu-check: backend
 gpu-bundle: install
 	$(PY) -m bench.gpu_bundle
 
-# bench/gpu_device.sh here, offline, up to its first step that needs a GPU (the CPU build: minutes).
+# bench/gpu_device.sh here, offline, with the CPU build (minutes) and the rates measured on it (a few
+# streams); the checks need a GPU. Its work is kept in ~/.cache/mrunner-gpu-work.
 gpu-rehearsal: gpu-bundle
 	PYTHON=$(PY) GPU_DEVICE_VARIANT=cpu CALL_LIMIT=3600 nice -n 19 bench/gpu_device.sh $${OUT:-/tmp/gpu-rehearsal}

@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if gpu is None:
         print("gpu-check: no NVIDIA GPU here (nvidia-smi does not answer): nothing checked.")
         return 0
+    # SIGTERM (the GPU script's time limit) unwinds, so every process started here is stopped by its PID.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     run = Run(gpu, cuda_server(), args.gguf or smollm2(), logs)
     total, _ = gpu.memory()

@@ -129,7 +129,7 @@ def render(results: Results) -> str:
     plan = results.plan
     pool = plan.context * plan.parallel
     lines = [
-        f"streams on {results.device}: {plan.gguf.name}'s layout, trained context {pool}"
+        f"streams on {results.device}: {plan.gguf.name}, its trained context raised to {pool}"
         f" ({plan.parallel} streams x {plan.context} tokens in one cache)",
         "",
         f"{'streams x tokens':<18}{'direct tok/s':>14}{'mrunner tok/s':>15}{'ratio':>7}"

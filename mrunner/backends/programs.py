@@ -22,8 +22,11 @@ PACKAGES = {"cmake": ("cmake", "CMAKE_BIN_DIR"), "ninja": ("ninja", "BIN_DIR")}
 
 
 def find(name: str, environ: Mapping[str, str], python: str) -> str | None:
-    """C{name}'s path: on C{environ}'s PATH, else beside C{python}, else in its Python package."""
-    for folder in (environ.get("PATH", os.defpath), str(Path(python).parent), package_folder(name)):
+    """C{name}'s path: on C{environ}'s PATH, else beside C{python} (the folder it was started from,
+    then the one it links to: ``/usr/bin/python3`` may be a link into the folder that has CMake),
+    else in its Python package."""
+    beside = (str(Path(python).parent), str(Path(python).resolve().parent))
+    for folder in (environ.get("PATH", os.defpath), *beside, package_folder(name)):
         if folder and (found := shutil.which(name, path=folder)):
             return found
     return None

@@ -133,12 +133,22 @@ class LongLayoutTests(SynchronousTestCase):
 class ScriptTests(SynchronousTestCase):
     def test_steps(self) -> None:
         """The order a lent machine's call depends on: nothing before the build needs a GPU, and the
-        checks come after it."""
+        checks and the rates come after it; all of them expected to fit one call with time to spare,
+        the build as long as the one the first lent H200 took (346.5 s)."""
         out = subprocess.run([str(SCRIPT), "--steps"], capture_output=True, text=True, check=True).stdout
         steps = [line.split() for line in out.splitlines()]
         self.assertEqual(
-            steps, [["wheels", "gpu=no"], ["model", "gpu=no"], ["build", "gpu=cuda"], ["checks", "gpu=yes"]]
+            [step[:2] for step in steps],
+            [
+                *(["wheels", "gpu=no"], ["model", "gpu=no"], ["prepare", "gpu=no"]),
+                *(["build", "gpu=cuda"], ["checks", "gpu=yes"], ["streams", "gpu=cuda"]),
+            ],
         )
+        expected = {
+            name: int(seconds.removeprefix("expected=").removesuffix("s")) for name, _, seconds in steps
+        }
+        self.assertGreaterEqual(expected["build"], 346.5)
+        self.assertLessEqual(sum(expected.values()), CALL - SPARE)
 
     def test_needs_a_bundle(self) -> None:
         out = subprocess.run(
@@ -176,19 +186,65 @@ class BundleTests(SynchronousTestCase):
             gpu_bundle.resolve(bundle)
 
     def test_the_script_stops_at_the_first_step_that_needs_a_gpu(self) -> None:
-        """Here (no GPU) the wheels are resolved, the model made, and the build not started."""
+        """Here (no GPU) the wheels are resolved, the model made and the source prepared, on a PATH
+        without CMake or ninja: they are only beside the interpreter, as on the first lent machine,
+        and pip asks for no wheel of theirs. Nothing that needs the GPU is started."""
         if shutil.which("nvidia-smi"):
             raise self.skipTest("an NVIDIA GPU is here: the script would build")
+        path, python = bare_machine(Path(self.mktemp()).resolve(), self)
         out_dir = Path(self.mktemp()).resolve()
+        work = out_dir.with_name("work")
         run = subprocess.run(
             [str(SCRIPT), str(out_dir)],
             cwd=REPO,
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHON": sys.executable, "GPU_DEVICE_WORK": str(out_dir.with_name("work"))},
+            env={**os.environ, "PATH": str(path), "PYTHON": str(python), "GPU_DEVICE_WORK": str(work)},
         )
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        self.assertIn("stopping before 'build', the first step that needs one", run.stdout)
-        steps = [line.split(None, 2)[::2] for line in (out_dir / "steps.txt").read_text().splitlines()]
-        self.assertEqual(steps, [["wheels", "ok"], ["model", "ok"], ["build", "not run: no GPU"]])
+        self.assertIn("no NVIDIA GPU here (nvidia-smi does not answer): 'build' not run", run.stdout)
+        rows = [line.split(None, 3) for line in (out_dir / "steps.txt").read_text().splitlines()]
+        self.assertEqual(
+            [(row[0], row[-1]) for row in rows if not row[0].startswith("#")][:-1],
+            [
+                *(("wheels", "ok"), ("model", "ok"), ("prepare", "ok")),
+                *(
+                    ("build", "not run: no GPU"),
+                    ("checks", "not run: no GPU"),
+                    ("streams", "not run: no GPU"),
+                ),
+            ],
+        )
+        self.assertEqual(rows[-1][0], "total")
+        prepared = (work / "logs" / "prepare.log").read_text()
+        for tool in HIDDEN_TOOLS:
+            self.assertIn(f"{tool}: {python.with_name(tool)}\n", prepared)
+        self.assertIn("the source fetched and configured", prepared)
         self.assertTrue((out_dir / "logs.tar.gz").exists())
+
+
+#: The seconds of a lent machine's call the script is given, and those its steps leave to spare.
+CALL, SPARE = 590, 30
+#: What a machine with CMake and ninja installed by pip beside its Python lacks on PATH.
+HIDDEN_TOOLS = ("cmake", "ninja")
+
+
+def bare_machine(root: Path, test: SynchronousTestCase) -> tuple[Path, Path]:
+    """A PATH of every program on this one but CMake's and ninja, and this venv's interpreter seen
+    from a folder of its own (its pyvenv.cfg, its lib) with CMake and ninja beside it."""
+    if sys.prefix == sys.base_prefix or not all(shutil.which(tool) for tool in HIDDEN_TOOLS):
+        raise test.skipTest("needs a venv, and CMake and ninja to move off PATH")
+    path, bin = root / "path", root / "python" / "bin"
+    path.mkdir(parents=True)
+    bin.mkdir(parents=True)
+    hidden = {*HIDDEN_TOOLS, "ctest", "cpack", "ccmake"}
+    for folder in filter(os.path.isdir, os.environ["PATH"].split(os.pathsep)):
+        for program in Path(folder).iterdir():
+            if program.name not in hidden and not (path / program.name).exists():
+                (path / program.name).symlink_to(program)
+    shutil.copyfile(Path(sys.prefix) / "pyvenv.cfg", bin.parent / "pyvenv.cfg")
+    (bin.parent / "lib").symlink_to(Path(sys.prefix) / "lib")
+    (bin / "python3").symlink_to(Path(sys.executable).resolve())
+    for tool in HIDDEN_TOOLS:
+        (bin / tool).symlink_to(str(shutil.which(tool)))
+    return path, bin / "python3"

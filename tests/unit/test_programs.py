@@ -47,6 +47,14 @@ class FindTests(SynchronousTestCase):
         beside = program(Path(self.python).with_name("cmake"))
         self.assertEqual(programs.find("cmake", self.environ, self.python), str(beside))
 
+    def test_beside_the_interpreter_a_link_leads_to(self) -> None:
+        """A python3 on PATH that links into another Python's bin, which has CMake."""
+        real = program(self.root / "opt" / "bin" / "python3.12")
+        beside = program(real.with_name("cmake"))
+        Path(self.python).parent.mkdir(parents=True)
+        Path(self.python).symlink_to(real)
+        self.assertEqual(programs.find("cmake", self.environ, self.python), str(beside))
+
     def test_in_the_python_package(self) -> None:
         """pip install --target leaves no script on a PATH: the package names its binaries' folder."""
         folder = self.root / "ninja-data" / "bin"
