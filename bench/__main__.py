@@ -29,6 +29,7 @@ from typing import Any
 import httpx2
 
 from bench import (
+    agents,
     conversation,
     daemon,
     fastrunner,
@@ -238,6 +239,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run only scenario 13, concurrent streams on the real llama-server read to their ends",
     )
+    parser.add_argument(
+        "--agents-only",
+        action="store_true",
+        help="run only scenario 14, four agents' growing conversations at once on one SmolLM2 runner",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the JSON results")
     return parser.parse_args(argv)
 
@@ -266,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = conversations(tmp, executable)
         elif args.real_streams_only:
             rows = realstreams.measure(tmp, executable, settings, progress)
+        elif args.agents_only:
+            rows = agents.measure(tmp, executable, settings, progress)
         else:
             rows = llama_scenarios(tmp, executable, settings) + many_streams(tmp, settings)
             rows += conversations(tmp, executable)
@@ -273,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += mixed.rows(*mixed.measure())
             rows += fastrunner.measure(tmp, settings, progress)
             rows += realstreams.measure(tmp, executable, settings, progress)
+            rows += agents.measure(tmp, executable, settings, progress)
     except (servers.ServerFailed, BadResponse, httpx2.HTTPError) as e:
         progress(f"{e}\nlogs kept in {tmp}")
         return 1
