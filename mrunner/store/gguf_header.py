@@ -20,7 +20,6 @@ import struct
 from typing import Any, BinaryIO
 
 import attrs
-from gguf.constants import GGML_QUANT_SIZES
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -227,6 +226,10 @@ def _tensor(cursor: _Cursor) -> Tensor:
     shape = tuple(cursor.unpack("Q", f"the shape of {name}") for _ in range(dims))
     kind = cursor.unpack("I", f"the type of {name}")
     offset = cursor.unpack("Q", f"the offset of {name}")
+    # Here, not above: gguf brings numpy (some 20 MB), and the daemon reads vocabularies with this
+    # module (L{read_strings}) where only the child that reads a whole header needs the types.
+    from gguf.constants import GGML_QUANT_SIZES
+
     if kind not in GGML_QUANT_SIZES:
         raise HeaderError(f"tensor {name} has the unknown type {kind}")
     block, block_bytes = GGML_QUANT_SIZES[kind]

@@ -3,7 +3,8 @@
 The tiny model was trained for CONTEXT tokens. Configured with more, llama-server
 still gives each request at most CONTEXT, and says so only in its own log:
 mrunner names the size in force in ps and _configure's answer. A conversation
-past it is a 400 naming the size on every API, through each official client.
+past it is a 400 naming the size on every API, through each official client, before a runner
+starts as from a loaded one.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class ContextTests(LlamaCppTestCase):
             self.assertIn(FITS, caught.exception.message)
             self.assertIn("start a new conversation", caught.exception.message)
 
+        # Refused before any runner started (the count from the vocabulary); a short one loads it.
+        self.assertEqual(json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text()), [])
+        short = [{"role": "user", "content": "the sea"}]
+        await self.call(client.chat.completions.create, model=TINY, messages=short, max_tokens=1)
         (runner,) = json.loads(await (await http.get(self.daemon.url + "/engines/ps")).text())
         self.assertEqual((runner["context_size"], runner["context_size_configured"]), (CONTEXT, ASKED))
         self.assertIn(f"each request gets at most {CONTEXT} tokens", runner["warning"])
