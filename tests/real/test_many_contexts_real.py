@@ -4,7 +4,8 @@
 Each request may use a whole context, so two or four conversations of ~5,000
 tokens at once are all served (before, one pool of 8,192 cells for four slots
 answered each a 500 "Context size has been exceeded"); with a memory budget that
-holds two contexts the runner gets two slots and the others wait; a prompt past
+holds two contexts the runner gets two slots and the others wait, with one the four are served one at
+a time, the others counted as waiting; a prompt past
 one context is a 400 naming it, before any runner starts; on the OpenAI, Anthropic and Ollama routes,
 streamed and not, each answer read to its end.
 """
@@ -31,6 +32,8 @@ LONG_WORDS = 490
 #: Past one context: ~9,000 tokens.
 TOO_LONG_WORDS = 900
 GENERATED = 100
+#: The gauge of the requests waiting for the model's runner, in /metrics.
+WAITING = "mrunner_model_queue_waiting{"
 SMOLLM2 = "ai/smollm2"
 CLOSE = {"Connection": "close"}  # no connection left open after a test
 
@@ -123,13 +126,7 @@ class ManyContextsTests(LlamaCppTestCase):
     async def test_a_budget_for_two_contexts_gives_two_slots(self) -> None:
         """The four are all served, two at a time; ps and the warning say why."""
         await self.start_model()
-        budget = await self.two_slots()
-        config = self.daemon.config_path
-        config.write_text(
-            config.read_text().replace("[scheduler]\n", f"[scheduler]\nmemory_budget = {budget}\n")
-        )
-        code, answer = await self.post("/engines/_reload", {})
-        self.assertEqual(code, 200, answer)
+        budget = await self.budget_for(2)
         await self.at_once(4, "openai", False)
         runner = await self.ps()
         self.assertEqual((runner["parallel"], runner["parallel_configured"]), (2, 4))
@@ -137,14 +134,36 @@ class ManyContextsTests(LlamaCppTestCase):
         self.assertLessEqual(runner["memory_estimate"], budget)
         await self.at_once(4, "ollama", True)
 
-    async def two_slots(self) -> int:
-        """A budget over the estimate of two slots, under that of three, for the model as stored."""
+    async def test_a_budget_for_one_context_serves_them_one_at_a_time(self) -> None:
+        """The four are all served, one at a time, the others counted as waiting while they wait."""
+        await self.start_model()
+        await self.budget_for(1)
+        waiting: list[float] = []
+        sent = Deferred.fromCoroutine(self.at_once(4, "anthropic", True))
+        while not sent.called:
+            metrics = await (await http.get(self.daemon.url + "/metrics")).text()
+            waiting += [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(WAITING)]
+        await sent
+        self.assertEqual(max(waiting), 4, "all four wait while the runner loads")
+        self.assertIn(3, waiting, "then one is served and three wait for its slot")
+        runner = await self.ps()
+        self.assertEqual((runner["parallel"], runner["parallel_configured"]), (1, 4))
+
+    async def budget_for(self, slots: int) -> int:
+        """A memory budget, reloaded, over the estimate of C{slots} slots of the model as stored and
+        under that of one more."""
         response = await http.get(self.daemon.url + f"/models/{TINY}")
         config = json.loads(await response.text())["config"]
         model = Model(id="sha256:" + "0" * 64, tags=(TINY,), created=0, config=config, gguf=str(self.gguf))
-        two = memory_estimate(model, RunnerSettings(context_size=CONTEXT, parallel=2))
-        three = memory_estimate(model, RunnerSettings(context_size=CONTEXT, parallel=3))
-        return (two + three) // 2
+        held, more = (RunnerSettings(context_size=CONTEXT, parallel=n) for n in (slots, slots + 1))
+        budget = (memory_estimate(model, held) + memory_estimate(model, more)) // 2
+        config_path = self.daemon.config_path
+        config_path.write_text(
+            config_path.read_text().replace("[scheduler]\n", f"[scheduler]\nmemory_budget = {budget}\n")
+        )
+        code, answer = await self.post("/engines/_reload", {})
+        self.assertEqual(code, 200, answer)
+        return budget
 
 
 class SmolLM2FloorTests(LlamaCppTestCase):
