@@ -4,10 +4,10 @@
 Each request may use a whole context, so two or four conversations of ~5,000
 tokens at once are all served (before, one pool of 8,192 cells for four slots
 answered each a 500 "Context size has been exceeded"); with a memory budget that
-holds two contexts the runner gets two slots and the others wait, with one the four are served one at
-a time, the others counted as waiting; a prompt past
-one context is a 400 naming it, before any runner starts; on the OpenAI, Anthropic and Ollama routes,
-streamed and not, each answer read to its end.
+holds two contexts the runner gets two slots and the others wait; with one, the
+four are served one at a time, the others counted as waiting; a prompt past one
+context is a 400 naming it, before any runner starts; on the OpenAI, Anthropic
+and Ollama routes, streamed and not, each answer read to its end.
 """
 
 from __future__ import annotations
