@@ -29,7 +29,9 @@ keep_alive = -1
 
 [runner]
 threads = {threads}
-
+{runner}
+[http]
+{http}
 [backends."llama.cpp"]
 path = "{executable}"
 """
@@ -46,7 +48,6 @@ keep_alive = -1
 
 [http]
 # Every stream holds a connection: room for all of them and the bench's own calls.
-max_connections = {connections}
 {http}
 
 [backends.trickle]
@@ -54,17 +55,26 @@ command = {command}
 """
 
 
-def llama_conf(executable: Path, parallel: int, threads: int) -> str:
-    """A tap.conf whose runners are the very C{executable} the direct baseline runs."""
-    return LLAMA_CONF.format(parallel=parallel, threads=threads, executable=executable)
+def llama_conf(
+    executable: Path, parallel: int, threads: int, context: int | None = None, http: str = ""
+) -> str:
+    """A tap.conf whose runners are the very C{executable} the direct baseline runs; C{context}: their
+    context size (else mrunner's default); C{http}: lines of its C{[http]}."""
+    runner = "" if context is None else f"context_size = {context}\n"
+    return LLAMA_CONF.format(
+        parallel=parallel, threads=threads, runner=runner, http=http, executable=executable
+    )
+
+
+def connections(streams: int) -> str:
+    """C{[http]}'s line for C{streams} held open at once, with room for the bench's own calls."""
+    return f"max_connections = {streams + 64}\n"
 
 
 def trickle_conf(command: list[str], streams: int, http: str = "") -> str:
     """A tap.conf whose default backend runs C{command} with room for C{streams} at once; C{http}: more
     lines of its C{[http]}."""
-    return TRICKLE_CONF.format(
-        streams=streams, connections=streams + 64, command=json.dumps(command), http=http
-    )
+    return TRICKLE_CONF.format(streams=streams, http=connections(streams) + http, command=json.dumps(command))
 
 
 @contextmanager

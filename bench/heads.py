@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         with ExitStack() as running:
             daemons = {}
             for name in PARSERS:
-                conf = daemon.llama_conf(inputs.llama_server(), Settings.parallel, Settings.threads)
-                conf += f'\n[http]\nhead_parser = "{name}"\n'
+                lines = f'head_parser = "{name}"\n'
+                server = inputs.llama_server()
+                conf = daemon.llama_conf(server, Settings.parallel, Settings.threads, http=lines)
                 daemons[name] = running.enter_context(daemon.started(tmp / name, conf, "llama.cpp"))
                 daemon.import_model(daemons[name].url, MODEL, tmp / "tiny.gguf")
             body = chat(MODEL, max_tokens=1, stream=False)
