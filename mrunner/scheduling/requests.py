@@ -95,21 +95,25 @@ class Requests:
 
         @raise ContextExceeded: the request could never fit one whole context.
         """
-        flags = {flag.partition("=")[0] for flag in settings.flags}
-        if asked.mode != COMPLETION or flags & CONTEXT_FLAGS:
+        if asked.mode != COMPLETION or _sets_context(settings):
             return
         context = self._backends[asked.backend].context(model, settings).in_force
-        if not context or sum(len(text.encode("utf-8")) for text in asked.texts) < context:
+        texts = asked.texts()
+        if not context or sum(len(text.encode("utf-8")) for text in texts) < context:
             return
         # Counted past the context, so the refusal says how far (the walk stops at four contexts).
-        tokens = await self._store.fewest_tokens(model, asked.texts, 4 * context)
+        tokens = await self._store.fewest_tokens(model, texts, 4 * context)
         if tokens is not None and tokens >= context:
             raise ContextExceeded(tokens, context, at_least=True)
 
     def _context_left(self, backend: str, model: Model, settings: RunnerSettings) -> ContextSize | None:
         """The context a runner of C{model} gets when no one fixed its size (not its settings, its
         flags nor a choice in its config), which a load out of device memory may halve; else None."""
-        flags = {flag.partition("=")[0] for flag in settings.flags}
-        if settings.context_size or model.chosen_context or flags & CONTEXT_FLAGS:
+        if settings.context_size or model.chosen_context or _sets_context(settings):
             return None
         return self._backends[backend].context(model, settings)
+
+
+def _sets_context(settings: RunnerSettings) -> bool:
+    """Whether the settings' llama-server flags fix the context size themselves."""
+    return any(flag.partition("=")[0] in CONTEXT_FLAGS for flag in settings.flags)

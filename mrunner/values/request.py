@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import attrs
 
 from mrunner.values.model import Model
@@ -28,5 +30,7 @@ class Resolved:
     keep_alive: float | None = None
     rank: int = NORMAL
     conversation: tuple[object, ...] = ()
-    #: The texts it gives the model to read, which a load counts against the context first.
-    texts: tuple[str, ...] = ()
+    #: The texts it gives the model to read, which a load counts against the context first: read
+    #: again from the body on that call, so a request does not hold its decoded prompt while it waits
+    #: or streams.
+    texts: Callable[[], Sequence[str]] = attrs.field(default=lambda: (), eq=False)

@@ -100,7 +100,7 @@ class RefusedBeforeALoadTests(SynchronousTestCase):
         backend.installs[-1].callback("llama.cpp test")
 
     def ask(self, texts: tuple[str, ...], mode: str = COMPLETION) -> Resolved:
-        return Resolved("llama.cpp", self.store.models["ai/a:latest"], mode, texts=texts)
+        return Resolved("llama.cpp", self.store.models["ai/a:latest"], mode, texts=lambda: texts)
 
     def test_too_long(self) -> None:
         self.store.tokens = 100

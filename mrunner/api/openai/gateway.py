@@ -185,7 +185,11 @@ class Gateway:
         check_usable(who.member, self._store, model)
         seconds = keep_alive(payload.get("keep_alive"))
         checked = check(payload)
-        talk, texts = conversation(request.path, payload) or (), prompt_texts(payload)
+        talk = conversation(request.path, payload) or ()
+
+        def texts() -> tuple[str, ...]:
+            return prompt_texts(decode(body))
+
         lookup = self._lookup(name, model, mode, who.keep_alive(seconds), who.rank, talk, texts)
         if has_image_parts(payload):
             check_vision(_resolved(lookup).model)
@@ -204,13 +208,13 @@ class Gateway:
         seconds: float | None,
         rank: int,
         talk: tuple[object, ...],
-        texts: tuple[str, ...],
+        texts: Callable[[], tuple[str, ...]],
     ) -> Resolved | MrunnerError:
         """The request the scheduler takes, with the store's model for C{name}; or why it has none.
 
         C{talk}: an OpenAI chat's or completion's conversation, by which an instance whose slot
         holds its earlier turn is preferred (L{mrunner.cache.slots.conversation}); C{texts}: what
-        it gives the model to read (L{prompt_texts}).
+        it gives the model to read (L{prompt_texts}), decoded again when asked.
         """
         try:
             return Resolved(backend, self._store.resolve(name), mode, seconds, rank, talk, texts)
